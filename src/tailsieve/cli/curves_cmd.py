@@ -1,0 +1,41 @@
+"""`tailsieve curves`: list the built-in throughput curves."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tailsieve.cli._common import print_json, print_table
+from tailsieve.curves import builtin_curves, load_curve
+
+
+def register(sub: Any) -> None:
+    """Add the `curves` command."""
+    p = sub.add_parser("curves", help="list built-in TPOT curves (or show one curve or file)")
+    p.add_argument("curve", nargs="?", help="show this curve (built-in name or file) with τ(b) samples")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """List curves, or tabulate one."""
+    if args.curve:
+        c = load_curve(args.curve)
+        sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+        if args.json:
+            print_json(c.to_json() | {"tpot_ms_at": {str(b): 1000 * c.tpot_s(b) for b in sizes}})
+        else:
+            rows: list[tuple[object, ...]] = [(b, 1000 * c.tpot_s(b), b / c.tpot_s(b)) for b in sizes]
+            print_table(f"{c.name}: {c.description}", ["batch", "tpot_ms", "tokens/s (all)"], rows)
+        return 0
+    curves = builtin_curves()
+    if args.json:
+        print_json({"curves": [c.to_json() for c in curves.values()]})
+        return 0
+    listing: list[tuple[object, ...]] = [
+        (c.name, c.description, f"{c.batch[0]}..{c.batch[-1]}", c.tpot_ms[0], c.tpot_ms[-1], c.extension)
+        for c in curves.values()
+    ]
+    print_table("Built-in TPOT curves", ["name", "hardware / model", "batches", "ms@first", "ms@last",
+                                         "past the last point"], listing)
+    return 0

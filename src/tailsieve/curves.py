@@ -1,0 +1,206 @@
+"""Throughput curves τ(b): seconds per output token of each request when b requests decode together (§2.1).
+
+A curve is a validated table of measured points; `TpotCurve.table(n)` precomputes τ(0..n) as a read-only
+array so every cost lookup downstream is an array index, never a per-token loop.
+
+Between points τ is piecewise linear; below the first measured batch it is flat at the first value; past the
+last point it extends linearly along the last two points, never below the last value; τ(0) = 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.errors import CurveError
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class TpotCurve:
+    """A measured TPOT curve: `batch[i]` requests decoding together take `tpot_ms[i]` ms per token each."""
+
+    name: str
+    batch: tuple[int, ...]
+    tpot_ms: tuple[float, ...]
+    description: str = ""
+    source: str = ""
+    extension: str = ""
+
+    def __post_init__(self) -> None:
+        _validate_points(self.name, self.batch, self.tpot_ms)
+
+    @property
+    def is_monotone(self) -> bool:
+        """True when τ(b) never decreases with b (the usual case; the exact oracle prunes harder then)."""
+        return all(b >= a for a, b in zip(self.tpot_ms, self.tpot_ms[1:], strict=False))
+
+    def table(self, n: int) -> FloatArray:
+        """τ(0..n) in seconds as a read-only array of length n + 1 (τ(0) = 0)."""
+        if n < 0:
+            raise CurveError(f"curve '{self.name}': table size must be >= 0, got {n}")
+        return _table(self.batch, self.tpot_ms, _round_up(n))[: n + 1]
+
+    def tpot_s(self, b: int) -> float:
+        """τ(b) in seconds for one batch size."""
+        return float(self.table(b)[b])
+
+    def to_json(self) -> dict[str, Any]:
+        """The file form accepted by `load_curve` (plus descriptive fields)."""
+        return {
+            "name": self.name,
+            "batch": list(self.batch),
+            "tpot_ms": list(self.tpot_ms),
+            "description": self.description,
+            "source": self.source,
+            "extension": self.extension,
+        }
+
+
+def _round_up(n: int) -> int:
+    """Table sizes are cached in powers of two so that growing lanes reuse one array."""
+    size = 64
+    while size < n:
+        size *= 2
+    return size
+
+
+@lru_cache(maxsize=256)
+def _table(batch: tuple[int, ...], tpot_ms: tuple[float, ...], n: int) -> FloatArray:
+    xs = np.asarray(batch, dtype=np.float64)
+    ys = np.asarray(tpot_ms, dtype=np.float64) / 1000.0
+    b = np.arange(n + 1, dtype=np.float64)
+    out = np.interp(b, xs, ys)  # flat below the first point and above the last
+    if len(xs) >= 2:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        past = b > xs[-1]
+        out[past] = np.maximum(ys[-1] + slope * (b[past] - xs[-1]), ys[-1])
+    out[0] = 0.0
+    out.setflags(write=False)
+    return out
+
+
+def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ...]) -> None:
+    where = f"curve '{name}'"
+    if len(batch) == 0:
+        raise CurveError(f"{where}: needs at least one (batch, tpot_ms) point")
+    if len(batch) != len(tpot_ms):
+        raise CurveError(f"{where}: {len(batch)} batch sizes but {len(tpot_ms)} tpot_ms values")
+    for b in batch:
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
+        if b <= 0:
+            raise CurveError(f"{where}: batch sizes must be positive, got {b}")
+    for a, b in itertools.pairwise(batch):
+        if b <= a:
+            raise CurveError(f"{where}: batch sizes must be strictly increasing, got {a} then {b}")
+    for t in tpot_ms:
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            raise CurveError(f"{where}: tpot_ms must be positive and finite, got {t!r}")
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise CurveError(f"{where}: batch sizes must be integers, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return _as_int(float(value), where) if "." in value else int(value)
+        except ValueError:
+            pass
+    raise CurveError(f"{where}: batch sizes must be integers, got {value!r}")
+
+
+def _as_float(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise CurveError(f"{where}: tpot_ms must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise CurveError(f"{where}: tpot_ms must be a number, got {value!r}") from None
+
+
+def curve_from_points(name: str, batch: Any, tpot_ms: Any, **meta: str) -> TpotCurve:
+    """Build a curve from loosely typed points (JSON or CSV cells), with one-line errors naming the problem."""
+    where = f"curve '{name}'"
+    if not isinstance(batch, list | tuple) or not isinstance(tpot_ms, list | tuple):
+        raise CurveError(f"{where}: 'batch' and 'tpot_ms' must be lists")
+    bs = tuple(_as_int(b, where) for b in batch)
+    ts = tuple(_as_float(t, where) for t in tpot_ms)
+    return TpotCurve(name=name, batch=bs, tpot_ms=ts, **meta)
+
+
+def read_curve_file(path: Path) -> TpotCurve:
+    """Read a curve from JSON `{"batch": [...], "tpot_ms": [...]}` or CSV with header `batch,tpot_ms`."""
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CurveError(f"cannot read curve file {path}: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CurveError(f"curve file {path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        if not isinstance(obj, dict) or "batch" not in obj or "tpot_ms" not in obj:
+            raise CurveError(f"curve file {path}: JSON must be an object with 'batch' and 'tpot_ms' lists")
+        return curve_from_points(name, obj["batch"], obj["tpot_ms"], description=str(obj.get("description", "")))
+    rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
+    if not rows:
+        raise CurveError(f"curve file {path}: empty file")
+    header = [h.strip() for h in rows[0]]
+    if "batch" not in header or "tpot_ms" not in header:
+        raise CurveError(f"curve file {path}: CSV header must contain 'batch,tpot_ms', got {','.join(header)!r}")
+    ib, it = header.index("batch"), header.index("tpot_ms")
+    batch, tpot = [], []
+    for lineno, row in enumerate(rows[1:], start=2):
+        if len(row) <= max(ib, it):
+            raise CurveError(f"curve file {path}: line {lineno} has {len(row)} fields, expected {len(header)}")
+        batch.append(row[ib].strip())
+        tpot.append(row[it].strip())
+    return curve_from_points(name, batch, tpot)
+
+
+@lru_cache(maxsize=1)
+def builtin_curves() -> dict[str, TpotCurve]:
+    """The named curves shipped with the package (derived from published measurements; see data/CURVES.md)."""
+    raw = json.loads(resources.files("tailsieve").joinpath("data/curves.json").read_text(encoding="utf-8"))
+    out: dict[str, TpotCurve] = {}
+    for entry in raw["curves"]:
+        out[entry["name"]] = curve_from_points(
+            entry["name"],
+            entry["batch"],
+            entry["tpot_ms"],
+            description=entry["description"],
+            source=entry["source"],
+            extension=entry["extension"],
+        )
+    return out
+
+
+def load_curve(spec: str | Path | TpotCurve) -> TpotCurve:
+    """A curve by built-in name or file path (JSON or CSV); the one entry point every command uses."""
+    if isinstance(spec, TpotCurve):
+        return spec
+    curves = builtin_curves()
+    if isinstance(spec, str) and spec in curves:
+        return curves[spec]
+    path = Path(spec)
+    if path.is_file():
+        return read_curve_file(path)
+    names = ", ".join(sorted(curves))
+    raise CurveError(f"unknown curve '{spec}': not a built-in name ({names}) and no such file")

@@ -1,0 +1,19 @@
+"""Error types: every user-facing failure is a one-line `TailSieveError`."""
+
+from __future__ import annotations
+
+
+class TailSieveError(Exception):
+    """Base class for errors reported to the user as one line and a non-zero exit."""
+
+
+class CurveError(TailSieveError, ValueError):
+    """A throughput curve (TPOT table) is malformed or unknown."""
+
+
+class TraceError(TailSieveError, ValueError):
+    """A response-length trace is malformed, empty or unreadable."""
+
+
+class ConfigError(TailSieveError, ValueError):
+    """A configuration value is impossible; the message names the value."""

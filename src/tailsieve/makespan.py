@@ -1,0 +1,82 @@
+"""Exact all-admit makespan and finish times (§2.1, App. D), vectorised with numpy.
+
+Under the all-admit model every request on a replica starts at time 0 and decodes one token per iteration;
+an iteration with b active requests takes τ(b). With lengths sorted descending L_1 ≥ … ≥ L_n the replica
+finishes at T = Σ_j τ(j)(L_j − L_{j+1}) = Σ_j L_j (τ(j) − τ(j−1)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tailsieve.curves import TpotCurve
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+def as_lengths(lengths: ArrayLike) -> FloatArray:
+    """Validate response lengths (non-negative, finite, one-dimensional) as a float array."""
+    arr = np.asarray(lengths, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0):
+        bad = arr[~np.isfinite(arr) | (arr < 0)][0]
+        raise ValueError(f"lengths must be non-negative and finite, got {bad}")
+    return arr
+
+
+def marginal_tpot(curve: TpotCurve, n: int) -> FloatArray:
+    """dτ[j] = τ(j) − τ(j−1) for j = 1..n (index 0 unused, 0): the cost per token of the j-th longest request."""
+    tau = curve.table(n)
+    d = np.zeros(n + 1)
+    d[1:] = np.diff(tau)
+    return d
+
+
+def makespan(lengths: ArrayLike, curve: TpotCurve) -> float:
+    """Makespan of one replica running all `lengths` together (§2.1: T = Σ_j L_j(τ(j) − τ(j−1)))."""
+    arr = as_lengths(lengths)
+    n = arr.size
+    if n == 0:
+        return 0.0
+    desc = -np.sort(-arr)
+    return float(desc @ marginal_tpot(curve, n)[1:])
+
+
+def finish_times(lengths: ArrayLike, curve: TpotCurve) -> FloatArray:
+    """Finish time of each request, input order (§2.1: ascending l_k, t_i = Σ_{k≤i} τ(n−k+1)(l_k − l_{k−1}))."""
+    arr = as_lengths(lengths)
+    n = arr.size
+    if n == 0:
+        return np.zeros(0)
+    order = np.argsort(arr, kind="stable")
+    asc = arr[order]
+    steps = np.diff(asc, prepend=0.0)
+    tau = curve.table(n)
+    active = tau[n - np.arange(n)]  # τ(n − k + 1) for k = 1..n
+    out = np.empty(n)
+    out[order] = np.cumsum(active * steps)
+    return out
+
+
+def lane_makespans(lengths: ArrayLike, lanes: ArrayLike, n_lanes: int, curve: TpotCurve) -> FloatArray:
+    """Makespan of each of `n_lanes` replicas for an assignment `lanes[i]` of request i (App. D, per replica)."""
+    arr = as_lengths(lengths)
+    lane = np.asarray(lanes, dtype=np.int64)
+    if lane.shape != arr.shape:
+        raise ValueError(f"lanes has shape {lane.shape}, lengths has {arr.shape}")
+    if n_lanes <= 0:
+        raise ValueError(f"n_lanes must be positive, got {n_lanes}")
+    if arr.size == 0:
+        return np.zeros(n_lanes)
+    if lane.min() < 0 or lane.max() >= n_lanes:
+        raise ValueError(f"lane indices must lie in [0, {n_lanes - 1}], got {lane.min()}..{lane.max()}")
+    order = np.lexsort((-arr, lane))  # by lane, longest first within a lane
+    sorted_lane = lane[order]
+    starts = np.searchsorted(sorted_lane, sorted_lane, side="left")
+    rank = np.arange(arr.size) - starts + 1  # 1-based rank within its lane
+    d = marginal_tpot(curve, int(rank.max()))
+    out: FloatArray = np.bincount(sorted_lane, weights=arr[order] * d[rank], minlength=n_lanes).astype(np.float64)
+    return out
