@@ -1,0 +1,340 @@
+"""Hierarchical controller (§3.2, App. C.1–C.2), pure: a frozen state and a step observation in, a new state out.
+
+Registry `CONTROLLERS` (name → class, filled by `@register`): `uniform`, `static`, `tailsieve-fixed`,
+`tailsieve` and `tailsieve-paper`. Each has one required method, `update`; `initial` has a default.
+
+`tailsieve-paper` follows the paper literally: the inner loop moves q toward q* = N·r̄_tail/(r̄_bulk + r̄_tail)
+from EMA-smoothed pool rates. That rule has a fixed point wherever the two pools finish together, and the tail
+pool's time barely grows with q at low concurrency, so it tends to stay at q = 1. `tailsieve` replaces the rate
+model by the calibrated predictor (`predictor.py`): the inner loop moves q toward argmin_q T̂(q, m) and the
+measured/predicted ratio of each pool (EMA) corrects the forecasts online. Both keep damping (momentum), a
+bounded step, a gain threshold, and the settle holds (one step after an increase, two after a decrease).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.curves import TpotCurve
+from tailsieve.errors import ConfigError
+from tailsieve.predictor import Predictor
+from tailsieve.router import RouterConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Every constant of the controller; defaults documented in README (Controller section)."""
+
+    q0: int = 1  # initial isolation size (§4.4 default)
+    m0: int | None = None  # initial tail replicas; None = R // 2
+    ema: float = 0.3  # weight of the newest measurement in rate / calibration EMAs
+    momentum: float = 0.5  # damping of the q update (C.1 "damped momentum")
+    max_q_step: int = 2  # bounded change of q per decision
+    q_gain: float = 0.03  # apply a q change only if the predicted makespan improves by more than this fraction
+    m_gain: float = 0.03  # switching threshold of the outer loop
+    m_radius: int = 2  # candidate splits within this radius (C.2)
+    history_steps: int = 8  # consumed batches kept as response-work history
+    calib_bounds: tuple[float, float] = (0.5, 2.0)
+
+    def __post_init__(self) -> None:
+        if self.q0 < 0:
+            raise ConfigError(f"q0 must be >= 0, got {self.q0}")
+        if self.m0 is not None and self.m0 < 0:
+            raise ConfigError(f"m0 must be >= 0, got {self.m0}")
+        for name in ("ema", "momentum"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1], got {v}")
+        if self.max_q_step < 1 or self.m_radius < 1 or self.history_steps < 1:
+            raise ConfigError("max_q_step, m_radius and history_steps must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class StepObservation:
+    """What the controller learns from one executed step (from `StepResult` and the consumed batch)."""
+
+    step: int
+    q: int
+    m: int
+    warmup: bool
+    candidates: int
+    tail_s: float
+    bulk_s: float
+    consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """Controller state between steps; `q`, `m` are what the next step should run."""
+
+    q: int
+    m: int
+    hold: int = 0
+    velocity: float = 0.0
+    rate_tail: float = math.nan
+    rate_bulk: float = math.nan
+    calib_tail: float = 1.0
+    calib_bulk: float = 1.0
+    settled: int = 0
+    history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
+    note: str = ""
+
+
+CONTROLLERS: dict[str, type[Controller]] = {}
+
+
+def register(name: str):  # type: ignore[no-untyped-def]
+    """Class decorator adding a controller to the registry."""
+
+    def deco(cls: type[Controller]) -> type[Controller]:
+        cls.name = name
+        CONTROLLERS[name] = cls
+        return cls
+
+    return deco
+
+
+class Controller:
+    """Base: decides (q, m) for the next step. Subclasses implement `update`."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        router: RouterConfig,
+        curve: TpotCurve,
+        config: ControllerConfig | None = None,
+        *,
+        q: int | None = None,
+        m: int | None = None,
+    ) -> None:
+        self.router = router
+        self.curve = curve
+        self.config = config or ControllerConfig()
+        self.fixed_q, self.fixed_m = q, m
+
+    def initial(self) -> ControlState:
+        """State before the first step."""
+        r = self.router.replicas
+        m0 = self.config.m0 if self.config.m0 is not None else r // 2
+        return ControlState(q=max(self.config.q0, 0), m=min(m0, max(r - 1, 0)))
+
+    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """Next state after observing one step."""
+        raise NotImplementedError
+
+    # helpers shared by the adaptive controllers -------------------------------------------------------------
+    def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
+        hist = (*state.history, obs.consumed_lengths)[-self.config.history_steps :]
+        return replace(state, history=hist)
+
+    def predictor(self, state: ControlState) -> Predictor:
+        """The forecast model over the current history."""
+        return Predictor(
+            np.concatenate(state.history),
+            groups=self.router.groups,
+            extra=self.router.extra,
+            replicas=self.router.replicas,
+            curve=self.curve,
+            by_request=self.router.dispatch.value == "request",
+        )
+
+    def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+        return pred.makespan(q, m, state.calib_tail, state.calib_bulk)
+
+    def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation) -> ControlState:
+        """EMA of measured / predicted pool time at the executed (q, m): corrects selector and model bias online."""
+        lo, hi = self.config.calib_bounds
+        a = self.config.ema
+        if obs.warmup:
+            return state
+        ct, cb = state.calib_tail, state.calib_bulk
+        if obs.m > 0 and obs.q > 0:
+            ft = float(np.mean(pred.tail_times(obs.q, obs.m)))
+            if ft > 0:
+                ct = (1 - a) * ct + a * float(np.clip(obs.tail_s / ft, lo, hi))
+        fb = float(np.mean(pred.bulk_times(obs.q if obs.m > 0 else 0, obs.m)))
+        if fb > 0:
+            cb = (1 - a) * cb + a * float(np.clip(obs.bulk_s / fb, lo, hi))
+        return replace(state, calib_tail=ct, calib_bulk=cb)
+
+    def q_limit(self) -> int:
+        """q never exceeds the candidates a step produces (E), nor N − 1."""
+        return max(1, min(self.router.extra, self.router.groups - 1))
+
+    def best_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
+        """argmin_q of the calibrated T̂(q, m) over 1..q_limit (a coarse grid plus a window when the range is wide)."""
+        qmax = self.q_limit()
+        qs = (
+            set(range(1, qmax + 1))
+            if qmax <= 24
+            else (
+                set(np.linspace(1, qmax, 12).astype(int)) | set(range(max(1, state.q - 6), min(qmax, state.q + 6) + 1))
+            )
+        )
+        scored = sorted((self._calibrated(state, pred, q, m), q) for q in qs)
+        return scored[0][1], scored[0][0]
+
+    def outer(self, state: ControlState, pred: Predictor) -> ControlState:
+        """C.2: splits within the radius plus (0, 0); feasibility G_tail(m) ≥ D_bulk(m); one replica per move."""
+        r, q, m = self.router.replicas, state.q, state.m
+        current = self._calibrated(state, pred, q, m)
+        options: list[tuple[float, int, int]] = [(current, q, m)]
+        options.append((self._calibrated(state, pred, 0, 0), 0, 0))
+        for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
+            if mc == m:
+                continue
+            qc, tc = (
+                self.best_q(state, pred, mc)
+                if self.name != "tailsieve-paper"
+                else (max(q, 1), self._calibrated(state, pred, max(q, 1), mc))
+            )
+            if m > 0 and not self.feasible(state, pred, q, m, mc, current):
+                continue
+            options.append((tc, qc, mc))
+        best_t, best_q, best_m = min(options)
+        if best_m == m or best_t > current * (1 - self.config.m_gain):
+            return state
+        step = int(np.sign(best_m - m))
+        new_m = m + step
+        if new_m == 0:
+            new_q = 0
+        elif self.name == "tailsieve-paper":
+            new_q = max(q, 1)
+        else:
+            new_q = best_q if new_m == best_m else self.best_q(state, pred, new_m)[0]
+        return replace(
+            state,
+            m=new_m,
+            q=new_q,
+            hold=1,
+            velocity=0.0,
+            settled=0,
+            rate_tail=math.nan,
+            rate_bulk=math.nan,
+            note=f"m {m}->{new_m}",
+        )
+
+    def feasible(self, state: ControlState, pred: Predictor, q: int, m: int, mc: int, deadline: float) -> bool:
+        """C.2 deadline feasibility at the current predicted barrier: the pool gaining a replica must absorb at least
+        the groups the losing pool can no longer finish by the deadline (G_tail(m) ≥ D_bulk(m), or mirrored)."""
+        n, ct, cb = self.router.groups, state.calib_tail, state.calib_bulk
+        if mc > m:
+            qmax = min(n - 1, 4 * self.router.extra + 4)
+            gained = max(0, pred.tail_capacity(deadline / ct, mc, qmax) - q)
+            dropped = max(0, (n - q) - pred.bulk_capacity(deadline / cb, q, mc))
+        else:
+            gained = max(0, pred.bulk_capacity(deadline / cb, q, mc) - (n - q))
+            dropped = max(0, q - pred.tail_capacity(deadline / ct, mc, q))
+        return gained >= dropped
+
+
+@register("uniform")
+class UniformController(Controller):
+    """Uniform group routing: (q, m) = (0, 0) forever."""
+
+    def initial(self) -> ControlState:
+        """Always the uniform boundary."""
+        return ControlState(q=0, m=0)
+
+    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """Nothing to adapt."""
+        return state
+
+
+@register("static")
+class StaticController(Controller):
+    """A fixed (q, m) chosen by the user."""
+
+    def initial(self) -> ControlState:
+        """The user's (q, m); defaults q = ⌈E/2⌉, m = R // 4 (at least 1)."""
+        r = self.router.replicas
+        q = self.fixed_q if self.fixed_q is not None else max(1, math.ceil(self.router.extra / 2))
+        m = self.fixed_m if self.fixed_m is not None else max(1, r // 4)
+        if r >= 2 and not 0 <= m < r:
+            raise ConfigError(f"static m must lie in [0, {r - 1}], got {m}")
+        return ControlState(q=q, m=m if r >= 2 else 0)
+
+    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """Nothing to adapt."""
+        return state
+
+
+@register("tailsieve")
+class TailSieveController(Controller):
+    """Both loops, with the predictive inner loop (see module docstring)."""
+
+    adapt_m: ClassVar[bool] = True
+
+    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
+        state = self._with_history(state, obs)
+        pred = self.predictor(state)
+        state = self._calibrate(state, pred, obs)
+        if state.m > 0:
+            state, moved = self.inner(state, pred, obs)
+            if moved:
+                return state
+        if state.hold > 0:
+            return replace(state, hold=state.hold - 1, note="hold")
+        if obs.warmup:
+            return state
+        state = replace(state, settled=state.settled + 1)
+        if self.adapt_m and self.router.replicas >= 2:
+            return self.outer(state, pred)
+        return state
+
+    def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
+        """C.1 discrete update toward argmin_q T̂(q, m): damped momentum, bounded step, gain threshold, holds."""
+        if state.hold > 0:
+            return state, False
+        target, _ = self.best_q(state, pred, state.m)
+        return self._move_q(state, float(target), lambda q: self._calibrated(state, pred, q, state.m))
+
+    def _move_q(self, state: ControlState, target: float, cost: Callable[[int], float]) -> tuple[ControlState, bool]:
+        cfg = self.config
+        q = min(state.q, self.q_limit())
+        v = cfg.momentum * state.velocity + (1 - cfg.momentum) * (target - q)
+        step = round(v)
+        if step == 0 and abs(target - q) >= 1:
+            step = int(np.sign(target - q))
+        new_q = int(np.clip(q + np.clip(step, -cfg.max_q_step, cfg.max_q_step), 1, self.q_limit()))
+        if new_q == q or cost(new_q) > cost(q) * (1 - cfg.q_gain):
+            return replace(state, q=q, velocity=v if new_q == q else v * 0.5), False
+        hold = 1 if new_q > q else 2
+        return replace(state, q=new_q, velocity=v, hold=hold, settled=0, note=f"q {q}->{new_q}"), True
+
+
+@register("tailsieve-fixed")
+class TailSieveFixedController(TailSieveController):
+    """Inner loop only, m fixed at R/2 (the paper's fixed-allocation variant)."""
+
+    adapt_m: ClassVar[bool] = False
+
+    def initial(self) -> ControlState:
+        """m = R // 2 for the whole run."""
+        r = self.router.replicas
+        return ControlState(q=max(self.config.q0, 1), m=r // 2 if r >= 2 else 0)
+
+
+@register("tailsieve-paper")
+class TailSievePaperController(TailSieveController):
+    """The paper's literal rules: rate-balance inner loop (§3.2), outer loop over m with q held (C.2)."""
+
+    def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
+        """q* = N·r̄_tail/(r̄_bulk + r̄_tail) from EMA rates r_bulk = (N−q)/T_bulk, r_tail = q/T_tail."""
+        n, a = self.router.groups, self.config.ema
+        if obs.warmup or obs.q <= 0 or obs.tail_s <= 0 or obs.bulk_s <= 0 or state.hold > 0:
+            return state, False
+        rt, rb = obs.q / obs.tail_s, (n - obs.q) / obs.bulk_s
+        rt = rt if math.isnan(state.rate_tail) else (1 - a) * state.rate_tail + a * rt
+        rb = rb if math.isnan(state.rate_bulk) else (1 - a) * state.rate_bulk + a * rb
+        state = replace(state, rate_tail=rt, rate_bulk=rb)
+        target = n * rt / (rb + rt)
+        return self._move_q(state, target, lambda q: max(q / rt, (n - q) / rb))

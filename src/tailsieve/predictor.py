@@ -1,0 +1,140 @@
+"""Makespan predictor for the controller (§3.2, C.2): response-work history + the TPOT curve → T̂_tail, T̂_bulk.
+
+Pure and deterministic (its resampling seed is fixed). The history is the lengths of recently consumed groups,
+an (H, G) array; in steady state a consumed batch is an unbiased sample of the group-work distribution
+(App. E). The predictor draws K pools of N + E groups from the history (bootstrap, fixed seed), sorts each by
+its longest member, and runs the all-admit model on the pool's replicas with round-robin dispatch:
+
+- tail pool: the q longest groups of the pool on m replicas, all to completion;
+- bulk pool: the other N + E − q groups on R − m replicas, cut at the (N − q)-th group completion;
+- uniform (0, 0): N groups of the pool on all R replicas, all to completion.
+
+T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
+tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measured/predicted calibrations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.curves import TpotCurve
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+RESAMPLES = 12  # K bootstrap pools
+_SEED = 20260827  # fixed: the controller stays a pure function of its inputs
+
+
+def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve: TpotCurve) -> FloatArray:
+    """All-admit finish time of every request (§2.1) on its lane, for many lanes at once."""
+    if lengths.size == 0:
+        return np.zeros(0)
+    order = np.lexsort((lengths, lanes))
+    ln = lanes[order]
+    ls = lengths[order]
+    first = np.searchsorted(ln, ln, side="left")
+    size = np.bincount(ln, minlength=n_lanes)[ln]
+    k = np.arange(ls.size) - first + 1  # 1-based ascending rank within the lane
+    prev = np.where(k == 1, 0.0, np.roll(ls, 1))
+    tau = curve.table(int(size.max()))
+    csum = np.cumsum(tau[size - k + 1] * (ls - prev))
+    base = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0.0)
+    out = np.empty_like(ls)
+    out[order] = csum - base
+    return out
+
+
+def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_request: bool) -> FloatArray:
+    """(K, P) completion time of each group of K independent pools of P groups, round-robin over `n_lanes` each."""
+    k, p, g = pools.shape
+    if p == 0:
+        return np.zeros((k, 0))
+    if by_request:
+        lane = (np.arange(p * g) % n_lanes).reshape(p, g)
+    else:
+        lane = np.repeat((np.arange(p) % n_lanes)[:, None], g, axis=1)
+    lanes = (lane[None, :, :] + n_lanes * np.arange(k)[:, None, None]).ravel()
+    fin = lane_finish_times(pools.ravel(), lanes.astype(np.int64), n_lanes * k, curve)
+    out: FloatArray = fin.reshape(k, p, g).max(axis=2)
+    return out
+
+
+class Predictor:
+    """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths."""
+
+    def __init__(
+        self,
+        history: NDArray[np.int64],
+        *,
+        groups: int,
+        extra: int,
+        replicas: int,
+        curve: TpotCurve,
+        by_request: bool = True,
+        resamples: int = RESAMPLES,
+    ) -> None:
+        if history.ndim != 2 or history.shape[0] == 0:
+            raise ValueError("predictor needs a non-empty (H, G) history")
+        self.n, self.e, self.r = groups, extra, replicas
+        self.curve = curve
+        self.by_request = by_request
+        rng = np.random.default_rng(_SEED)
+        idx = rng.integers(0, history.shape[0], size=(resamples, groups + extra))
+        pools = history[idx].astype(np.float64)  # (K, N + E, G), arrival order
+        self.arrival = pools
+        rank = np.argsort(-pools.max(axis=2), axis=1, kind="stable")
+        self.ranked = np.take_along_axis(pools, rank[:, :, None], axis=1)  # longest group first
+        self._tail: dict[tuple[int, int], FloatArray] = {}
+        self._bulk: dict[tuple[int, int], FloatArray] = {}
+
+    def tail_times(self, q: int, m: int) -> FloatArray:
+        """(K,) T_tail of the q longest groups on m replicas."""
+        if q <= 0 or m <= 0:
+            return np.zeros(self.ranked.shape[0])
+        key = (q, m)
+        if key not in self._tail:
+            self._tail[key] = group_completions(self.ranked[:, :q], m, self.curve, self.by_request).max(axis=1)
+        return self._tail[key]
+
+    def bulk_completions(self, q: int, m: int) -> FloatArray:
+        """(K, P) sorted completion times of the bulk pool's groups (uniform: N groups on R replicas)."""
+        key = (q, m)
+        if key not in self._bulk:
+            if m == 0:
+                pools = self.arrival[:, : self.n]
+            else:  # the non-isolated groups, in arrival order
+                keep = np.ones(self.ranked.shape[1], bool)
+                keep[:q] = False
+                order = np.argsort(np.random.default_rng(_SEED + 1).random(int(keep.sum())))
+                pools = self.ranked[:, keep][:, order]
+            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, self.by_request), axis=1)
+        return self._bulk[key]
+
+    def bulk_times(self, q: int, m: int) -> FloatArray:
+        """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N)."""
+        comp = self.bulk_completions(q, m)
+        quota = self.n - q if m > 0 else self.n
+        return comp[:, quota - 1] if quota > 0 else np.zeros(comp.shape[0])
+
+    def makespan(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> float:
+        """T̂(q, m) = E[max(c_tail·T_tail, c_bulk·T_bulk)] over the resampled pools (§3.2)."""
+        if m == 0:
+            return float(np.mean(self.bulk_times(0, 0))) * calib_bulk
+        return float(np.mean(np.maximum(self.tail_times(q, m) * calib_tail, self.bulk_times(q, m) * calib_bulk)))
+
+    def tail_capacity(self, deadline: float, m: int, q_max: int) -> int:
+        """G_tail of C.2: the largest q ≤ q_max whose tail pool on m replicas finishes by `deadline` (mean pool)."""
+        best = 0
+        for q in range(1, q_max + 1):
+            if float(np.mean(self.tail_times(q, m))) <= deadline:
+                best = q
+            else:
+                break
+        return best
+
+    def bulk_capacity(self, deadline: float, q: int, m: int) -> int:
+        """Bulk groups the pool of R − m replicas completes by `deadline` (mean over pools)."""
+        comp = self.bulk_completions(q, m)
+        return round(float(np.mean((comp <= deadline).sum(axis=1))))

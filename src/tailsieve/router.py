@@ -1,0 +1,234 @@
+"""Step planning (§3.1), pure: router state + (q, m) in, a `StepPlan` out; a `StepResult` in, the next state out.
+
+The same code drives the simulator and real engines: an executor runs the plan (dispatching each group's
+requests to the replicas the plan names, cutting the bulk pool after `bulk_quota` complete groups) and reports a
+`StepResult`. Every prompt drawn from the stream is consumed exactly once: a drawn prompt (a `GroupRef`, keyed
+by its stream index `uid`) is either consumed in a step's batch or waits as a candidate / requeued group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from tailsieve.errors import ConfigError
+from tailsieve.workloads import PromptStream, StreamState
+
+
+class Pool(StrEnum):
+    """Which logical pool a group runs in."""
+
+    TAIL = "tail"
+    BULK = "bulk"
+
+
+class Dispatch(StrEnum):
+    """Round-robin unit inside a pool: each request (§3.1) or each whole group (keeps a prompt prefix together)."""
+
+    REQUEST = "request"
+    GROUP = "group"
+
+
+class GroupStatus(StrEnum):
+    """Outcome of one group in one step."""
+
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """A routing unit: one prompt group, identified by its position `uid` in the prompt stream."""
+
+    uid: int
+    prompt_id: str
+    cuts: int = 0  # times this group was cut (aborted) at a cutoff so far
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Step shape: N groups of G on R replicas, over-provisioning ρ (E = ⌈ρN⌉), dispatch, starvation guard."""
+
+    groups: int = 64
+    group_size: int = 8
+    replicas: int = 8
+    rho: float = 0.1
+    dispatch: Dispatch = Dispatch.REQUEST
+    max_cuts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.groups < 1:
+            raise ConfigError(f"groups (N) must be >= 1, got {self.groups}")
+        if self.group_size < 1:
+            raise ConfigError(f"group size (G) must be >= 1, got {self.group_size}")
+        if self.replicas < 1:
+            raise ConfigError(f"replicas (R) must be >= 1, got {self.replicas}")
+        if not (0.0 <= self.rho <= 1.0) or math.isnan(self.rho):
+            raise ConfigError(f"rho must lie in [0, 1], got {self.rho}")
+        if self.max_cuts < 1:
+            raise ConfigError(f"max_cuts must be >= 1, got {self.max_cuts}")
+
+    @property
+    def extra(self) -> int:
+        """E = ⌈ρN⌉ over-provisioned groups (§3.1); at least 1 when ρ > 0."""
+        return math.ceil(self.rho * self.groups - 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step runs: groups per pool with the replica of every request, and the bulk cutoff quota."""
+
+    step: int
+    tail: tuple[GroupRef, ...]
+    bulk: tuple[GroupRef, ...]
+    placement: dict[int, tuple[int, ...]]  # uid → replica of each of its G requests
+    tail_replicas: tuple[int, ...]
+    bulk_replicas: tuple[int, ...]
+    bulk_quota: int  # the bulk pool is cut once this many of its groups are complete
+    warmup: bool
+    stream_after: StreamState
+    requeue_after: tuple[GroupRef, ...]  # waiting at the front of the queue after this step's draws
+
+    @property
+    def q(self) -> int:
+        """Isolated groups this step."""
+        return len(self.tail)
+
+    @property
+    def m(self) -> int:
+        """Tail replicas this step."""
+        return len(self.tail_replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOutcome:
+    """One group's result: completion time if done, else the progress it had at the cutoff."""
+
+    ref: GroupRef
+    pool: Pool
+    status: GroupStatus
+    finish_s: float | None
+    lengths: tuple[int, ...]  # tokens per request: full lengths when done, generated so far when aborted
+    finished_members: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this group generated in the step."""
+        return sum(self.lengths)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What an executor reports: every planned group's outcome, T_tail, T_bulk (cutoff) and the makespan."""
+
+    step: int
+    outcomes: tuple[GroupOutcome, ...]
+    tail_s: float
+    bulk_s: float
+    makespan_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RouterState:
+    """Everything the router carries between steps (saved and restored by real runs)."""
+
+    step: int = 0
+    stream: StreamState | None = None
+    requeue: tuple[GroupRef, ...] = ()
+    candidates: tuple[GroupRef, ...] = ()  # ranked: most likely tail first
+    consumed: int = 0
+
+
+class InvariantError(RuntimeError):
+    """An executor broke the step contract (a group lost, duplicated, or the batch not N complete groups)."""
+
+
+def _place(
+    groups: Sequence[GroupRef], replicas: Sequence[int], g: int, dispatch: Dispatch
+) -> dict[int, tuple[int, ...]]:
+    """Round-robin inside one pool, by request (continuing across groups) or by group."""
+    out: dict[int, tuple[int, ...]] = {}
+    r = len(replicas)
+    for i, ref in enumerate(groups):
+        if dispatch is Dispatch.GROUP:
+            out[ref.uid] = (replicas[i % r],) * g
+        else:
+            out[ref.uid] = tuple(replicas[(i * g + j) % r] for j in range(g))
+    return out
+
+
+class Router:
+    """Plans steps for one prompt list and `RouterConfig`; holds no mutable state."""
+
+    def __init__(self, config: RouterConfig, prompts: Sequence[str], *, shuffle: bool = False, seed: int = 0):
+        self.config = config
+        self.prompts = tuple(prompts)
+        self._stream0 = PromptStream(self.prompts, shuffle=shuffle, seed=seed).state()
+
+    def initial_state(self) -> RouterState:
+        """State before the first step."""
+        return RouterState(stream=self._stream0)
+
+    def _draw(
+        self, state: RouterState, front: Sequence[GroupRef], k: int
+    ) -> tuple[list[GroupRef], StreamState, tuple[GroupRef, ...]]:
+        queue = [*front, *state.requeue]
+        taken = queue[:k]
+        left = tuple(queue[k:])
+        stream = PromptStream.from_state(self.prompts, state.stream or self._stream0)
+        taken += [GroupRef(p.index, p.prompt_id) for p in stream.take(k - len(taken))]
+        return taken, stream.state(), left
+
+    def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None) -> StepPlan:
+        """§3.1: uniform when m = 0; warm-up when there are no candidates; else tail q candidates + fresh bulk."""
+        cfg = self.config
+        n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
+        disp = dispatch or cfg.dispatch
+        if not 0 <= m < max(r, 1) or (m > 0 and r < 2):
+            raise ConfigError(f"tail replicas m must lie in [0, {r - 1}], got {m}")
+        if m == 0 or e == 0:  # uniform: every waiting candidate rejoins the queue, all N run to completion
+            bulk, stream, left = self._draw(state, state.candidates, n)
+            reps = tuple(range(r))
+            return StepPlan(state.step, (), tuple(bulk), _place(bulk, reps, g, disp), (), reps, n, False, stream, left)
+        if not state.candidates:  # warm-up: all replicas bulk, N + E groups, cut at N
+            bulk, stream, left = self._draw(state, (), n + e)
+            reps = tuple(range(r))
+            return StepPlan(state.step, (), tuple(bulk), _place(bulk, reps, g, disp), (), reps, n, True, stream, left)
+        forced = [c for c in state.candidates if c.cuts >= cfg.max_cuts]
+        rest = [c for c in state.candidates if c.cuts < cfg.max_cuts]
+        q_eff = min(max(q, len(forced), 1), len(state.candidates), n)
+        tail = (forced + rest)[:q_eff]
+        back = (forced + rest)[q_eff:]
+        bulk, stream, left = self._draw(state, back, n - q_eff + e)
+        tail_reps = tuple(range(r - m, r))
+        bulk_reps = tuple(range(r - m))
+        placement = _place(tail, tail_reps, g, disp) | _place(bulk, bulk_reps, g, disp)
+        return StepPlan(
+            state.step, tuple(tail), tuple(bulk), placement, tail_reps, bulk_reps, n - q_eff, False, stream, left
+        )
+
+    def observe(self, state: RouterState, plan: StepPlan, result: StepResult) -> RouterState:
+        """Check the step contract and rank next step's candidates: bulk groups unfinished at the cutoff."""
+        cfg = self.config
+        planned = {ref.uid for ref in (*plan.tail, *plan.bulk)}
+        seen = [o.ref.uid for o in result.outcomes]
+        if len(seen) != len(set(seen)) or set(seen) != planned:
+            raise InvariantError(f"step {plan.step}: outcomes do not match the plan (lost or duplicated groups)")
+        done = [o for o in result.outcomes if o.status is GroupStatus.DONE]
+        if len(done) != cfg.groups:
+            raise InvariantError(f"step {plan.step}: {len(done)} complete groups, expected exactly {cfg.groups}")
+        if any(o.status is not GroupStatus.DONE for o in result.outcomes if o.pool is Pool.TAIL):
+            raise InvariantError(f"step {plan.step}: a tail-pool group was not completed")
+        cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
+        # least progress first: most earlier cuts, fewest finished members, fewest generated tokens
+        cut.sort(key=lambda o: (-o.ref.cuts, o.finished_members, o.tokens, o.ref.uid))
+        candidates = tuple(replace(o.ref, cuts=o.ref.cuts + 1) for o in cut)
+        return RouterState(
+            step=state.step + 1,
+            stream=plan.stream_after,
+            requeue=plan.requeue_after,
+            candidates=candidates,
+            consumed=state.consumed + len(done),
+        )
