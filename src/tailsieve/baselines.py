@@ -1,0 +1,398 @@
+"""Known-length group routing baselines over R identical replicas (App. A.2; top-(q, m) of §2.2 and §2.4).
+
+Every policy sees the realized length of every request (the "Oracle" setting of App. A.2) and returns an
+`Assignment`: the replica of each request, each replica's exact all-admit makespan (App. D) and the step makespan
+(the slowest replica). Tail replicas, where a policy has them, are the last m, R−m..R−1 (as in `router`).
+Exact definitions and the choices made where the paper is silent are in docs/baselines.md.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar, TypeVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tailsieve.curves import TpotCurve
+from tailsieve.errors import ConfigError
+from tailsieve.makespan import lane_makespans, makespan
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+Info = Mapping[str, int | float]
+
+_MAX_IMPROVE_ROUNDS = 100_000
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupBatch:
+    """One rollout step: `lengths[g, j]` is the known length of response j of prompt group g (N × G)."""
+
+    lengths: IntArray
+    group_ids: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        arr = np.array(self.lengths)
+        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+            raise ConfigError(f"group lengths must be a non-empty N × G array, got shape {arr.shape}")
+        if arr.dtype.kind not in "iuf" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            raise ConfigError("group lengths must be whole numbers of tokens")
+        if arr.min() < 0:
+            raise ConfigError(f"group lengths must be non-negative, got {arr.min()}")
+        out = arr.astype(np.int64)
+        out.setflags(write=False)
+        object.__setattr__(self, "lengths", out)
+        if self.group_ids is not None:
+            ids = tuple(str(i) for i in self.group_ids)
+            if len(ids) != out.shape[0]:
+                raise ConfigError(f"{len(ids)} group ids for {out.shape[0]} groups")
+            object.__setattr__(self, "group_ids", ids)
+
+    @classmethod
+    def from_groups(cls, groups: Sequence[Sequence[int]], group_ids: Sequence[str] | None = None) -> GroupBatch:
+        """A batch from equal-size groups of lengths (one sequence per prompt group)."""
+        sizes = {len(g) for g in groups}
+        if len(sizes) > 1:
+            raise ConfigError(f"all groups must have the same size, got sizes {sorted(sizes)}")
+        return cls(np.asarray(groups), None if group_ids is None else tuple(group_ids))
+
+    @property
+    def n_groups(self) -> int:
+        """N, the number of prompt groups (routing units)."""
+        return int(self.lengths.shape[0])
+
+    @property
+    def group_size(self) -> int:
+        """G, responses per prompt group."""
+        return int(self.lengths.shape[1])
+
+    @property
+    def n_requests(self) -> int:
+        """N·G, the number of requests."""
+        return int(self.lengths.size)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Assignment:
+    """A routing decision: `replica[g, j]` serves request j of group g; exact per-replica makespans (App. D)."""
+
+    policy: str
+    replica: IntArray
+    replica_makespans_s: FloatArray
+    info: Info = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def makespan_s(self) -> float:
+        """T_step = max_r T_r, the step makespan (App. D)."""
+        return float(self.replica_makespans_s.max())
+
+    @property
+    def n_replicas(self) -> int:
+        """R, the number of replicas (including idle ones)."""
+        return int(self.replica_makespans_s.size)
+
+
+def make_assignment(
+    policy: str, batch: GroupBatch, replica: ArrayLike, replicas: int, curve: TpotCurve, **info: int | float
+) -> Assignment:
+    """Evaluate a replica per request (N × G), or per group (N,) for whole groups, exactly (App. D)."""
+    rep = np.array(replica, dtype=np.int64)
+    if rep.shape == (batch.n_groups,):
+        rep = np.repeat(rep[:, None], batch.group_size, axis=1)
+    if rep.shape != batch.lengths.shape:
+        raise ValueError(f"replica array has shape {rep.shape}, batch has {batch.lengths.shape}")
+    spans = lane_makespans(batch.lengths.ravel(), rep.ravel(), replicas, curve)
+    rep.setflags(write=False)
+    spans.setflags(write=False)
+    return Assignment(policy, rep, spans, MappingProxyType(dict(info)))
+
+
+def verify_assignment(batch: GroupBatch, a: Assignment, curve: TpotCurve, *, group_atomic: bool) -> None:
+    """Raise ValueError unless `a` routes every request exactly once (groups whole if promised), makespans exact."""
+    if a.replica.shape != batch.lengths.shape:
+        raise ValueError(f"{a.policy}: replica array has shape {a.replica.shape}, batch has {batch.lengths.shape}")
+    if a.replica.min() < 0 or a.replica.max() >= a.n_replicas:
+        raise ValueError(f"{a.policy}: replica indices outside 0..{a.n_replicas - 1}")
+    if group_atomic and np.any(a.replica != a.replica[:, :1]):
+        raise ValueError(f"{a.policy}: a prompt group is split across replicas")
+    flat, rep = batch.lengths.ravel(), a.replica.ravel()
+    want = np.array([makespan(flat[rep == r], curve) for r in range(a.n_replicas)])
+    if not np.allclose(a.replica_makespans_s, want, rtol=1e-12, atol=1e-12):
+        raise ValueError(f"{a.policy}: per-replica makespans disagree with the all-admit makespan")
+
+
+class Policy(ABC):
+    """A known-length routing policy; `name`, `group_atomic` and `min_replicas` are set per class."""
+
+    __slots__ = ()
+    name: ClassVar[str] = ""
+    group_atomic: ClassVar[bool] = True
+    min_replicas: ClassVar[int] = 1
+
+    @abstractmethod
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """Route every request of `batch` onto `replicas` identical replicas."""
+
+    def check_replicas(self, replicas: int) -> None:
+        """ConfigError unless `replicas` is an integer ≥ this policy's minimum."""
+        if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or replicas < self.min_replicas:
+            need = "a tail and a bulk replica" if self.min_replicas > 1 else "a replica"
+            raise ConfigError(f"policy {self.name} needs at least {self.min_replicas} replicas ({need}), "
+                              f"got {replicas}")
+
+
+POLICIES: dict[str, type[Policy]] = {}
+P = TypeVar("P", bound=Policy)
+
+
+def register(name: str) -> Callable[[type[P]], type[P]]:
+    """Class decorator: add a policy to `POLICIES` under `name`."""
+
+    def deco(cls: type[P]) -> type[P]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+def get_policy(name: str, **params: int | float | None) -> Policy:
+    """A policy instance by registry name (ConfigError listing the valid names otherwise)."""
+    if name not in POLICIES:
+        raise ConfigError(f"unknown policy '{name}'; valid: {', '.join(POLICIES)}")
+    return POLICIES[name](**params)
+
+
+def lpt(weights: ArrayLike, bins: int) -> IntArray:
+    """Longest-processing-time-first: heaviest item onto the currently lightest bin (ties: lowest index)."""
+    w = np.asarray(weights, dtype=np.int64)
+    out = np.empty(w.size, dtype=np.int64)
+    loads = np.zeros(bins, dtype=np.int64)
+    for i in np.argsort(-w, kind="stable"):
+        b = int(np.argmin(loads))
+        out[i] = b
+        loads[b] += w[i]
+    return out
+
+
+def improve(weights: ArrayLike, bin_of: ArrayLike, bins: int) -> IntArray:
+    """Pairwise improvement: move or swap items out of the heaviest bin while that bin's pair maximum drops.
+
+    Each accepted move lowers the heaviest bin and leaves its partner below the old maximum, so the maximum load
+    never rises and the sum of squared loads strictly falls (termination).
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    out = np.array(bin_of, dtype=np.int64)
+    loads = np.bincount(out, weights=w, minlength=bins).astype(np.int64)
+    for _ in range(_MAX_IMPROVE_ROUNDS):
+        a = int(np.argmax(loads))
+        la = int(loads[a])
+        in_a = np.flatnonzero(out == a)
+        best, move = la, (-1, -1, -1)
+        for b in np.flatnonzero(loads < la):
+            lb = int(loads[b])
+            in_b = np.concatenate(([-1], np.flatnonzero(out == b)))  # -1: a weightless partner, i.e. a plain move
+            d = w[in_a][:, None] - np.where(in_b >= 0, w[in_b], 0)[None, :]
+            pair_max = np.where(d > 0, np.maximum(la - d, lb + d), la)
+            x, y = np.unravel_index(int(np.argmin(pair_max)), pair_max.shape)
+            if pair_max[x, y] < best:
+                best, move = int(pair_max[x, y]), (int(in_a[x]), int(in_b[y]), int(b))
+        x_item, y_item, dest = move
+        if x_item < 0:
+            break
+        delta = int(w[x_item]) - (int(w[y_item]) if y_item >= 0 else 0)
+        out[x_item] = dest
+        if y_item >= 0:
+            out[y_item] = a
+        loads[a] -= delta
+        loads[dest] += delta
+    return out
+
+
+def balance(weights: ArrayLike, bins: int) -> IntArray:
+    """Bin of each item: LPT followed by pairwise improvement (never a higher maximum load than LPT)."""
+    return improve(weights, lpt(weights, bins), bins)
+
+
+def _max_load(weights: IntArray, bin_of: IntArray, bins: int) -> int:
+    return int(np.bincount(bin_of, weights=weights, minlength=bins).max())
+
+
+def _many_makespans(flat: IntArray, lanes: IntArray, replicas: int, curve: TpotCurve) -> FloatArray:
+    """Per-replica makespans of C candidate assignments at once: `lanes` is (C, n), result (C, R)."""
+    c = lanes.shape[0]
+    offset = (np.arange(c, dtype=np.int64) * replicas)[:, None]
+    spans = lane_makespans(np.tile(flat, c), (lanes + offset).ravel(), c * replicas, curve)
+    return spans.reshape(c, replicas)
+
+
+def _pools(is_tail: NDArray[np.bool_], m: int, replicas: int) -> IntArray:
+    """Round-robin within each pool in array order: bulk items over 0..R−m−1, tail items over R−m..R−1 (per row)."""
+    tpos = np.cumsum(is_tail, axis=-1) - 1
+    bpos = np.cumsum(~is_tail, axis=-1) - 1
+    bulk = bpos % (replicas - m)
+    if m == 0:
+        return bulk
+    return np.where(is_tail, replicas - m + tpos % m, bulk)
+
+
+@register("uniform")
+@dataclass(frozen=True, slots=True)
+class Uniform(Policy):
+    """Uniform group routing (App. A.2): group g goes whole to replica g mod R, in batch order."""
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """Round-robin whole groups over the replicas."""
+        self.check_replicas(replicas)
+        return make_assignment(self.name, batch, np.arange(batch.n_groups) % replicas, replicas, curve)
+
+
+@register("uniform-oracle")
+@dataclass(frozen=True, slots=True)
+class UniformOracle(Policy):
+    """Uniform Oracle (App. A.2): whole groups, known group token totals balanced across replicas."""
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """LPT over group totals, then pairwise group moves/swaps out of the heaviest replica."""
+        self.check_replicas(replicas)
+        totals = batch.lengths.sum(axis=1)
+        start = lpt(totals, replicas)
+        groups = improve(totals, start, replicas)
+        return make_assignment(self.name, batch, groups, replicas, curve,
+                               max_load_tokens=_max_load(totals, groups, replicas),
+                               lpt_max_load_tokens=_max_load(totals, start, replicas))
+
+
+@register("streamrl-oracle")
+@dataclass(frozen=True, slots=True)
+class StreamRLOracle(Policy):
+    """StreamRL-style Oracle (App. A.2): the longest `fraction` of requests on `dedicated` replicas, groups split.
+
+    `dedicated=None` picks the count in 1..R−1 with the smallest exact makespan (ties: fewer replicas).
+    """
+
+    group_atomic: ClassVar[bool] = False
+    min_replicas: ClassVar[int] = 2
+    fraction: float = 0.2
+    dedicated: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction < 1.0:
+            raise ConfigError(f"streamrl-oracle: fraction must lie strictly between 0 and 1, got {self.fraction}")
+        if self.dedicated is not None and self.dedicated < 1:
+            raise ConfigError(f"streamrl-oracle: dedicated must be at least 1, got {self.dedicated}")
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """Both sides round-robin in descending length order (request granularity)."""
+        self.check_replicas(replicas)
+        if self.dedicated is not None and self.dedicated >= replicas:
+            raise ConfigError(f"streamrl-oracle: dedicated must lie in 1..{replicas - 1} (R={replicas} replicas), "
+                              f"got {self.dedicated}")
+        flat = batch.lengths.ravel()
+        n = flat.size
+        k = min(n, max(1, math.ceil(self.fraction * n - 1e-9)))
+        by_rank = np.argsort(-flat, kind="stable")  # request index at each descending-length position
+        is_tail = np.arange(n) < k  # over descending-length positions
+        ds = np.arange(1, replicas) if self.dedicated is None else np.array([self.dedicated])
+        lanes_by_rank = np.stack([_pools(is_tail, int(d), replicas) for d in ds])
+        lanes = np.empty_like(lanes_by_rank)
+        lanes[:, by_rank] = lanes_by_rank
+        spans = _many_makespans(flat, lanes, replicas, curve)
+        best = int(np.argmin(spans.max(axis=1)))
+        return make_assignment(self.name, batch, lanes[best].reshape(batch.lengths.shape), replicas, curve,
+                               dedicated=int(ds[best]), isolated_requests=k)
+
+
+@register("seer-oracle")
+@dataclass(frozen=True, slots=True)
+class SeerOracle(Policy):
+    """Seer-style Oracle (App. A.2): groups split, known request lengths balanced as tokens per replica."""
+
+    group_atomic: ClassVar[bool] = False
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """LPT over request lengths, then pairwise request moves/swaps out of the heaviest replica."""
+        self.check_replicas(replicas)
+        flat = batch.lengths.ravel()
+        start = lpt(flat, replicas)
+        rep = improve(flat, start, replicas)
+        return make_assignment(self.name, batch, rep.reshape(batch.lengths.shape), replicas, curve,
+                               max_load_tokens=_max_load(flat, rep, replicas),
+                               lpt_max_load_tokens=_max_load(flat, start, replicas))
+
+
+def group_tail_rank(batch: GroupBatch) -> IntArray:
+    """Rank of each group by longest member, descending (ties: larger group total, then earlier group)."""
+    order = np.lexsort((np.arange(batch.n_groups), -batch.lengths.sum(axis=1), -batch.lengths.max(axis=1)))
+    rank = np.empty(batch.n_groups, dtype=np.int64)
+    rank[order] = np.arange(batch.n_groups)
+    return rank
+
+
+def topq_lanes(rank: IntArray, qs: IntArray, m: int, replicas: int) -> IntArray:
+    """Replica of each group for every q in `qs` (rows): top-q by `rank` round-robin on R−m..R−1, rest on the others."""
+    is_tail = rank[None, :] < np.asarray(qs, dtype=np.int64)[:, None]
+    return _pools(is_tail, m, replicas)
+
+
+@register("topq")
+@dataclass(frozen=True, slots=True)
+class TopQ(Policy):
+    """Top-(q, m) group isolation (§2.2, §2.4): q groups with the longest member on m tail replicas; (0, 0) is uniform.
+
+    Each pool is filled round-robin in batch order.
+    """
+
+    q: int = 0
+    m: int = 0
+
+    def __post_init__(self) -> None:
+        for key, value in (("q", self.q), ("m", self.m)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                raise ConfigError(f"topq: {key} must be a non-negative integer, got {key}={value}")
+        if (self.q > 0) != (self.m > 0):
+            raise ConfigError(f"topq: q and m must both be 0 (uniform) or both positive, got q={self.q}, m={self.m}")
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """Route whole groups by the fixed (q, m) split."""
+        self.check_replicas(replicas)
+        if self.q > batch.n_groups:
+            raise ConfigError(f"topq: q must lie in 0..{batch.n_groups} (the number of groups), got q={self.q}")
+        if self.m >= replicas:
+            raise ConfigError(f"topq: m must lie in 0..{replicas - 1} (R={replicas} replicas), got m={self.m}")
+        groups = topq_lanes(group_tail_rank(batch), np.array([self.q]), self.m, replicas)[0]
+        return make_assignment(self.name, batch, groups, replicas, curve, q=self.q, m=self.m)
+
+
+@register("topq-best")
+@dataclass(frozen=True, slots=True)
+class TopQBest(Policy):
+    """Best top-(q, m) in hindsight: exact makespan over q in 1..N, m in 1..R−1 and the uniform (0, 0).
+
+    Ties prefer (0, 0), then fewer tail replicas, then fewer groups.
+    """
+
+    min_replicas: ClassVar[int] = 2
+
+    def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+        """Evaluate every configuration exactly, one vectorised call per m."""
+        self.check_replicas(replicas)
+        flat = batch.lengths.ravel()
+        g = batch.group_size
+        rank = group_tail_rank(batch)
+        qs = np.arange(1, batch.n_groups + 1)
+        uniform = np.arange(batch.n_groups, dtype=np.int64) % replicas
+        best_t = float(_many_makespans(flat, np.repeat(uniform, g)[None, :], replicas, curve).max())
+        best_q, best_m, best_groups = 0, 0, uniform
+        for m in range(1, replicas):
+            lanes = topq_lanes(rank, qs, m, replicas)
+            t = _many_makespans(flat, np.repeat(lanes, g, axis=1), replicas, curve).max(axis=1)
+            i = int(np.argmin(t))
+            if t[i] < best_t:
+                best_t, best_q, best_m, best_groups = float(t[i]), int(qs[i]), m, lanes[i]
+        return make_assignment(self.name, batch, best_groups, replicas, curve, q=best_q, m=best_m)
