@@ -32,7 +32,7 @@ class ControllerConfig:
     """Every constant of the controller; defaults documented in README (Controller section)."""
 
     q0: int = 1  # initial isolation size (§4.4 default)
-    m0: int | None = None  # initial tail replicas; None = R // 2
+    m0: int | None = 0  # initial tail replicas: start at the uniform boundary; None = R // 2
     ema: float = 0.3  # weight of the newest measurement in rate / calibration EMAs
     momentum: float = 0.5  # damping of the q update (C.1 "damped momentum")
     max_q_step: int = 2  # bounded change of q per decision
@@ -66,7 +66,7 @@ class StepObservation:
     candidates: int
     tail_s: float
     bulk_s: float
-    consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups
+    consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,7 @@ class ControlState:
     calib_bulk: float = 1.0
     settled: int = 0
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
+    tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""
 
 
@@ -122,8 +123,8 @@ class Controller:
     def initial(self) -> ControlState:
         """State before the first step."""
         r = self.router.replicas
-        m0 = self.config.m0 if self.config.m0 is not None else r // 2
-        return ControlState(q=max(self.config.q0, 0), m=min(m0, max(r - 1, 0)))
+        m0 = min(self.config.m0 if self.config.m0 is not None else r // 2, max(r - 1, 0))
+        return ControlState(q=max(self.config.q0, 1) if m0 > 0 else 0, m=m0)
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Next state after observing one step."""
@@ -131,13 +132,18 @@ class Controller:
 
     # helpers shared by the adaptive controllers -------------------------------------------------------------
     def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
-        hist = (*state.history, obs.consumed_lengths)[-self.config.history_steps :]
-        return replace(state, history=hist)
+        keep = self.config.history_steps
+        hist = (*state.history, obs.consumed_lengths)[-keep:]
+        tails = state.tail_history
+        if obs.m > 0 and obs.q > 0 and not obs.warmup:
+            tails = (*tails, obs.consumed_lengths[: obs.q])[-2 * keep :]
+        return replace(state, history=hist, tail_history=tails)
 
     def predictor(self, state: ControlState) -> Predictor:
         """The forecast model over the current history."""
         return Predictor(
             np.concatenate(state.history),
+            candidates=np.concatenate(state.tail_history) if state.tail_history else None,
             groups=self.router.groups,
             extra=self.router.extra,
             replicas=self.router.replicas,

@@ -1,14 +1,17 @@
 """Makespan predictor for the controller (§3.2, C.2): response-work history + the TPOT curve → T̂_tail, T̂_bulk.
 
-Pure and deterministic (its resampling seed is fixed). The history is the lengths of recently consumed groups,
-an (H, G) array; in steady state a consumed batch is an unbiased sample of the group-work distribution
-(App. E). The predictor draws K pools of N + E groups from the history (bootstrap, fixed seed), sorts each by
-its longest member, and runs the all-admit model on the pool's replicas with round-robin dispatch:
+Pure and deterministic (its resampling seed is fixed). Two histories: the lengths of recently consumed groups
+(an (H, G) array; in steady state a consumed batch is an unbiased sample of the group-work distribution,
+App. E) and the realised lengths of groups the tail pool regenerated (what a partial-rollout candidate really
+costs once regenerated, selector noise included). The predictor draws K bootstrap pools and runs the all-admit
+model with round-robin dispatch:
 
-- tail pool: the q longest groups of the pool on m replicas, all to completion;
-- bulk pool: the other N + E − q groups on R − m replicas, cut at the (N − q)-th group completion;
-- uniform (0, 0): N groups of the pool on all R replicas, all to completion.
+- tail pool: q candidate groups (drawn from the candidate history) on m replicas, all to completion;
+- bulk pool: N fresh groups plus the E − q non-isolated candidates on R − m replicas, cut at the (N − q)-th
+  group completion;
+- uniform (0, 0): N fresh groups on all R replicas, all to completion.
 
+Before any tail group has been observed, candidates are modelled as the longest groups of a fresh N + E pool.
 T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
 tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measured/predicted calibrations.
 """
@@ -72,6 +75,7 @@ class Predictor:
         extra: int,
         replicas: int,
         curve: TpotCurve,
+        candidates: NDArray[np.int64] | None = None,
         by_request: bool = True,
         resamples: int = RESAMPLES,
     ) -> None:
@@ -81,34 +85,40 @@ class Predictor:
         self.curve = curve
         self.by_request = by_request
         rng = np.random.default_rng(_SEED)
-        idx = rng.integers(0, history.shape[0], size=(resamples, groups + extra))
-        pools = history[idx].astype(np.float64)  # (K, N + E, G), arrival order
-        self.arrival = pools
-        rank = np.argsort(-pools.max(axis=2), axis=1, kind="stable")
-        self.ranked = np.take_along_axis(pools, rank[:, :, None], axis=1)  # longest group first
+        k = resamples
+        fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
+        self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
+        width = max(extra, 1)
+        if candidates is not None and candidates.shape[0] > 0:
+            cand = candidates[rng.integers(0, candidates.shape[0], size=(k, width))].astype(np.float64)
+        else:  # no tail observed yet: the longest groups of a fresh N + E pool
+            rank = np.argsort(-fresh.max(axis=2), axis=1, kind="stable")
+            cand = np.take_along_axis(fresh, rank[:, :width, None], axis=1)
+        rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
+        self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
 
+    def _cands(self, lo: int, hi: int) -> FloatArray:
+        """Candidates lo..hi−1 of every pool (cycling when q exceeds the candidate width)."""
+        idx = np.arange(lo, hi) % self.cand.shape[1]
+        out: FloatArray = self.cand[:, idx]
+        return out
+
     def tail_times(self, q: int, m: int) -> FloatArray:
-        """(K,) T_tail of the q longest groups on m replicas."""
+        """(K,) T_tail of q candidate groups on m replicas."""
         if q <= 0 or m <= 0:
-            return np.zeros(self.ranked.shape[0])
+            return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = group_completions(self.ranked[:, :q], m, self.curve, self.by_request).max(axis=1)
+            self._tail[key] = group_completions(self._cands(0, q), m, self.curve, self.by_request).max(axis=1)
         return self._tail[key]
 
     def bulk_completions(self, q: int, m: int) -> FloatArray:
         """(K, P) sorted completion times of the bulk pool's groups (uniform: N groups on R replicas)."""
         key = (q, m)
         if key not in self._bulk:
-            if m == 0:
-                pools = self.arrival[:, : self.n]
-            else:  # the non-isolated groups, in arrival order
-                keep = np.ones(self.ranked.shape[1], bool)
-                keep[:q] = False
-                order = np.argsort(np.random.default_rng(_SEED + 1).random(int(keep.sum())))
-                pools = self.ranked[:, keep][:, order]
+            pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
             self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, self.by_request), axis=1)
         return self._bulk[key]
 

@@ -1,0 +1,138 @@
+"""Controller rules (§3.2, C.1, C.2): one test per rule, on small deterministic histories."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from conftest import make_curve
+from tailsieve.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.errors import ConfigError
+from tailsieve.makespan import finish_times
+from tailsieve.predictor import Predictor, lane_finish_times
+from tailsieve.router import RouterConfig
+
+CURVE = make_curve()
+
+
+def history(*, n: int = 16, g: int = 4, seed: int = 0, tail: float = 8.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.lognormal(6.0, 0.4, size=(n, 1)) * rng.lognormal(0, 0.2, size=(n, g))
+    base[: max(1, n // 8)] *= tail  # a few long-tail groups
+    return base.astype(np.int64)
+
+
+def obs(*, q: int, m: int, tail_s: float, bulk_s: float, warmup: bool = False, n: int = 16, seed: int = 0
+        ) -> StepObservation:
+    return StepObservation(step=1, q=q, m=m, warmup=warmup, candidates=2, tail_s=tail_s, bulk_s=bulk_s,
+                           consumed_lengths=history(n=n, seed=seed))
+
+
+def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25, **cfg: object):  # type: ignore[no-untyped-def]
+    rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho)
+    return CONTROLLERS[name](rc, CURVE, ControllerConfig(**cfg))  # type: ignore[arg-type]
+
+
+def test_lane_finish_times_match_closed_form() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(0, 50, 40).astype(np.float64)
+    lanes = rng.integers(0, 3, 40).astype(np.int64)
+    got = lane_finish_times(lengths, lanes, 3, CURVE)
+    for lane in range(3):
+        assert got[lanes == lane] == pytest.approx(finish_times(lengths[lanes == lane], CURVE))
+
+
+def test_hold_one_step_after_increase_two_after_decrease() -> None:
+    c = make("tailsieve-paper", q0=1, m0=2, q_gain=0.0, momentum=0.0)
+    s = c.initial()
+    # tail far faster than bulk: q* > q, so q increases and holds one step
+    s1 = c.update(s, obs(q=1, m=2, tail_s=10.0, bulk_s=100.0))
+    assert s1.q > 1 and s1.hold == 1
+    s2 = c.update(s1, obs(q=s1.q, m=2, tail_s=500.0, bulk_s=10.0))
+    assert s2.q == s1.q and s2.hold == 0  # held, even though the tail is now slower
+    s3 = c.update(s2, obs(q=s1.q, m=2, tail_s=500.0, bulk_s=10.0))
+    assert s3.q < s1.q and s3.hold == 2  # decrease, then two held steps
+    s4 = c.update(s3, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0))
+    s5 = c.update(s4, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0))
+    assert s4.q == s5.q == s3.q
+    assert c.update(s5, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0)).q > s3.q
+
+
+def test_q_step_is_bounded_and_capped_by_candidates() -> None:
+    c = make("tailsieve-paper", q0=1, m0=2, q_gain=0.0, momentum=0.0, max_q_step=2)
+    s = c.update(c.initial(), obs(q=1, m=2, tail_s=1.0, bulk_s=1000.0))
+    assert s.q == 3  # q* ≈ N, but the step is bounded by 2
+    assert c.q_limit() == RouterConfig(groups=16, rho=0.25).extra == 4
+    for _ in range(6):
+        s = replace(s, hold=0)
+        s = c.update(s, obs(q=s.q, m=2, tail_s=1.0, bulk_s=1000.0))
+    assert s.q == 4  # never more than the E candidates a step produces
+
+
+def test_gain_threshold_blocks_small_moves() -> None:
+    c = make("tailsieve-paper", q0=2, m0=2, q_gain=0.5, momentum=0.0)
+    s = c.update(c.initial(), obs(q=2, m=2, tail_s=10.0, bulk_s=12.0))
+    assert s.q == 2
+
+
+def test_outer_radius_and_one_replica_per_move() -> None:
+    c = make("tailsieve", q0=1, m0=6, m_gain=0.0)
+    s = ControlState(q=1, m=6, history=(history(),), tail_history=(history()[:2],))
+    pred = c.predictor(s)
+    out = c.outer(s, pred)
+    assert abs(out.m - 6) <= 1
+    # candidates never leave [1, R-1] ∪ {0}
+    assert 0 <= out.m <= 7
+
+
+def test_uniform_boundary_chosen_when_isolation_cannot_help() -> None:
+    c = make("tailsieve", q0=1, m0=1, m_gain=0.0)
+    flat = np.full((32, 4), 100, dtype=np.int64)  # identical lengths: isolation only loses capacity
+    s = ControlState(q=1, m=1, history=(flat,), tail_history=(flat[:1],))
+    out = c.outer(s, c.predictor(s))
+    assert (out.q, out.m) == (0, 0)
+
+
+def test_feasibility_rejects_transfers_the_gaining_pool_cannot_absorb() -> None:
+    c = make("tailsieve")
+    s = ControlState(q=1, m=1, history=(history(),), tail_history=(history()[:2],))
+    pred = c.predictor(s)
+    deadline = pred.makespan(1, 1)
+    # with an unbounded deadline the smaller bulk pool still finishes all it must: nothing dropped, feasible
+    assert c.feasible(s, pred, 1, 1, 2, 1e9)
+    # the rule itself, both directions: G_tail(m') >= D_bulk(m') and mirrored
+    n, q = 16, 1
+    for m, mc in ((1, 2), (1, 3), (3, 2), (3, 1)):
+        if mc > m:
+            gained = max(0, pred.tail_capacity(deadline, mc, 16 - 1) - q)
+            dropped = max(0, (n - q) - pred.bulk_capacity(deadline, q, mc))
+        else:
+            gained = max(0, pred.bulk_capacity(deadline, q, mc) - (n - q))
+            dropped = max(0, q - pred.tail_capacity(deadline, mc, q))
+        assert c.feasible(s, pred, q, m, mc, deadline) == (gained >= dropped)
+    # with no time at all the bulk pool drops everything it must finish: infeasible
+    assert not c.feasible(s, pred, 1, 1, 2, 0.0)
+
+
+def test_outer_waits_for_the_inner_loop_to_settle() -> None:
+    c = make("tailsieve", q0=1, m0=4, m_gain=0.0)
+    s = c.update(c.initial(), obs(q=0, m=0, tail_s=0.0, bulk_s=50.0, warmup=True))
+    assert s.m == 4  # a warm-up step never moves m
+
+
+def test_predictor_uniform_equals_closed_form() -> None:
+    h = np.full((4, 2), 10, dtype=np.int64)
+    p = Predictor(h, groups=4, extra=1, replicas=2, curve=CURVE, resamples=2)
+    # 8 requests of 10 tokens over 2 replicas by request: 4 per replica
+    assert p.makespan(0, 0) == pytest.approx(10 * CURVE.tpot_s(4))
+
+
+def test_static_and_config_validation() -> None:
+    c = make("static")
+    assert (c.initial().q, c.initial().m) == (2, 2)
+    with pytest.raises(ConfigError, match="ema must lie in"):
+        ControllerConfig(ema=1.5)
+    with pytest.raises(ConfigError, match="q0 must be >= 0"):
+        ControllerConfig(q0=-1)
