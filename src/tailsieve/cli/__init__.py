@@ -13,6 +13,8 @@ from tailsieve.errors import TailSieveError
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
 COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.curves_cmd",
+    "tailsieve.cli.workloads_cmd",
+    "tailsieve.cli.analyze_cmd",
     "tailsieve.cli.route_cmd",
 )
 

@@ -1,0 +1,353 @@
+"""Multi-round workloads (§2.3, App. A.5, App. B): which prompts come, and how long each generation of them is.
+
+A `Workload` answers `lengths(prompt, generation, step, G)`: the G response lengths of the `generation`-th
+generation of a prompt at rollout step `step`. Modes: `recorded` (exact cyclic replay of a trace), `resample`
+(i.i.d. draws with common random numbers) and `synthetic` (the paper-calibrated generator of `synthetic.py`).
+`PromptStream` feeds prompts in a deterministic, optionally shuffled, epoch-counting order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.errors import ConfigError
+from tailsieve.synthetic import SyntheticConfig, SyntheticModel, stable_hash
+from tailsieve.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
+from tailsieve.traces import DEFAULT_TRACE, Trace, bundled_trace_names, load_trace
+
+_TAG_RESAMPLE = 21
+_TAG_SHUFFLE = 22
+
+
+class ReplayMode(StrEnum):
+    """How a trace becomes per-generation lengths."""
+
+    RECORDED = "recorded"
+    RESAMPLE = "resample"
+    SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRef:
+    """One draw from the prompt stream."""
+
+    index: int
+    prompt_id: str
+    epoch: int
+
+
+class LengthSource(Protocol):
+    """What a workload delegates to."""
+
+    def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]: ...
+
+
+# ---------------------------------------------------------------------------------------------------- trace sources
+
+
+@dataclass(frozen=True, slots=True)
+class _PromptSamples:
+    """One prompt's recorded samples: all of them in file order, and grouped by step when the trace has steps."""
+
+    all: NDArray[np.int64]
+    steps: NDArray[np.int64] | None = None  # distinct steps, ascending
+    by_step: tuple[NDArray[np.int64], ...] = ()
+
+
+def _group_trace(trace: Trace) -> tuple[tuple[str, ...], dict[str, _PromptSamples], dict[str, int]]:
+    """Distinct prompts (first-appearance order), their samples, and their prompt token counts when known."""
+    ids = trace.prompt_id
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    prompts = tuple(str(p) for p in uniq[order])
+    by_row = np.argsort(inverse, kind="stable")  # rows grouped by prompt, file order inside each
+    bounds = np.searchsorted(inverse[by_row], np.arange(uniq.size + 1))
+    samples: dict[str, _PromptSamples] = {}
+    ptoks: dict[str, int] = {}
+    for u in range(uniq.size):
+        rows = by_row[bounds[u] : bounds[u + 1]]
+        pid = str(uniq[u])
+        lens = trace.length[rows]
+        if trace.step is not None:
+            st = trace.step[rows]
+            steps = np.unique(st)
+            groups = tuple(lens[st == s] for s in steps)
+            samples[pid] = _PromptSamples(all=lens, steps=steps, by_step=groups)
+        else:
+            samples[pid] = _PromptSamples(all=lens)
+        if trace.prompt_tokens is not None:
+            ptoks[pid] = int(np.median(trace.prompt_tokens[rows]))
+    return prompts, samples, ptoks
+
+
+def _check_args(generation: int, step: int, group_size: int) -> None:
+    if generation < 0:
+        raise ConfigError(f"generation must be >= 0, got {generation}")
+    if step < 0:
+        raise ConfigError(f"step must be >= 0, got {step}")
+    if group_size < 1:
+        raise ConfigError(f"group size must be >= 1, got {group_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSource:
+    """Generation a of p takes p's recorded samples cyclically from index a·G (file order; step ignored)."""
+
+    samples: dict[str, _PromptSamples]
+
+    def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
+        """Exact cyclic replay."""
+        rec = self.samples[prompt_id].all
+        idx = (generation * group_size + np.arange(group_size)) % rec.size
+        return rec[idx]
+
+
+@dataclass(frozen=True, slots=True)
+class ResampleSource:
+    """G i.i.d. draws from p's samples (at the step nearest `step`), indices depending only on (seed, p, a)."""
+
+    samples: dict[str, _PromptSamples]
+    seed: int
+
+    def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
+        """Common-random-number resampling."""
+        ps = self.samples[prompt_id]
+        pool = ps.all
+        if ps.steps is not None and ps.steps.size > 1:
+            pool = ps.by_step[int(np.argmin(np.abs(ps.steps - step)))]  # ties: the earlier step
+        h = stable_hash(prompt_id)
+        ss = np.random.SeedSequence([self.seed, _TAG_RESAMPLE, h & 0xFFFFFFFF, h >> 32, generation])
+        u = np.random.default_rng(ss).random(group_size)
+        return pool[np.minimum((u * pool.size).astype(np.int64), pool.size - 1)]
+
+
+# --------------------------------------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Workload:
+    """An immutable multi-round workload; all randomness derives from `seed`."""
+
+    name: str
+    prompts: tuple[str, ...]
+    max_length: int | None
+    mode: ReplayMode
+    seed: int
+    source: LengthSource = field(repr=False)
+    description: str = ""
+    trace: Trace | None = field(default=None, repr=False)
+    _prompt_tokens: dict[str, int] = field(default_factory=dict, repr=False)
+    _known: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ConfigError(f"workload {self.name}: no prompts")
+        object.__setattr__(self, "_known", frozenset(self.prompts))
+
+    def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
+        """The G response lengths of the `generation`-th generation of `prompt_id` at rollout step `step` (pure)."""
+        _check_args(generation, step, group_size)
+        if prompt_id not in self._known:
+            raise ConfigError(f"workload {self.name}: unknown prompt id {prompt_id!r}")
+        out = self.source.lengths(prompt_id, generation, step, group_size)
+        out.setflags(write=False)
+        return out
+
+    def prompt_tokens(self, prompt_id: str) -> int | None:
+        """Prompt length in tokens when the source records it (median over the prompt's rows), else None."""
+        return self._prompt_tokens.get(prompt_id)
+
+    @property
+    def is_synthetic(self) -> bool:
+        """Whether lengths come from the generator rather than a trace."""
+        return self.mode is ReplayMode.SYNTHETIC
+
+
+# ------------------------------------------------------------------------------------------------------ prompt stream
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    """Everything needed to resume a `PromptStream` (with the same prompt list)."""
+
+    position: int
+    shuffle: bool
+    seed: int
+    n_prompts: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for checkpoints."""
+        return {"position": self.position, "shuffle": self.shuffle, "seed": self.seed, "n_prompts": self.n_prompts}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> StreamState:
+        """Inverse of `to_json`."""
+        return cls(int(obj["position"]), bool(obj["shuffle"]), int(obj["seed"]), int(obj["n_prompts"]))
+
+
+class PromptStream:
+    """Cycles over the prompts, epoch after epoch; with `shuffle`, epoch e uses a permutation seeded by (seed, e)."""
+
+    __slots__ = ("_cache", "_position", "_prompts", "seed", "shuffle")
+
+    def __init__(self, prompts: Sequence[str], *, shuffle: bool = False, seed: int = 0) -> None:
+        if len(prompts) == 0:
+            raise ConfigError("prompt stream needs at least one prompt")
+        if seed < 0:
+            raise ConfigError(f"prompt stream seed must be >= 0, got {seed}")
+        self._prompts = tuple(prompts)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self._position = 0
+        self._cache: dict[int, NDArray[np.int64]] = {}
+
+    @property
+    def position(self) -> int:
+        """Number of prompts drawn so far (the index of the next `PromptRef`)."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next prompt (0-based)."""
+        return self._position // len(self._prompts)
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        """The prompt list in base order."""
+        return self._prompts
+
+    def _order(self, epoch: int) -> NDArray[np.int64]:
+        n = len(self._prompts)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        if epoch not in self._cache:
+            if len(self._cache) > 4:
+                self._cache.clear()
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, _TAG_SHUFFLE, epoch]))
+            self._cache[epoch] = rng.permutation(n).astype(np.int64)
+        return self._cache[epoch]
+
+    def take(self, k: int) -> list[PromptRef]:
+        """The next k prompts, advancing the stream."""
+        if k < 0:
+            raise ConfigError(f"take needs k >= 0, got {k}")
+        n = len(self._prompts)
+        out: list[PromptRef] = []
+        pos = self._position
+        end = pos + k
+        while pos < end:
+            epoch, off = divmod(pos, n)
+            stop = min(end - pos, n - off)
+            order = self._order(epoch)[off : off + stop]
+            out.extend(PromptRef(pos + j, self._prompts[int(o)], epoch) for j, o in enumerate(order))
+            pos += stop
+        self._position = end
+        return out
+
+    def state(self) -> StreamState:
+        """A snapshot for save/restore."""
+        return StreamState(self._position, self.shuffle, self.seed, len(self._prompts))
+
+    @classmethod
+    def from_state(cls, prompts: Sequence[str], state: StreamState) -> PromptStream:
+        """Resume a stream from `state` over the same prompt list."""
+        if len(prompts) != state.n_prompts:
+            raise ConfigError(f"stream state is for {state.n_prompts} prompts, got {len(prompts)}")
+        if state.position < 0:
+            raise ConfigError(f"stream state position must be >= 0, got {state.position}")
+        s = cls(prompts, shuffle=state.shuffle, seed=state.seed)
+        s._position = state.position
+        return s
+
+
+# ------------------------------------------------------------------------------------------------------ construction
+
+_SYNTHETIC: dict[str, tuple[float | None, str]] = {
+    "synthetic-math": (None, "synthetic math workload calibrated to the paper (P50 1160, P90 4115, 3% truncated)"),
+    "synthetic-math-weak": (WEAK_TAIL_RATIO, "synthetic-math with a weak tail (App. A.5, P90/P50 = 1.5)"),
+    "synthetic-math-strong": (STRONG_TAIL_RATIO, "synthetic-math with a strong tail (App. A.5, P90/P50 = 6)"),
+}
+_TRACE_DESCRIPTIONS = {
+    "kodcode-r1": "DeepSeek-R1 answers to 232 KodCode questions, 3 samples each (default; Apache-2.0)",
+    "kodcode-tests": "'answer and write unit tests' generations for 350 KodCode questions, 3 each (Apache-2.0)",
+}
+_TRACE_MAX_LENGTH = {"kodcode-r1": 16384}
+
+
+def bundled_workloads() -> dict[str, str]:
+    """Bundled workload names → one-line description (the traces first, the default first of all)."""
+    names = bundled_trace_names()
+    out = {n: _TRACE_DESCRIPTIONS.get(n, "bundled trace") for n in names}
+    out.update({n: d for n, (_, d) in _SYNTHETIC.items()})
+    return out
+
+
+def synthetic_workload(
+    name: str = "synthetic-math", *, seed: int = 0, config: SyntheticConfig | None = None
+) -> Workload:
+    """A generator-backed workload (§4.1 math workload; weak/strong tails via App. A.5)."""
+    if config is None:
+        if name not in _SYNTHETIC:
+            raise ConfigError(f"unknown synthetic workload '{name}' (known: {', '.join(_SYNTHETIC)})")
+        config = SyntheticConfig(tail_ratio=_SYNTHETIC[name][0])
+    model = SyntheticModel(config, seed=seed)
+    desc = _SYNTHETIC.get(name, (None, "synthetic workload"))[1]
+    return Workload(name=name, prompts=model.prompts, max_length=model.max_length, mode=ReplayMode.SYNTHETIC,
+                    seed=seed, source=model, description=desc)
+
+
+def trace_workload(trace: Trace, *, name: str, mode: ReplayMode = ReplayMode.RECORDED, seed: int = 0,
+                   max_length: int | None = None, description: str = "") -> Workload:
+    """A trace-backed workload in `recorded` or `resample` mode."""
+    prompts, samples, ptoks = _group_trace(trace)
+    source: LengthSource
+    if mode is ReplayMode.RECORDED:
+        source = RecordedSource(samples)
+    elif mode is ReplayMode.RESAMPLE:
+        source = ResampleSource(samples, seed)
+    else:
+        raise ConfigError(f"mode '{mode}' needs a synthetic workload name ({', '.join(_SYNTHETIC)}), not a trace")
+    return Workload(name=name, prompts=prompts, max_length=max_length, mode=mode, seed=seed, source=source,
+                    description=description or trace.source, trace=trace, _prompt_tokens=ptoks)
+
+
+def parse_mode(mode: ReplayMode | str) -> ReplayMode:
+    """`ReplayMode` from its value, with a message listing the choices."""
+    try:
+        return ReplayMode(mode)
+    except ValueError:
+        raise ConfigError(f"unknown replay mode '{mode}' (choose {', '.join(m.value for m in ReplayMode)})") from None
+
+
+def load_workload(
+    spec: str | Path | None = None,
+    *,
+    mode: ReplayMode | str = "recorded",
+    seed: int = 0,
+    length_column: str | None = None,
+    prompt_column: str | None = None,
+) -> Workload:
+    """A workload by bundled name or trace path (None: kodcode-r1); synthetic names ignore `mode`."""
+    m = parse_mode(mode)
+    if seed < 0 or seed != math.floor(seed):
+        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
+    if spec is None:
+        spec = "synthetic-math" if m is ReplayMode.SYNTHETIC else DEFAULT_TRACE
+    if isinstance(spec, str) and spec in _SYNTHETIC:
+        return synthetic_workload(spec, seed=seed)
+    if m is ReplayMode.SYNTHETIC:
+        raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(_SYNTHETIC)}), got '{spec}'")
+    trace = load_trace(spec, length_column=length_column, prompt_column=prompt_column)
+    bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
+    name = str(spec) if bundled else Path(spec).stem
+    cap = _TRACE_MAX_LENGTH.get(str(spec)) if bundled else None
+    return trace_workload(trace, name=name, mode=m, seed=seed, max_length=cap,
+                          description=_TRACE_DESCRIPTIONS.get(str(spec), "") if bundled else str(spec))

@@ -1,0 +1,94 @@
+"""`tailsieve analyze` and `tailsieve workloads`: JSON keys, every shared trace, plots, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import SHARED
+from tailsieve.cli import main
+
+TRACES = sorted((SHARED / "data" / "traces").glob("*.csv"))
+STATS_KEYS = {"p50", "p90", "p99", "max", "p90_p50", "truncated_share", "samples_per_prompt"}
+
+
+def analyze_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    assert main(["analyze", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_default_trace_json(capsys: pytest.CaptureFixture[str]) -> None:
+    out = analyze_json(capsys)
+    assert out["name"] == "kodcode-r1"
+    assert set(out["stats"]) >= STATS_KEYS
+    assert out["stats"]["p50"] == 2131.5 and out["stats"]["samples_per_prompt"] == 3
+    assert out["checkpoints"] == [] and out["auc"] == []
+    shares = out["variance_shares"]
+    assert set(shares) == {"prompt", "checkpoint", "interaction", "sampling"}
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["prompt"] > 0.8
+    assert out["between_within"]["between"] == pytest.approx(shares["prompt"])
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
+def test_every_shared_trace(capsys: pytest.CaptureFixture[str], path: Path) -> None:
+    out = analyze_json(capsys, str(path))
+    assert set(out["stats"]) >= STATS_KEYS and out["stats"]["max"] > 0
+
+
+def test_synthetic_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    out = analyze_json(capsys, "synthetic-math", "--prompts", "32", "--checkpoints", "4", "--samples", "4")
+    assert out["kind"] == "synthetic" and "I=32 prompts × S=4 checkpoints" in out["design"]
+    assert out["checkpoints"] == sorted(out["checkpoints"]) and len(out["checkpoints"]) == 4
+    assert len(out["auc"]) == 4 and all(len(row) == 4 for row in out["auc"])
+    assert sum(out["variance_shares"].values()) == pytest.approx(1.0)
+    assert out["stats"]["truncated_share"] > 0
+
+
+def test_trace_with_steps_and_column_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "t.csv"
+    lines = ["q,n,step"] + [f"p{i},{(i + 1) * 10 + s + k},{s}" for i in range(12) for s in (1, 2) for k in range(2)]
+    p.write_text("\n".join(lines) + "\n")
+    out = analyze_json(capsys, str(p), "--length-column", "n", "--prompt-column", "q")
+    assert out["checkpoints"] == [1, 2]
+    assert out["auc"][0][1] == 1.0
+
+
+def test_table_output_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    png = tmp_path / "a.png"
+    assert main(["analyze", "kodcode-tests", "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "P90/P50" in text and "variance shares" in text and png.stat().st_size > 1000
+    png2 = tmp_path / "b.png"
+    assert main(["analyze", "synthetic-math-strong", "--prompts", "16", "--checkpoints", "3", "--plot",
+                 str(png2)]) == 0
+    assert "tail-ranking AUC" in capsys.readouterr().out and png2.exists()
+
+
+def test_bad_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("prompt_id,length\na,1\nb,-3\n")
+    assert main(["analyze", str(p)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("tailsieve analyze: error: trace ") and "bad.csv, line 3" in err and "negative" in err
+
+
+def test_bad_plot_path_fails_before_work(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["analyze", "--plot", str(tmp_path / "x.txt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "use a .png, .pdf or .svg" in err
+    assert main(["analyze", "--plot", str(tmp_path / "nope" / "x.png")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_workloads_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["workloads", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [w["name"] for w in out["workloads"]]
+    assert out["default"] == "kodcode-r1" and names[0] == "kodcode-r1" and len(names) == 5
+    assert {w["kind"] for w in out["workloads"]} == {"trace", "synthetic"}
+    assert main(["workloads"]) == 0
+    assert "synthetic-math-strong" in capsys.readouterr().out
