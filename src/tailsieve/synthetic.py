@@ -46,7 +46,7 @@ def _words(h: int) -> list[int]:
     return [h & 0xFFFFFFFF, h >> 32]
 
 
-# Calibration (docs/calibrate_synthetic.py): Nelder–Mead on mu, the four sigmas, ceiling and the two runaway
+# Calibration (scripts/calibrate_synthetic.py): Nelder–Mead on mu, the four sigmas, ceiling and the two runaway
 # parameters, minimising squared relative errors against PAPER_TARGETS on 800 App. B designs (64 prompts × 8
 # independent checkpoints × 8 samples, common random numbers); on fresh draws the defaults give P50 ≈ 1150,
 # P90 ≈ 4098, 3.0 % truncated, longest completed response ≈ 11.8k per design, shares 64.3 / 2.3 / 7.0 / 26.4 %.

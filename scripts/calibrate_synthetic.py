@@ -21,7 +21,7 @@ from tailsieve.synthetic import SyntheticConfig, SyntheticModel
 
 NAMES = ["mu", "sigma_prompt", "sigma_checkpoint", "sigma_interaction", "sigma_sample", "ceiling",
          "runaway_logit", "runaway_prompt_slope"]
-I, S, R = 64, 8, 8
+I, S, R = 64, 8, 8  # noqa: E741 (App. B notation)
 
 
 def draws(reps: int, seed: int) -> tuple[np.ndarray, ...]:
