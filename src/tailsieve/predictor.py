@@ -9,7 +9,7 @@ model with round-robin dispatch:
 - tail pool: q candidate groups (drawn from the candidate history) on m replicas, all to completion;
 - bulk pool: N fresh groups plus the E − q non-isolated candidates on R − m replicas, cut at the (N − q)-th
   group completion;
-- uniform (0, 0): N fresh groups on all R replicas, all to completion.
+- uniform (0, 0): N fresh groups on all R replicas, group-atomic round-robin, all to completion.
 
 Before any tail group has been observed, candidates are modelled as the longest groups of a fresh N + E pool.
 T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
@@ -119,7 +119,8 @@ class Predictor:
         key = (q, m)
         if key not in self._bulk:
             pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
-            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, self.by_request), axis=1)
+            by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
+            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, by_request), axis=1)
         return self._bulk[key]
 
     def bulk_times(self, q: int, m: int) -> FloatArray:

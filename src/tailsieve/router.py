@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import numpy as np
+
 from tailsieve.errors import ConfigError
 from tailsieve.workloads import PromptStream, StreamState
 
@@ -56,7 +58,7 @@ class RouterConfig:
     replicas: int = 8
     rho: float = 0.1
     dispatch: Dispatch = Dispatch.REQUEST
-    max_cuts: int = 3
+    max_cuts: int = 8
 
     def __post_init__(self) -> None:
         if self.groups < 1:
@@ -149,14 +151,15 @@ def _place(
     groups: Sequence[GroupRef], replicas: Sequence[int], g: int, dispatch: Dispatch
 ) -> dict[int, tuple[int, ...]]:
     """Round-robin inside one pool, by request (continuing across groups) or by group."""
-    out: dict[int, tuple[int, ...]] = {}
-    r = len(replicas)
-    for i, ref in enumerate(groups):
-        if dispatch is Dispatch.GROUP:
-            out[ref.uid] = (replicas[i % r],) * g
-        else:
-            out[ref.uid] = tuple(replicas[(i * g + j) % r] for j in range(g))
-    return out
+    if not groups:
+        return {}
+    reps = np.asarray(replicas, dtype=np.int64)
+    if dispatch is Dispatch.GROUP:
+        slot = np.repeat(np.arange(len(groups))[:, None], g, axis=1)
+    else:
+        slot = np.arange(len(groups) * g).reshape(len(groups), g)
+    rows: list[list[int]] = reps[slot % reps.size].tolist()
+    return {ref.uid: tuple(row) for ref, row in zip(groups, rows, strict=True)}
 
 
 class Router:
@@ -181,21 +184,32 @@ class Router:
         taken += [GroupRef(p.index, p.prompt_id) for p in stream.take(k - len(taken))]
         return taken, stream.state(), left
 
+    def warmup(self, state: RouterState, *, dispatch: Dispatch | None = None) -> StepPlan:
+        """§3.1 warm-up: every replica bulk, N + E groups, cut when N are complete (the rest become candidates)."""
+        cfg = self.config
+        bulk, stream, left = self._draw(state, (), cfg.groups + cfg.extra)
+        reps = tuple(range(cfg.replicas))
+        place = _place(bulk, reps, cfg.group_size, dispatch or cfg.dispatch)
+        return StepPlan(state.step, (), tuple(bulk), place, (), reps, cfg.groups, True, stream, left)
+
     def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None) -> StepPlan:
-        """§3.1: uniform when m = 0; warm-up when there are no candidates; else tail q candidates + fresh bulk."""
+        """§3.1: uniform when m = 0 (or E = 0); warm-up when there are no candidates; else q candidates + fresh bulk.
+
+        Uniform steps always dispatch whole groups round-robin (uniform group routing); `dispatch` applies to the
+        two-pool steps. The isolated q is clamped to [max(1, forced), min(candidates, N)].
+        """
         cfg = self.config
         n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
         disp = dispatch or cfg.dispatch
         if not 0 <= m < max(r, 1) or (m > 0 and r < 2):
             raise ConfigError(f"tail replicas m must lie in [0, {r - 1}], got {m}")
-        if m == 0 or e == 0:  # uniform: every waiting candidate rejoins the queue, all N run to completion
+        if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
             bulk, stream, left = self._draw(state, state.candidates, n)
             reps = tuple(range(r))
-            return StepPlan(state.step, (), tuple(bulk), _place(bulk, reps, g, disp), (), reps, n, False, stream, left)
-        if not state.candidates:  # warm-up: all replicas bulk, N + E groups, cut at N
-            bulk, stream, left = self._draw(state, (), n + e)
-            reps = tuple(range(r))
-            return StepPlan(state.step, (), tuple(bulk), _place(bulk, reps, g, disp), (), reps, n, True, stream, left)
+            place = _place(bulk, reps, g, Dispatch.GROUP)
+            return StepPlan(state.step, (), tuple(bulk), place, (), reps, n, False, stream, left)
+        if not state.candidates:
+            return self.warmup(state, dispatch=disp)
         forced = [c for c in state.candidates if c.cuts >= cfg.max_cuts]
         rest = [c for c in state.candidates if c.cuts < cfg.max_cuts]
         q_eff = min(max(q, len(forced), 1), len(state.candidates), n)
@@ -210,25 +224,44 @@ class Router:
         )
 
     def observe(self, state: RouterState, plan: StepPlan, result: StepResult) -> RouterState:
-        """Check the step contract and rank next step's candidates: bulk groups unfinished at the cutoff."""
+        """Check the step contract and rank next step's candidates: bulk groups unfinished at the cutoff.
+
+        Contract (InvariantError otherwise): one outcome per planned group in its planned pool; exactly N DONE
+        groups, each with all G members finished; every tail group DONE; and no draw lost or duplicated overall,
+        i.e. consumed + candidates + requeued = prompts drawn from the stream.
+        """
         cfg = self.config
-        planned = {ref.uid for ref in (*plan.tail, *plan.bulk)}
+        g = cfg.group_size
+        pool_of = {ref.uid: Pool.TAIL for ref in plan.tail} | {ref.uid: Pool.BULK for ref in plan.bulk}
         seen = [o.ref.uid for o in result.outcomes]
-        if len(seen) != len(set(seen)) or set(seen) != planned:
+        if len(pool_of) != len(plan.tail) + len(plan.bulk) or len(seen) != len(set(seen)) or set(seen) != set(pool_of):
             raise InvariantError(f"step {plan.step}: outcomes do not match the plan (lost or duplicated groups)")
+        if any(pool_of[o.ref.uid] is not o.pool for o in result.outcomes):
+            raise InvariantError(f"step {plan.step}: a group is reported in a pool it was not planned in")
         done = [o for o in result.outcomes if o.status is GroupStatus.DONE]
         if len(done) != cfg.groups:
             raise InvariantError(f"step {plan.step}: {len(done)} complete groups, expected exactly {cfg.groups}")
+        if any(o.finished_members != g or len(o.lengths) != g for o in done):
+            raise InvariantError(f"step {plan.step}: a group reported done has unfinished members")
         if any(o.status is not GroupStatus.DONE for o in result.outcomes if o.pool is Pool.TAIL):
             raise InvariantError(f"step {plan.step}: a tail-pool group was not completed")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
         # least progress first: most earlier cuts, fewest finished members, fewest generated tokens
         cut.sort(key=lambda o: (-o.ref.cuts, o.finished_members, o.tokens, o.ref.uid))
         candidates = tuple(replace(o.ref, cuts=o.ref.cuts + 1) for o in cut)
+        consumed = state.consumed + len(done)
+        pending = {ref.uid for ref in (*candidates, *plan.requeue_after)}
+        ran_and_waits = {ref.uid for ref in plan.requeue_after} & set(pool_of)
+        if len(pending) != len(candidates) + len(plan.requeue_after) or ran_and_waits:
+            raise InvariantError(f"step {plan.step}: a waiting group is duplicated")
+        if consumed + len(pending) != plan.stream_after.position:
+            raise InvariantError(
+                f"step {plan.step}: {consumed} consumed + {len(pending)} waiting != {plan.stream_after.position} drawn"
+            )
         return RouterState(
             step=state.step + 1,
             stream=plan.stream_after,
             requeue=plan.requeue_after,
             candidates=candidates,
-            consumed=state.consumed + len(done),
+            consumed=consumed,
         )

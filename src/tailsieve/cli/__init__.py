@@ -16,6 +16,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.workloads_cmd",
     "tailsieve.cli.analyze_cmd",
     "tailsieve.cli.route_cmd",
+    "tailsieve.cli.simulate_cmd",
 )
 
 
