@@ -90,9 +90,17 @@ def test_outer_radius_and_one_replica_per_move() -> None:
 def test_uniform_boundary_chosen_when_isolation_cannot_help() -> None:
     c = make("tailsieve", q0=1, m0=1, m_gain=0.0)
     flat = np.full((32, 4), 100, dtype=np.int64)  # identical lengths: isolation only loses capacity
-    s = ControlState(q=1, m=1, history=(flat,), tail_history=(flat[:1],))
+    s = ControlState(q=1, m=1, history=(flat,), tail_history=(flat[:1],), dwell=3)
     out = c.outer(s, c.predictor(s))
     assert (out.q, out.m) == (0, 0)
+    assert out.dwell == 0  # switching to uniform restarts the dwell count
+
+
+def test_uniform_boundary_waits_for_min_dwell_after_leaving_it() -> None:
+    c = make("tailsieve", q0=1, m0=1, m_gain=0.0, min_dwell=3)
+    flat = np.full((32, 4), 100, dtype=np.int64)
+    s = ControlState(q=1, m=1, history=(flat,), tail_history=(flat[:1],), dwell=2)
+    assert c.outer(s, c.predictor(s)).m != 0
 
 
 def test_feasibility_rejects_transfers_the_gaining_pool_cannot_absorb() -> None:

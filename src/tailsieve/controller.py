@@ -39,6 +39,7 @@ class ControllerConfig:
     q_gain: float = 0.03  # apply a q change only if the predicted makespan improves by more than this fraction
     m_gain: float = 0.03  # switching threshold of the outer loop
     m_radius: int = 2  # candidate splits within this radius (C.2)
+    min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
     history_steps: int = 8  # consumed batches kept as response-work history
     calib_bounds: tuple[float, float] = (0.5, 2.0)
 
@@ -82,6 +83,7 @@ class ControlState:
     calib_tail: float = 1.0
     calib_bulk: float = 1.0
     settled: int = 0
+    dwell: int = 0  # steps since the last switch between uniform and isolation
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""
@@ -192,7 +194,8 @@ class Controller:
         r, q, m = self.router.replicas, state.q, state.m
         current = self._calibrated(state, pred, q, m)
         options: list[tuple[float, int, int]] = [(current, q, m)]
-        options.append((self._calibrated(state, pred, 0, 0), 0, 0))
+        if m == 0 or state.dwell >= self.config.min_dwell:
+            options.append((self._calibrated(state, pred, 0, 0), 0, 0))
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
             if mc == m:
                 continue
@@ -220,6 +223,7 @@ class Controller:
             m=new_m,
             q=new_q,
             hold=1,
+            dwell=0 if (new_m == 0) != (m == 0) else state.dwell,
             velocity=0.0,
             settled=0,
             rate_tail=math.nan,
@@ -280,7 +284,7 @@ class TailSieveController(Controller):
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
-        state = self._with_history(state, obs)
+        state = replace(self._with_history(state, obs), dwell=state.dwell + (0 if obs.warmup else 1))
         pred = self.predictor(state)
         state = self._calibrate(state, pred, obs)
         if state.m > 0:

@@ -11,7 +11,8 @@ model with round-robin dispatch:
   group completion;
 - uniform (0, 0): N fresh groups on all R replicas, group-atomic round-robin, all to completion.
 
-Before any tail group has been observed, candidates are modelled as the longest groups of a fresh N + E pool.
+Before any tail group has been observed, candidates are modelled by split-half selection within the consumed
+groups (`_split_half_candidates`).
 T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
 tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measured/predicted calibrations.
 """
@@ -26,7 +27,7 @@ from tailsieve.curves import TpotCurve
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-RESAMPLES = 12  # K bootstrap pools
+RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool averages within itself)
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
@@ -64,6 +65,26 @@ def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_requ
     return out
 
 
+def _split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
+    """Candidates before any tail was observed: select on one half of each group, regenerate with the other.
+
+    A group's members are independent generations of one prompt, so ranking a pool by the longest member of the
+    first half and taking the second half (tiled to G) as the regenerated lengths models the selector's noise
+    and the regression to the mean of a fresh regeneration. With G = 1 the selection is on the group itself.
+    """
+    g = pools.shape[2]
+    if g < 2:
+        score, regen = pools.max(axis=2), pools
+    else:
+        h = g // 2
+        score = pools[:, :, :h].max(axis=2)
+        second = pools[:, :, h:]
+        regen = np.concatenate([second] * (g // second.shape[2] + 1), axis=2)[:, :, :g]
+    rank = np.argsort(-score, axis=1, kind="stable")[:, :width]
+    out: FloatArray = np.take_along_axis(regen, rank[:, :, None], axis=1)
+    return out
+
+
 class Predictor:
     """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths."""
 
@@ -77,7 +98,7 @@ class Predictor:
         curve: TpotCurve,
         candidates: NDArray[np.int64] | None = None,
         by_request: bool = True,
-        resamples: int = RESAMPLES,
+        resamples: int | None = None,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -85,15 +106,21 @@ class Predictor:
         self.curve = curve
         self.by_request = by_request
         rng = np.random.default_rng(_SEED)
-        k = resamples
+        k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
         fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
         self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
         width = max(extra, 1)
-        if candidates is not None and candidates.shape[0] > 0:
-            cand = candidates[rng.integers(0, candidates.shape[0], size=(k, width))].astype(np.float64)
-        else:  # no tail observed yet: the longest groups of a fresh N + E pool
-            rank = np.argsort(-fresh.max(axis=2), axis=1, kind="stable")
-            cand = np.take_along_axis(fresh, rank[:, :width, None], axis=1)
+        prior = _split_half_candidates(fresh, width)
+        obs = np.zeros((0, history.shape[1]), np.float64) if candidates is None else candidates.astype(np.float64)
+        seen = obs.shape[0]
+        if seen >= 2 * width:  # enough regenerated tail groups observed: use them alone
+            cand = obs[rng.integers(0, seen, size=(k, width))]
+        elif seen > 0:  # few observations: mix them with the split-half prior
+            both = np.concatenate((np.broadcast_to(obs, (k, *obs.shape)), prior), axis=1)
+            pick = rng.integers(0, both.shape[1], size=(k, width))
+            cand = np.take_along_axis(both, pick[:, :, None], axis=1)
+        else:
+            cand = prior
         rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
         self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
         self._tail: dict[tuple[int, int], FloatArray] = {}

@@ -17,6 +17,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.analyze_cmd",
     "tailsieve.cli.route_cmd",
     "tailsieve.cli.simulate_cmd",
+    "tailsieve.cli.oracle_cmd",
 )
 
 
