@@ -26,9 +26,12 @@ CASES = [
     ("kodcode-r1", "h100-llama3-8b"),
     ("kodcode-r1", "a100-llama3-8b"),
     ("kodcode-tests", "h100-llama3-8b"),
-    ("synthetic-math", "h100-llama3-8b"),
     ("synthetic-math-weak", "h100-llama3-8b"),
+    ("synthetic-math", "h100-llama3-8b"),
     ("synthetic-math-strong", "h100-llama3-8b"),
+    ("synthetic-math-weak", "a100-llama3-8b"),
+    ("synthetic-math", "a100-llama3-8b"),
+    ("synthetic-math-strong", "a100-llama3-8b"),
     ("synthetic-math", "h100-llama2-70b-tp8"),
     ("capped", "h100-llama3-8b"),
 ]
