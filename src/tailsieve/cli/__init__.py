@@ -18,6 +18,8 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.route_cmd",
     "tailsieve.cli.simulate_cmd",
     "tailsieve.cli.oracle_cmd",
+    "tailsieve.cli.profile_cmd",
+    "tailsieve.cli.rollout_cmd",
 )
 
 

@@ -1,0 +1,110 @@
+"""`tailsieve profile`: measure a live OpenAI-compatible server's TPOT curve τ(b) and write it as curve JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tailsieve.cli._common import plot_path, print_json, print_table
+from tailsieve.curves import TpotCurve
+from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, ServerKind
+from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint
+from tailsieve.engines.state import write_json_atomic
+from tailsieve.errors import ConfigError
+
+
+def register(sub: Any) -> None:
+    """Add the `profile` command."""
+    p = sub.add_parser("profile", help="measure a live server's TPOT curve (feeds simulate, rollout, the controller)",
+                       description="Send b concurrent fixed-length requests (ignore_eos) for each batch size b and "
+                                   "record the median decode time per token; writes curve JSON.")
+    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
+                   help="comma-separated batch sizes (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
+    p.add_argument("--out", required=True, help="curve JSON to write")
+    p.add_argument("--plot", help="also save τ(b) and throughput to this .png/.pdf/.svg")
+    p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    p.add_argument("--kind", default="vllm", choices=[k.value for k in ServerKind], help="server kind")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (τ then includes prefill)")
+    p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
+    p.add_argument("--json", action="store_true", help="print the curve JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _out_path(text: str) -> Path:
+    path = Path(text)
+    if path.is_dir():
+        raise ConfigError(f"--out {text} is a folder; give a file name like curve.json")
+    if not path.parent.exists():
+        raise ConfigError(f"--out {text}: folder {path.parent} does not exist")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile the endpoint, write the curve, print the table."""
+    out = _out_path(args.out)
+    plot = plot_path(args.plot) if args.plot else None
+    batches = parse_batches(args.batches)
+    endpoint = Endpoint.parse(args.endpoint, ServerKind(args.kind))
+    opts = ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None)
+    con = Console(stderr=True)
+    bar = Progress(TextColumn("profiling {task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=con, transient=True, disable=not sys.stderr.isatty())
+    task = bar.add_task("warm-up", total=len(batches))
+
+    def tick(pt: ProfilePoint) -> None:
+        bar.update(task, advance=1, description=f"b={pt.batch}")
+
+    async def go() -> tuple[TpotCurve, list[ProfilePoint]]:
+        async with EngineClient(opts) as client:
+            return await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
+                                          model=args.model, on_point=tick)
+
+    with bar:
+        curve, points = asyncio.run(go())
+    doc = curve.to_json() | {"max_tokens": args.max_tokens, "streamed": not args.no_stream, "points": [
+        {"batch": p.batch, "tpot_ms": p.tpot_ms, "tpot_ms_p90": p.tpot_ms_p90,
+         "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s}
+        for p in points]}
+    write_json_atomic(out, doc)
+    if plot is not None:
+        save_plot(points, plot, curve.name)
+    if args.json:
+        print_json(doc)
+        return 0
+    print_table(f"TPOT curve of {endpoint.url} ({args.max_tokens} tokens per request)",
+                ["batch", "tpot ms (median)", "tpot ms (p90)", "ttft ms", "batch s", "tokens/s (all)"],
+                [(p.batch, p.tpot_ms, p.tpot_ms_p90, p.ttft_ms, p.step_s, p.tokens_per_s) for p in points])
+    Console().print(f"curve written to {out}" + (f"; plot saved to {plot}" if plot else ""))
+    return 0
+
+
+def save_plot(points: list[ProfilePoint], path: Path, title: str) -> None:
+    """τ(b) and aggregate tokens/s against the batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    bs = [p.batch for p in points]
+    a1.plot(bs, [p.tpot_ms for p in points], marker="o")
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("concurrent requests b")
+    a1.set_ylabel("ms per token per request τ(b)")
+    a2.plot(bs, [p.tokens_per_s for p in points], marker="o", color="C1")
+    a2.set_xscale("log", base=2)
+    a2.set_xlabel("concurrent requests b")
+    a2.set_ylabel("aggregate tokens/s")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,193 @@
+"""`tailsieve rollout`: synchronous rollout steps on real OpenAI-compatible replicas (vLLM, SGLang) with the
+simulator's router and controller. Several policies (comma-separated) run interleaved step by step on the same
+prompt stream. Output layout and report keys: docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tailsieve.cli._common import console
+from tailsieve.controller import CONTROLLERS, ControllerConfig
+from tailsieve.engines.client import Api, Endpoint, SamplingParams, ServerKind
+from tailsieve.engines.executor import RequestMode
+from tailsieve.engines.health import FaultPolicy
+from tailsieve.engines.prompts import END, Template, load_prompts, paper_sampling
+from tailsieve.engines.rollout import Batch, RolloutConfig
+from tailsieve.engines.runner import run_policies_real
+from tailsieve.errors import ConfigError
+from tailsieve.router import Dispatch
+from tailsieve.sim import SKIP_STEPS, PolicyRun
+from tailsieve.workloads import load_workload
+
+
+def register(sub: Any) -> None:
+    """Add the `rollout` command."""
+    p = sub.add_parser("rollout", help="run rollout steps on real vLLM/SGLang replicas with a routing policy",
+                       description="Run synchronous rollout steps (N complete groups of G per step) on real "
+                                   "OpenAI-compatible replicas, routed by the simulator's router and controller. "
+                                   "Writes each step's batch as JSONL and a report with the keys of simulate --json.")
+    p.add_argument("--endpoints", required=True, help="comma-separated server URLs (one per replica)")
+    p.add_argument("--prompts", required=True, help="prompt JSONL(.gz); text from prompt/problem/question/messages")
+    p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
+    p.add_argument("--policy", default="tailsieve",
+                   help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    p.add_argument("--template", default="none", choices=[t.value for t in Template],
+                   help="prompt template of App. A.1 (math, code) or none (default)")
+    p.add_argument("--replay-lengths", metavar="WORKLOAD",
+                   help="fixed-length replay: ignore_eos and max_tokens per request from this workload/trace")
+    p.add_argument("--replay-mode", default="recorded", help="replay mode of --replay-lengths (recorded|resample)")
+    p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
+    p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve for the controller (use `profile`'s)")
+    p.add_argument("--rho", type=float, default=0.1, help="over-provisioning ρ (default: %(default)s)")
+    p.add_argument("--q", type=int, help="static policy: isolated groups")
+    p.add_argument("--m", type=int, help="static policy: tail replicas")
+    p.add_argument("--q0", type=int, help="adaptive controllers: initial q")
+    p.add_argument("--m0", type=int, help="adaptive controllers: initial m")
+    p.add_argument("--dispatch", default="request", choices=[d.value for d in Dispatch], help="round-robin unit")
+    p.add_argument("--max-tokens", type=int, default=1024, help="response length cap (default: %(default)s)")
+    p.add_argument("--paper-sampling", action="store_true",
+                   help="Table A.1: temperature 0.7, top-p 0.8, top-k 20, presence 1.5, stop <END>")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
+                   help="completions or chat (auto: chat for --template code, else completions)")
+    p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
+                   help="split: one request per sample; n: one request per group and replica with n samples")
+    p.add_argument("--kind", default="vllm", choices=[k.value for k in ServerKind], help="server kind")
+    p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming (aborted groups then report 0 tokens)")
+    p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")
+    p.add_argument("--no-seed", action="store_true", help="send no per-request seed")
+    p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
+    p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
+    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds of silence that mark a replica down")
+    p.add_argument("--retries", type=int, default=4, help="re-dispatches of one request before giving up")
+    p.add_argument("--give-up-after", type=float, default=10.0,
+                   help="seconds to wait for a replica to come back when none is healthy (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def build_configs(args: argparse.Namespace) -> dict[str, RolloutConfig]:
+    """Validate the flags and build one `RolloutConfig` per policy."""
+    for flag, v in (("--groups", args.groups), ("--group-size", args.group_size), ("--steps", args.steps),
+                    ("--max-tokens", args.max_tokens)):
+        if v < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {v}")
+    names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
+    if not names:
+        raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS)}")
+    for n in names:
+        if n not in CONTROLLERS:
+            raise ConfigError(f"unknown policy '{n}' (valid: {', '.join(CONTROLLERS)})")
+    if (args.q is not None or args.m is not None) and "static" not in names:
+        raise ConfigError("--q/--m set the static policy; add static to --policy")
+    template = Template(args.template)
+    stop = tuple(args.stop or ())
+    if args.paper_sampling:
+        base = paper_sampling(args.max_tokens)
+        sampling = SamplingParams(base.temperature, base.top_p, base.top_k, base.presence_penalty, args.max_tokens,
+                                  tuple(dict.fromkeys((*base.stop, *stop))))
+    else:
+        if template is not Template.NONE and END not in stop:
+            stop = (*stop, END)
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.presence_penalty, args.max_tokens,
+                                  stop)
+    api = Api.CHAT if args.api == "auto" and template is Template.CODE else Api(
+        "completions" if args.api == "auto" else args.api)
+    replay = load_workload(args.replay_lengths, mode=args.replay_mode) if args.replay_lengths else None
+    ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
+    faults = FaultPolicy(stall_timeout_s=args.stall_timeout, retries=args.retries,
+                         no_healthy_wait_s=args.give_up_after)
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
+                             dispatch=Dispatch(args.dispatch), policy=n, curve=args.curve, controller=ctl, q=args.q,
+                             m=args.m, sampling=sampling, template=template, api=api,
+                             request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
+                             seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
+                             length_scale=args.length_scale, faults=faults, api_key_env=args.api_key_env or None,
+                             model=args.model)
+            for n in names}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the steps, writing the output folder as they complete; print the simulate-style table."""
+    configs = build_configs(args)
+    kind = ServerKind(args.kind)
+    endpoints = [Endpoint.parse(u, kind) for u in args.endpoints.split(",") if u.strip()]
+    if not endpoints:
+        raise ConfigError("--endpoints is empty")
+    for cfg in configs.values():
+        cfg.router(len(endpoints))
+    prompts = load_prompts(args.prompts)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    meta = {"endpoints": [e.url for e in endpoints], "prompts": args.prompts, "replicas": len(endpoints),
+            "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
+            "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
+            "dispatch": args.dispatch, "seed": None if args.no_seed else args.seed}
+    con = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=con, transient=True, disable=not sys.stderr.isatty())
+    task = bar.add_task("rollout", total=args.steps * len(configs))
+
+    def tick(name: str, batch: Batch) -> None:
+        bar.update(task, advance=1, description=f"{name} step {batch.step}")
+        if not sys.stderr.isatty():
+            r = batch.record
+            print(f"{name} step {r.step}: {r.makespan_s:.2f}s q={r.q} m={r.m}"
+                  + (f" redispatched={batch.redispatched}" if batch.redispatched else "")
+                  + (f" down={list(batch.down)}" if batch.down else ""), file=sys.stderr)
+
+    with bar:
+        runs = asyncio.run(run_policies_real(endpoints, prompts, configs, args.steps, out, resume=args.resume,
+                                             meta=meta, on_step=tick))
+    print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "
+                             f"N={args.groups} × G={args.group_size}, {args.steps} steps, ρ={args.rho}"))
+    console().print(f"batches, steps and state in {out}/<policy>/, report in {out}/report.json")
+    return 0
+
+
+def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
+    """The columns of `simulate`'s comparison table (speedup, bias: against uniform when it ran)."""
+    from tailsieve.metrics import length_bias, wasted_share
+
+    table = Table(title=title)
+    for i, col in enumerate(("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens",
+                             "length ratio", "KS")):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    uni = runs.get("uniform")
+    base = uni.mean_step_s() if uni is not None and uni.steps else None
+    for name, r in runs.items():
+        if not r.steps:
+            continue
+        mean = r.mean_step_s()
+        speed = f"{base / mean:.3f}×" if base and mean > 0 else "-"
+        ratio = ks = "-"
+        if uni is not None and uni.steps:
+            b = length_bias(r, uni)
+            ratio, ks = f"{b.mean_ratio:.3f}", f"{b.ks:.3f}"
+        table.add_row(name, f"{mean:.2f}", speed, str(r.final_q), str(r.final_m),
+                      f"{100 * wasted_share(r):.1f}%", ratio, ks)
+    con = console()
+    con.print(table)
+    con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
+              "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
+              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform.")

@@ -1,0 +1,48 @@
+"""Real engines: an async OpenAI-compatible client, the engine executor, health/faults, the `Rollout` API,
+profiling, prompt templates, state save/restore and local vLLM (CPU) servers. See docs/engines.md."""
+
+from tailsieve.engines.client import (
+    Api,
+    ClientOptions,
+    Endpoint,
+    EngineClient,
+    EngineError,
+    NoHealthyReplica,
+    ReplicaFault,
+    RequestRejected,
+    SamplingParams,
+    ServerKind,
+)
+from tailsieve.engines.executor import EngineExecutor, RequestMode, Sample
+from tailsieve.engines.health import FaultPolicy, Replicas
+from tailsieve.engines.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
+from tailsieve.engines.rollout import Batch, GroupResult, Rollout, RolloutConfig
+from tailsieve.engines.state import RolloutState
+
+__all__ = [
+    "Api",
+    "Batch",
+    "ClientOptions",
+    "Endpoint",
+    "EngineClient",
+    "EngineError",
+    "EngineExecutor",
+    "FaultPolicy",
+    "GroupResult",
+    "NoHealthyReplica",
+    "PromptRecord",
+    "ReplicaFault",
+    "Replicas",
+    "RequestMode",
+    "RequestRejected",
+    "Rollout",
+    "RolloutConfig",
+    "RolloutState",
+    "Sample",
+    "SamplingParams",
+    "ServerKind",
+    "Template",
+    "load_prompts",
+    "paper_sampling",
+    "render",
+]

@@ -1,0 +1,348 @@
+"""Async client for OpenAI-compatible servers (vLLM, SGLang): `/v1/completions` and `/v1/chat/completions`.
+
+One `complete()` call is one HTTP request (a whole GRPO group with `n = G`, or one member). Streaming (default)
+reports tokens generated so far into a caller-owned `progress` list, so a request cancelled at the cutoff still
+says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM; for
+SGLang the client also posts `/abort_request`. Failures are classified: `ReplicaFault` (refused connection, 5xx,
+stall past the read timeout, dropped connection: the replica's fault) or `RequestRejected` (4xx: the request's).
+The API key is read from an environment variable, sent as a bearer token, and never logged or repr'd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tailsieve.engines.types import (
+    DEFAULT_API_KEY_ENV,
+    Api,
+    Choice,
+    ClientOptions,
+    Completion,
+    Endpoint,
+    EngineError,
+    FaultKind,
+    NoHealthyReplica,
+    ReplicaFault,
+    Request,
+    RequestRejected,
+    SamplingParams,
+    ServerKind,
+)
+
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "Api",
+    "Choice",
+    "ClientOptions",
+    "Completion",
+    "Endpoint",
+    "EngineClient",
+    "EngineError",
+    "FaultKind",
+    "NoHealthyReplica",
+    "ReplicaFault",
+    "Request",
+    "RequestRejected",
+    "SamplingParams",
+    "ServerKind",
+    "parse_metrics",
+]
+
+
+@dataclass(slots=True)
+class _Acc:
+    text: list[str] = field(default_factory=list)
+    ids: list[int] | None = None
+    finish: str | None = None
+    tokens: int = 0
+
+
+class EngineClient:
+    """An aiohttp session shared by every request of a run; use as `async with EngineClient(opts) as c`."""
+
+    def __init__(self, options: ClientOptions | None = None) -> None:
+        self.options = options or ClientOptions()
+        env = self.options.api_key_env
+        self.__key = os.environ.get(env) if env else None
+        self._session: aiohttp.ClientSession | None = None
+        self._aborts: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"EngineClient({self.options!r}, api_key={'set' if self.__key else 'unset'})"
+
+    async def __aenter__(self) -> EngineClient:
+        self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def open(self) -> None:
+        """Create the HTTP session (idempotent)."""
+        if self._session is None:
+            conn = aiohttp.TCPConnector(limit=0, force_close=self.options.fresh_connections)
+            headers = {"Authorization": f"Bearer {self.__key}"} if self.__key else {}
+            self._session = aiohttp.ClientSession(connector=conn, headers=headers)
+
+    async def close(self) -> None:
+        """Close the session (pending abort notices are awaited briefly)."""
+        if self._aborts:
+            await asyncio.wait(self._aborts, timeout=2.0)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session."""
+        if self._session is None:
+            self.open()
+        assert self._session is not None
+        return self._session
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        o = self.options
+        return aiohttp.ClientTimeout(total=None, connect=o.connect_timeout_s, sock_connect=o.connect_timeout_s,
+                                     sock_read=o.stall_timeout_s)
+
+    def body(self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams) -> dict[str, Any]:
+        """The JSON body of one request."""
+        body: dict[str, Any] = {"model": model, **params.body(), "n": req.n}
+        if self.options.api is Api.CHAT:
+            if isinstance(req.prompt, str):
+                body["messages"] = [{"role": "user", "content": req.prompt}]
+            else:
+                body["messages"] = [{"role": r, "content": c} for r, c in req.prompt]
+        else:
+            body["prompt"] = req.prompt if isinstance(req.prompt, str) else "\n\n".join(c for _, c in req.prompt)
+        if req.seed is not None:
+            body["seed"] = req.seed
+        if req.max_tokens is not None:
+            body["max_tokens"] = req.max_tokens
+        if self.options.stream:
+            body["stream"] = True
+            opts: dict[str, Any] = {"include_usage": True}
+            if endpoint.kind is ServerKind.VLLM:
+                opts["continuous_usage_stats"] = True
+            body["stream_options"] = opts
+        if endpoint.kind is ServerKind.VLLM and self.options.return_token_ids:
+            body["return_token_ids"] = True
+        if endpoint.kind is ServerKind.SGLANG:
+            body["rid"] = req.rid
+        return body
+
+    async def complete(
+        self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams, progress: list[int] | None = None
+    ) -> Completion:
+        """Send one request and wait for all its choices; `progress[i]` tracks choice i's tokens while streaming."""
+        path = "/v1/chat/completions" if self.options.api is Api.CHAT else "/v1/completions"
+        body = self.body(endpoint, model, req, params)
+        t0 = time.perf_counter()
+        try:
+            async with self.session.post(endpoint.url + path, json=body, timeout=self._timeout(),
+                                         headers={"X-Request-Id": req.rid}) as resp:
+                if resp.status >= 400:
+                    await _raise_status(endpoint, resp)
+                if self.options.stream:
+                    return await self._read_stream(resp, req, body, t0, progress)
+                data = await resp.json(content_type=None)
+        except asyncio.CancelledError:
+            if endpoint.kind is ServerKind.SGLANG:
+                self._abort_sglang(endpoint, req.rid)
+            raise
+        except (ReplicaFault, RequestRejected):
+            raise
+        except aiohttp.ClientConnectorError as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.REFUSED, _short(exc)) from None
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            raise ReplicaFault(endpoint.url, FaultKind.STALL,
+                               f"no data for {self.options.stall_timeout_s:g}s") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.DISCONNECT, _short(exc)) from None
+        return _parse_full(data, body, time.perf_counter() - t0)
+
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, req: Request, body: dict[str, Any], t0: float, progress: list[int] | None
+    ) -> Completion:
+        accs = [_Acc() for _ in range(req.n)]
+        prog = progress if progress is not None else [0] * req.n
+        chat = self.options.api is Api.CHAT
+        ttft: float | None = None
+        prompt_tokens = 0
+        done = False
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            chunk = json.loads(payload)
+            if chunk.get("error"):
+                _raise_stream_error(resp, chunk["error"])
+            usage = chunk.get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
+            choices = chunk.get("choices") or []
+            for ch in choices:
+                i = int(ch.get("index", 0))
+                if not 0 <= i < req.n:
+                    continue
+                a = accs[i]
+                text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+                ids = ch.get("token_ids")
+                if text:
+                    a.text.append(text)
+                if ids is not None:
+                    a.ids = (a.ids or []) + list(ids)
+                    a.tokens += len(ids)
+                elif len(choices) == 1 and usage.get("completion_tokens") is not None and req.n == 1:
+                    a.tokens = int(usage["completion_tokens"])
+                elif text:
+                    a.tokens += 1
+                if ch.get("finish_reason") is not None:
+                    a.finish = str(ch["finish_reason"])
+                prog[i] = a.tokens
+                if ttft is None and (text or ids):
+                    ttft = time.perf_counter() - t0
+            if not choices and usage.get("completion_tokens") is not None and req.n == 1:
+                accs[0].tokens = int(usage["completion_tokens"])
+                prog[0] = accs[0].tokens
+        if any(a.finish is None for a in accs):
+            tail = "" if done else " ([DONE] missing)"
+            raise aiohttp.ClientPayloadError(f"stream ended before every choice finished{tail}")
+        out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids))
+                    for i, a in enumerate(accs))
+        return Completion(out, prompt_tokens, time.perf_counter() - t0, ttft)
+
+    def _abort_sglang(self, endpoint: Endpoint, rid: str) -> None:
+        async def send() -> None:
+            try:
+                async with self.session.post(endpoint.url + "/abort_request", json={"rid": rid},
+                                             timeout=aiohttp.ClientTimeout(total=2.0)):
+                    pass
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def health(self, endpoint: Endpoint, timeout_s: float = 2.0) -> bool:
+        """True when GET /health (or /v1/models) answers 200 within `timeout_s`."""
+        for path in ("/health", "/v1/models"):
+            try:
+                async with self.session.get(endpoint.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                    if r.status == 200:
+                        return True
+                    if r.status != 404:
+                        return False
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return False
+        return False
+
+    async def models(self, endpoint: Endpoint) -> list[str]:
+        """Served model names (GET /v1/models)."""
+        try:
+            async with self.session.get(endpoint.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status >= 400:
+                    await _raise_status(endpoint, r)
+                data = await r.json(content_type=None)
+        except aiohttp.ClientConnectorError as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.REFUSED, _short(exc)) from None
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.DISCONNECT, _short(exc)) from None
+        return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def metrics(self, endpoint: Endpoint) -> dict[str, float]:
+        """Prometheus /metrics summed over label sets: `{"vllm:num_requests_running": 3.0, ...}`."""
+        async with self.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            text = await r.text()
+        return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum every sample of each metric name (labels dropped); comments skipped."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+async def _raise_status(endpoint: Endpoint, resp: aiohttp.ClientResponse) -> None:
+    try:
+        text = (await resp.text())[:300]
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        text = ""
+    try:
+        obj = json.loads(text)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = str(err.get("message", err) if isinstance(err, dict) else err)
+    except ValueError:
+        msg = text
+    msg = " ".join(msg.split())[:200] or resp.reason or ""
+    if resp.status >= 500 or resp.status in (408, 429):
+        raise ReplicaFault(endpoint.url, FaultKind.HTTP_5XX, f"HTTP {resp.status} {msg}")
+    raise RequestRejected(f"{endpoint.url}: HTTP {resp.status}: {msg}")
+
+
+def _raise_stream_error(resp: aiohttp.ClientResponse, err: Any) -> None:
+    """An error event inside a stream: 4xx codes are the request's fault, anything else the replica's."""
+    url = str(resp.url.origin())
+    info = err if isinstance(err, dict) else {"message": str(err)}
+    msg = " ".join(str(info.get("message", "")).split())[:200]
+    try:
+        code = int(info.get("code") or 500)
+    except (TypeError, ValueError):
+        code = 500
+    if 400 <= code < 500 and code not in (408, 429):
+        raise RequestRejected(f"{url}: HTTP {code} (in stream): {msg}")
+    raise ReplicaFault(url, FaultKind.HTTP_5XX, f"error in stream: {msg}")
+
+
+def _parse_full(data: Any, body: dict[str, Any], latency: float) -> Completion:
+    """Choices of a non-streamed response; per-choice tokens from token ids, usage (n = 1) or max_tokens."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise ValueError("response has no 'choices' list")
+    usage = data.get("usage") or {}
+    n = int(body.get("n", 1))
+    total = int(usage.get("completion_tokens") or 0)
+    raw: Sequence[dict[str, Any]] = sorted(data["choices"], key=lambda c: int(c.get("index", 0)))
+    out: list[Choice] = []
+    for ch in raw:
+        text = ch.get("text")
+        if text is None:
+            text = (ch.get("message") or {}).get("content") or ""
+        ids = ch.get("token_ids")
+        finish = ch.get("finish_reason")
+        if ids is not None:
+            tokens = len(ids)
+        elif n == 1:
+            tokens = total
+        elif finish == "length":
+            tokens = int(body["max_tokens"])
+        else:
+            tokens = round(total / max(n, 1))
+        out.append(Choice(int(ch.get("index", 0)), str(text), tokens, finish,
+                          None if ids is None else tuple(int(t) for t in ids)))
+    return Completion(tuple(out), int(usage.get("prompt_tokens") or 0), latency, None)

@@ -1,0 +1,125 @@
+"""Replica health: a faulty replica is marked down, probed with exponential backoff, and taken back when it answers.
+
+`Replicas` maps the router's replica indices to endpoints and picks a healthy substitute for a down one (the same
+pool first, least loaded). `FaultPolicy` holds every timeout, retry and backoff constant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tailsieve.engines.client import Endpoint, EngineClient, EngineError, FaultKind
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPolicy:
+    """Timeouts, retries and backoff of a real run (seconds)."""
+
+    connect_timeout_s: float = 5.0
+    stall_timeout_s: float = 60.0  # streaming: silence that marks a replica down; non-streaming: whole request
+    retries: int = 4  # re-dispatches of one request before the step fails
+    backoff_s: float = 0.25  # delay before retry k is backoff_s · 2^(k−1), capped
+    backoff_max_s: float = 8.0
+    probe_interval_s: float = 1.0  # first probe of a down replica; doubles up to probe_max_s
+    probe_max_s: float = 15.0
+    no_healthy_wait_s: float = 10.0  # how long to wait for any replica to come back before giving up
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or min(self.connect_timeout_s, self.stall_timeout_s, self.probe_interval_s) <= 0:
+            raise EngineError("fault policy: retries must be >= 0 and timeouts/intervals > 0")
+
+    def backoff(self, attempt: int) -> float:
+        """Delay before the `attempt`-th retry (attempt 0 = first try: no delay)."""
+        return 0.0 if attempt <= 0 else min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """One change of a replica's state (for reports)."""
+
+    t: float
+    replica: int
+    up: bool
+    reason: str
+
+
+class Replicas:
+    """Endpoints by router replica index, their up/down state, and the probes of the down ones."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], client: EngineClient, policy: FaultPolicy) -> None:
+        if not endpoints:
+            raise EngineError("no endpoints given")
+        self.endpoints = tuple(endpoints)
+        self.client = client
+        self.policy = policy
+        self.up = [True] * len(endpoints)
+        self.events: list[HealthEvent] = []
+        self._probes: dict[int, asyncio.Task[None]] = {}
+        self._changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    def healthy(self) -> list[int]:
+        """Indices of replicas currently up."""
+        return [i for i, u in enumerate(self.up) if u]
+
+    def mark_down(self, i: int, kind: FaultKind | str, detail: str = "") -> None:
+        """Mark replica i down (once) and start probing it."""
+        if not self.up[i]:
+            return
+        self.up[i] = False
+        self.events.append(HealthEvent(time.time(), i, False, f"{kind}: {detail}"[:200]))
+        if i not in self._probes or self._probes[i].done():
+            self._probes[i] = asyncio.get_running_loop().create_task(self._probe(i))
+
+    def _mark_up(self, i: int) -> None:
+        self.up[i] = True
+        self.events.append(HealthEvent(time.time(), i, True, "probe answered"))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _probe(self, i: int) -> None:
+        delay = self.policy.probe_interval_s
+        while not self.up[i]:
+            await asyncio.sleep(delay)
+            if await self.client.health(self.endpoints[i], timeout_s=min(5.0, self.policy.connect_timeout_s)):
+                self._mark_up(i)
+                return
+            delay = min(self.policy.probe_max_s, delay * 2)
+
+    async def check_all(self) -> None:
+        """Probe every replica now (at run start): the ones that do not answer are marked down."""
+        results = await asyncio.gather(*(self.client.health(e) for e in self.endpoints))
+        for i, ok in enumerate(results):
+            if not ok:
+                self.mark_down(i, FaultKind.REFUSED, "health check failed")
+
+    def pick(self, planned: int, pool: Iterable[int], load: Sequence[int]) -> int | None:
+        """`planned` if up; else the least-loaded healthy replica of the same pool; else of any pool; else None."""
+        if self.up[planned]:
+            return planned
+        same = [i for i in pool if self.up[i]]
+        cands = same or self.healthy()
+        if not cands:
+            return None
+        return min(cands, key=lambda i: (load[i], i))
+
+    async def wait_any(self, timeout_s: float) -> bool:
+        """Wait until some replica is up (True) or the timeout passes (False)."""
+        if self.healthy():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        return bool(self.healthy())
+
+    async def close(self) -> None:
+        """Stop the probes."""
+        for t in self._probes.values():
+            t.cancel()
+        await asyncio.gather(*self._probes.values(), return_exceptions=True)
+        self._probes.clear()

@@ -1,0 +1,136 @@
+"""Prompt files and the paper's prompt templates (App. A.1).
+
+`load_prompts` reads JSONL (optionally .gz) whose records name the text differently (`prompt`, `problem`,
+`question`, `messages`, …) and the id differently (`id`, `question_id`, …). `render` applies a template:
+`math` (one user message ending in the `<END>` protocol), `code` (the bounded-reasoning system + user messages),
+or `none` (the text as is). `paper_sampling` is Table A.1's sampling configuration.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from tailsieve.engines.client import SamplingParams
+from tailsieve.errors import ConfigError
+
+TEXT_FIELDS = ("prompt", "problem", "question", "instruction", "input", "query", "text", "content")
+ID_FIELDS = ("id", "question_id", "task_id", "prompt_id", "uid", "global_id", "idx")
+END = "<END>"
+
+# App. A.1 prints the math message with its middle elided ("...<END> After <END>, stop immediately. ..."); the
+# instruction before <END> is the common DeepScaleR one, reconstructed here.
+MATH_USER = ("{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}, then write "
+             "<END>.\nAfter <END>, stop immediately. Do not write any words, punctuation, newline, or explanation "
+             "after <END>.")
+CODE_SYSTEM = "You are an expert Python programmer."
+CODE_USER = ("Solve the coding problem below.\nProvide your reasoning and explanation, including the key algorithm, "
+             "its correctness, important edge cases, and its time and space complexity.\nThen provide exactly one "
+             "complete Python function.\nAfter the function, write <END> and stop immediately.\nDo not repeat or "
+             "revise the answer.\n\nProblem: {question}\nRequired function: {function_declaration}\n"
+             "Specification: {docstring}")
+_SIGNATURE = re.compile(r"def\s+\w+\s*\([^)]*\)\s*(?:->\s*[^:`\n]+)?:")
+
+Messages = tuple[tuple[str, str], ...]
+
+
+class Template(StrEnum):
+    """Prompt template."""
+
+    NONE = "none"
+    MATH = "math"
+    CODE = "code"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    """One prompt: a unique id, its text or chat messages, and the record's other fields (for templates)."""
+
+    prompt_id: str
+    text: str
+    messages: Messages | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def field(self, name: str) -> str | None:
+        """Another field of the source record, as text."""
+        return dict(self.fields).get(name)
+
+
+def paper_sampling(max_tokens: int = 16384) -> SamplingParams:
+    """Table A.1: temperature 0.7, top-p 0.8, top-k 20, presence penalty 1.5, stop <END>, 16,384 tokens."""
+    return SamplingParams(temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, max_tokens=max_tokens,
+                          stop=(END,))
+
+
+def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: line {lineno} is not a JSON object")
+    pid = next((str(obj[k]) for k in ID_FIELDS if obj.get(k) not in (None, "")), f"line-{lineno}")
+    msgs = obj.get("messages")
+    messages: Messages | None = None
+    if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs):
+        messages = tuple((str(m.get("role", "user")), str(m["content"])) for m in msgs)
+    text = next((obj[k] for k in TEXT_FIELDS if isinstance(obj.get(k), str) and obj[k].strip()), None)
+    if text is None and messages is None:
+        raise ConfigError(f"{where}: line {lineno} has no prompt text (looked for {', '.join(TEXT_FIELDS)}, messages)")
+    if text is None and messages is not None:
+        text = messages[-1][1]
+    fields = tuple((k, v if isinstance(v, str) else json.dumps(v)) for k, v in obj.items() if k != "messages")
+    return PromptRecord(pid, str(text), messages, fields)
+
+
+def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptRecord, ...]:
+    """Prompts of a JSONL / JSONL.gz file in file order; duplicate ids get a `#k` suffix."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"prompt file {p} not found")
+    opener = gzip.open if p.suffix == ".gz" else open
+    out: list[PromptRecord] = []
+    seen: dict[str, int] = {}
+    try:
+        with opener(p, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{p}: line {lineno}: invalid JSON ({exc.msg})") from None
+                rec = _record(obj, lineno, str(p))
+                k = seen.get(rec.prompt_id, 0)
+                seen[rec.prompt_id] = k + 1
+                if k:
+                    rec = PromptRecord(f"{rec.prompt_id}#{k}", rec.text, rec.messages, rec.fields)
+                out.append(rec)
+                if limit is not None and len(out) >= limit:
+                    break
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"cannot read prompt file {p}: {exc}") from None
+    if not out:
+        raise ConfigError(f"prompt file {p} has no prompts")
+    return tuple(out)
+
+
+def render(rec: PromptRecord, template: Template) -> str | Messages:
+    """The prompt to send: text (no template, single message) or chat messages (code template)."""
+    if template is Template.NONE:
+        return rec.messages if rec.messages is not None else rec.text
+    if template is Template.MATH:
+        return (("user", MATH_USER.format(problem=rec.text.strip())),)
+    sig = rec.field("function_declaration")
+    if not sig:
+        m = _SIGNATURE.search(rec.text)
+        sig = m.group(0) if m else "(as stated in the problem)"
+    doc = rec.field("docstring") or "(as stated in the problem)"
+    user = CODE_USER.format(question=rec.text.strip(), function_declaration=sig, docstring=doc)
+    return (("system", CODE_SYSTEM), ("user", user))
+
+
+def as_text(prompt: str | Messages) -> str:
+    """A chat prompt flattened for /v1/completions (system text, blank line, user text)."""
+    return prompt if isinstance(prompt, str) else "\n\n".join(c for _, c in prompt)

@@ -1,0 +1,267 @@
+"""Python API for RL loops: `async with Rollout(endpoints, config, prompts) as r: batch = await r.step()`.
+
+Each step plans with the same `Router` and controller as the simulator, executes on the replicas with
+`EngineExecutor`, feeds the controller the same `StepObservation`, and returns N complete groups. `r.state()` /
+`r.save(path)` capture router, controller and generation counters; `Rollout(..., state=path)` resumes from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tailsieve.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.curves import TpotCurve, load_curve
+from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
+from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
+from tailsieve.engines.health import FaultPolicy, Replicas
+from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
+from tailsieve.engines.state import RolloutState
+from tailsieve.errors import ConfigError
+from tailsieve.router import Dispatch, GroupOutcome, GroupRef, GroupStatus, Pool, Router, RouterConfig
+from tailsieve.sim import StepRecord
+from tailsieve.synthetic import stable_hash
+from tailsieve.workloads import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    """A real run: step shape, policy, curve for the controller, sampling, template, transport, faults, replay."""
+
+    groups: int = 64
+    group_size: int = 8
+    rho: float = 0.1
+    dispatch: Dispatch = Dispatch.REQUEST
+    policy: str = "tailsieve"
+    curve: str | Path | TpotCurve = "h100-llama3-8b"  # use the curve `tailsieve profile` measured on your servers
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    q: int | None = None  # static policy
+    m: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    template: Template = Template.NONE
+    api: Api = Api.COMPLETIONS
+    request_mode: RequestMode = RequestMode.SPLIT
+    stream: bool = True
+    seed: int | None = 0  # per-request seeds derive from (seed, prompt, generation, member); None: unseeded
+    shuffle: bool = False
+    replay: Workload | None = None  # fixed-length replay: ignore_eos + per-request max_tokens from the workload
+    length_scale: float = 1.0  # replay lengths × this (≥ 1 token)
+    faults: FaultPolicy = field(default_factory=FaultPolicy)
+    api_key_env: str | None = "TAILSIEVE_API_KEY"
+    model: str | None = None  # None: the first model the first healthy endpoint serves
+
+    def __post_init__(self) -> None:
+        if self.policy not in CONTROLLERS:
+            raise ConfigError(f"unknown real-run policy '{self.policy}' (valid: {', '.join(CONTROLLERS)}; "
+                              "the oracles need known lengths and exist only in `simulate`)")
+        if not self.length_scale > 0:
+            raise ConfigError(f"length_scale must be > 0, got {self.length_scale}")
+
+    def router(self, replicas: int) -> RouterConfig:
+        """The router configuration for `replicas` endpoints."""
+        if self.policy != "uniform" and replicas < 2:
+            raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
+        return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
+                            dispatch=self.dispatch)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """One complete group: prompt, pool it ran in, completion time and its G samples."""
+
+    uid: int
+    prompt_id: str
+    prompt: str | Messages
+    pool: Pool
+    finish_s: float
+    samples: tuple[Sample, ...]
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Generated texts."""
+        return tuple(s.text for s in self.samples)
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Generated tokens per sample."""
+        return tuple(s.tokens for s in self.samples)
+
+    @property
+    def finish_reasons(self) -> tuple[str | None, ...]:
+        """Finish reason per sample (stop, length, …)."""
+        return tuple(s.finish_reason for s in self.samples)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What `Rollout.step` returns: N complete groups (tail pool first), the step record, every outcome."""
+
+    step: int
+    groups: tuple[GroupResult, ...]
+    record: StepRecord
+    outcomes: tuple[GroupOutcome, ...]
+    redispatched: int
+    started_at: float
+    down: tuple[int, ...]  # replicas down when the step ended
+
+
+class Rollout:
+    """Drives real replicas step by step with the simulator's router and controller (see module docstring)."""
+
+    def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
+                 prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None
+                 ) -> None:
+        self.endpoints = tuple(e if isinstance(e, Endpoint) else Endpoint.parse(e) for e in endpoints)
+        if not self.endpoints:
+            raise ConfigError("no endpoints given")
+        self.config = config
+        self.prompts = load_prompts(prompts) if isinstance(prompts, str | Path) else tuple(prompts)
+        if not self.prompts:
+            raise ConfigError("no prompts given")
+        self.rc = config.router(len(self.endpoints))
+        self.curve = load_curve(config.curve)
+        self.router = Router(self.rc, [p.prompt_id for p in self.prompts], shuffle=config.shuffle,
+                             seed=config.seed or 0)
+        self.controller = CONTROLLERS[config.policy](self.rc, self.curve, config.controller, q=config.q, m=config.m)
+        self._by_id = {p.prompt_id: p for p in self.prompts}
+        self._rendered: dict[str, str | Messages] = {}
+        self._replay_id = self._replay_map()
+        self.rstate = self.router.initial_state()
+        self.cstate: ControlState = self.controller.initial()
+        self.generation: dict[str, int] = {}
+        if state is not None:
+            self.restore(state if isinstance(state, RolloutState) else RolloutState.load(state))
+        self.client = EngineClient(ClientOptions(api=config.api, stream=config.stream,
+                                                 connect_timeout_s=config.faults.connect_timeout_s,
+                                                 stall_timeout_s=config.faults.stall_timeout_s,
+                                                 api_key_env=config.api_key_env))
+        self.replicas: Replicas | None = None
+        self.executor: EngineExecutor | None = None
+
+    def _replay_map(self) -> dict[str, str]:
+        w = self.config.replay
+        if w is None:
+            return {}
+        known = set(w.prompts)
+        return {p.prompt_id: p.prompt_id if p.prompt_id in known else w.prompts[i % len(w.prompts)]
+                for i, p in enumerate(self.prompts)}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The run shape a saved state must match."""
+        ids = "\n".join(p.prompt_id for p in self.prompts)
+        return {"groups": self.rc.groups, "group_size": self.rc.group_size, "replicas": self.rc.replicas,
+                "rho": self.rc.rho, "prompts": len(self.prompts), "prompt_ids": f"{stable_hash(ids):016x}",
+                "seed": self.config.seed, "shuffle": self.config.shuffle}
+
+    def state(self) -> RolloutState:
+        """A snapshot after the last completed step."""
+        return RolloutState(self.config.policy, self.fingerprint(), self.rstate, self.cstate, dict(self.generation))
+
+    def save(self, path: str | Path) -> None:
+        """Write `state()` atomically."""
+        self.state().save(path)
+
+    def restore(self, state: RolloutState) -> None:
+        """Continue from a saved state (same prompts, shape, seed and policy, else a ConfigError)."""
+        mine = self.fingerprint()
+        diff = [k for k in mine if state.fingerprint.get(k) != mine[k]]
+        if state.policy != self.config.policy:
+            diff.insert(0, "policy")
+        if diff:
+            raise ConfigError(f"saved rollout state does not match this run ({', '.join(diff)} differ)")
+        self.rstate, self.cstate, self.generation = state.router, state.control, dict(state.generation)
+
+    async def __aenter__(self) -> Rollout:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open the HTTP session, health-check every endpoint and resolve the model name."""
+        self.client.open()
+        self.replicas = Replicas(self.endpoints, self.client, self.config.faults)
+        try:
+            model = await self._resolve_model(self.replicas)
+        except BaseException:
+            await self.close()
+            raise
+        self.executor = EngineExecutor(self.replicas, model, self._params(), self.rc.group_size,
+                                       self.config.request_mode)
+
+    async def _resolve_model(self, replicas: Replicas) -> str:
+        await replicas.check_all()
+        healthy = replicas.healthy()
+        if not healthy:
+            raise NoHealthyReplica(f"no endpoint answers /health: {', '.join(e.url for e in self.endpoints)}")
+        model = self.config.model or self.endpoints[healthy[0]].model
+        if model is None:
+            names = await self.client.models(self.endpoints[healthy[0]])
+            if not names:
+                raise ConfigError(f"{self.endpoints[healthy[0]].url} serves no model")
+            model = names[0]
+        return model
+
+    def _params(self) -> SamplingParams:
+        s = self.config.sampling
+        if self.config.replay is None:
+            return s
+        return SamplingParams(s.temperature, s.top_p, s.top_k, s.presence_penalty, s.max_tokens, (), True, s.extra)
+
+    async def close(self) -> None:
+        """Stop probes and close the session."""
+        if self.replicas is not None:
+            await self.replicas.close()
+        await self.client.close()
+
+    def _prompt(self, prompt_id: str) -> str | Messages:
+        if prompt_id not in self._rendered:
+            self._rendered[prompt_id] = render(self._by_id[prompt_id], self.config.template)
+        return self._rendered[prompt_id]
+
+    def _spec(self, ref: GroupRef, a: int, step: int) -> GroupSpec:
+        g, cfg = self.rc.group_size, self.config
+        seeds: tuple[int | None, ...] = (None,) * g
+        if cfg.seed is not None:
+            h = stable_hash(f"{cfg.seed}|{ref.prompt_id}|{a}")
+            seeds = tuple(int((h + j * 0x9E3779B1) % (2**31 - 1)) for j in range(g))
+        lens: tuple[int | None, ...] = (None,) * g
+        if cfg.replay is not None:
+            raw = cfg.replay.lengths(self._replay_id[ref.prompt_id], a, step, g)
+            lens = tuple(max(1, round(int(x) * cfg.length_scale)) for x in raw)
+        return GroupSpec(self._prompt(ref.prompt_id), seeds, lens)
+
+    async def step(self) -> Batch:
+        """Run one step and return its N complete groups; state advances only when the step succeeds."""
+        if self.executor is None or self.replicas is None:
+            raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
+        plan = self.router.plan(self.rstate, self.cstate.q, self.cstate.m)
+        gen = dict(self.generation)
+        drawn: dict[int, int] = {}
+        for ref in (*plan.tail, *plan.bulk):
+            drawn[ref.uid] = gen.get(ref.prompt_id, 0)
+            gen[ref.prompt_id] = drawn[ref.uid] + 1
+        ex: ExecutedStep = await self.executor.execute(plan, lambda r: self._spec(r, drawn[r.uid], plan.step))
+        result = ex.result
+        rstate = self.router.observe(self.rstate, plan, result)
+        done = [o for o in result.outcomes if o.status is GroupStatus.DONE]
+        batch = np.array([o.lengths for o in done], dtype=np.int64)
+        wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
+        obs = StepObservation(plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s,
+                              result.bulk_s, batch)
+        cstate = self.controller.update(self.cstate, obs)
+        record = StepRecord(plan.step, result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
+                            len(rstate.candidates), int(wasted), float(batch.mean()), plan.warmup, cstate.note)
+        self.rstate, self.cstate, self.generation = rstate, cstate, gen
+        groups = tuple(
+            GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
+                        tuple(s for s in ex.samples[o.ref.uid] if s is not None))
+            for o in done
+        )
+        down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
+        return Batch(plan.step, groups, record, result.outcomes, ex.redispatched, ex.started_at, down)

@@ -1,0 +1,179 @@
+"""Run one or more policies on real replicas, interleaved step by step (A B A B …), writing an output folder:
+
+    DIR/report.json                 same keys as `simulate --json` ("policies" → mean_step_s, speedup, steps …)
+    DIR/<policy>/batch-00003.jsonl  one line per consumed group: prompt id, samples, token counts, finish reasons
+    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume)
+    DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
+
+Every file is complete after each step, so an error or interrupt loses nothing already written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tailsieve.engines.client import Endpoint
+from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.state import RolloutState, write_json_atomic
+from tailsieve.errors import ConfigError
+from tailsieve.metrics import length_bias, wasted_share
+from tailsieve.sim import SKIP_STEPS, PolicyRun, StepRecord
+
+OnStep = Callable[[str, Batch], None]
+
+
+def batch_lines(batch: Batch) -> list[dict[str, Any]]:
+    """The JSONL rows of one consumed batch."""
+    return [{"step": batch.step, "uid": g.uid, "prompt_id": g.prompt_id, "pool": g.pool.value, "finish_s": g.finish_s,
+             "tokens": list(g.lengths), "finish_reasons": list(g.finish_reasons),
+             "samples": [{"text": s.text, "tokens": s.tokens, "finish_reason": s.finish_reason,
+                          "token_ids": None if s.token_ids is None else list(s.token_ids), "replica": s.replica,
+                          "attempts": s.attempts} for s in g.samples]}
+            for g in batch.groups]
+
+
+def record_json(r: StepRecord) -> dict[str, Any]:
+    """A step record with the keys of `simulate --json`."""
+    return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
+            "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
+            "warmup": r.warmup, "note": r.note}
+
+
+class PolicyOutput:
+    """One policy's subfolder: batches, step lines, state; and the run so far (reloaded on resume)."""
+
+    def __init__(self, root: Path, policy: str) -> None:
+        self.dir = root / policy
+        self.policy = policy
+        self.records: list[StepRecord] = []
+        self.lengths: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        self.uids: list[int] = []
+        self.prompts: list[tuple[str, ...]] = []
+
+    @property
+    def state_path(self) -> Path:
+        """Where the resume state lives."""
+        return self.dir / "state.json"
+
+    def load(self, upto: int) -> None:
+        """Reload the step lines of steps < `upto` (the saved state's step)."""
+        path = self.dir / "steps.jsonl"
+        if not path.exists():
+            return
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if int(row["step"]) >= upto:
+                continue
+            self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__}),
+                      np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]))
+
+    def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
+             prompts: tuple[str, ...]) -> None:
+        self.records.append(rec)
+        self.lengths.append(lengths)
+        self.uids.extend(int(u) for u in uids)
+        self.prompts.append(prompts)
+
+    def write(self, batch: Batch, rollout: Rollout) -> None:
+        """Batch file, step line, then state (in that order: the state never runs ahead of the files)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        rows = batch_lines(batch)
+        tmp = self.dir / f".batch-{batch.step:05d}.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        tmp.replace(self.dir / f"batch-{batch.step:05d}.jsonl")
+        lengths = np.array([g.lengths for g in batch.groups], dtype=np.int64)
+        uids = [g.uid for g in batch.groups]
+        pids = tuple(g.prompt_id for g in batch.groups)
+        self._rewrite_steps(batch.step)
+        line = asdict(batch.record) | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
+                                       "redispatched": batch.redispatched, "down": list(batch.down),
+                                       "started_at": batch.started_at}
+        with (self.dir / "steps.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        self._add(batch.record, lengths, uids, pids)
+        rollout.save(self.state_path)
+
+    def _rewrite_steps(self, step: int) -> None:
+        """Drop step lines at or after `step` (left by a run that died before saving its state)."""
+        path = self.dir / "steps.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        keep = [ln for ln in lines if int(json.loads(ln)["step"]) < step]
+        if len(keep) != len(lines):
+            path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+
+    def run(self) -> PolicyRun:
+        """The run so far as a `PolicyRun` (what `simulate` summarizes)."""
+        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts))
+
+
+def _nan_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS) -> dict[str, Any]:
+    """The report document: `meta` plus "policies" with the per-policy keys of `simulate --json`."""
+    base = runs["uniform"].mean_step_s(skip) if "uniform" in runs and runs["uniform"].steps else None
+    out: dict[str, Any] = {}
+    for name, run in runs.items():
+        if not run.steps:
+            continue
+        mean = run.mean_step_s(skip)
+        bias = None
+        if "uniform" in runs and runs["uniform"].steps:
+            b = length_bias(run, runs["uniform"], skip=skip)
+            bias = {"mean_ratio": _nan_none(b.mean_ratio), "ks": b.ks}
+        times = np.array([s.makespan_s for s in run.steps[skip:]] or [s.makespan_s for s in run.steps])
+        out[name] = {"mean_step_s": mean, "speedup": base / mean if base and mean > 0 else None,
+                     "final_q": run.final_q, "final_m": run.final_m, "wasted_share": wasted_share(run, skip=skip),
+                     "bias": bias, "oracle": False, "step_s_std": float(times.std()),
+                     "step_s_min": float(times.min()), "step_s_max": float(times.max()),
+                     "steps": [record_json(r) for r in run.steps]}
+    return dict(meta) | {"window_skip": skip, "policies": out}
+
+
+async def run_policies_real(
+    endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
+    steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
+    on_step: OnStep | None = None,
+) -> dict[str, PolicyRun]:
+    """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring)."""
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    out.mkdir(parents=True, exist_ok=True)
+    outputs = {name: PolicyOutput(out, name) for name in configs}
+    states: dict[str, RolloutState | None] = {}
+    for name, po in outputs.items():
+        if resume and po.state_path.exists():
+            st = RolloutState.load(po.state_path)
+            po.load(st.router.step)
+            states[name] = st
+        elif not resume and po.dir.exists() and any(po.dir.iterdir()):
+            raise ConfigError(f"{po.dir} already holds a run; pass --resume to continue it or choose another --out")
+        else:
+            states[name] = None
+    doc_meta = dict(meta or {}) | {"policies_order": list(configs), "steps": steps}
+    async with AsyncExitStack() as stack:
+        rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name]))
+                    for name, cfg in configs.items()}
+        for _ in range(steps):
+            for name, r in rollouts.items():
+                if r.rstate.step >= steps:
+                    continue
+                batch = await r.step()
+                outputs[name].write(batch, r)
+                write_json_atomic(out / "report.json",
+                                  report({n: o.run() for n, o in outputs.items()}, doc_meta))
+                if on_step is not None:
+                    on_step(name, batch)
+    return {n: o.run() for n, o in outputs.items()}

@@ -1,0 +1,154 @@
+"""Types shared by the engine client and executor: endpoints, sampling parameters, requests, completions, transport
+options, and the error classes (`ReplicaFault`: the replica's fault; `RequestRejected`: the request's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tailsieve.errors import TailSieveError
+
+DEFAULT_API_KEY_ENV = "TAILSIEVE_API_KEY"
+
+
+class Api(StrEnum):
+    """Which OpenAI endpoint requests go to."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+class ServerKind(StrEnum):
+    """Server flavour: decides extra request fields and how an abort is sent."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    OPENAI = "openai"
+
+
+class FaultKind(StrEnum):
+    """Why a replica is considered faulty."""
+
+    REFUSED = "refused"
+    HTTP_5XX = "5xx"
+    STALL = "stall"
+    DISCONNECT = "disconnect"
+
+
+class EngineError(TailSieveError):
+    """A real-engine failure reported to the user as one line."""
+
+
+class ReplicaFault(EngineError):
+    """The replica failed (not the request): mark it down and re-dispatch its work elsewhere."""
+
+    def __init__(self, url: str, kind: FaultKind, detail: str) -> None:
+        super().__init__(f"{url}: {kind.value}: {detail}")
+        self.url = url
+        self.kind = kind
+
+
+class RequestRejected(EngineError):
+    """The server refused the request itself (HTTP 4xx): retrying elsewhere would not help."""
+
+
+class NoHealthyReplica(EngineError):
+    """Every replica is down."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One replica: base URL (without /v1), server kind, served model name (None: ask /v1/models)."""
+
+    url: str
+    kind: ServerKind = ServerKind.VLLM
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, kind: ServerKind = ServerKind.VLLM) -> Endpoint:
+        """`http://host:port` (a trailing `/v1` or `/` is dropped)."""
+        url = text.strip().rstrip("/")
+        url = url.removesuffix("/v1")
+        if not url.startswith(("http://", "https://")):
+            raise EngineError(f"endpoint {text!r}: expected http://HOST:PORT")
+        return cls(url, kind)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling parameters sent with every request (App. A.1 names); `extra` is merged into the body verbatim."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    presence_penalty: float = 0.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise EngineError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+
+    def body(self) -> dict[str, Any]:
+        """The request fields these parameters set."""
+        out: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        if self.presence_penalty:
+            out["presence_penalty"] = self.presence_penalty
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.ignore_eos:
+            out["ignore_eos"] = True
+        out.update(dict(self.extra))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One HTTP request: a prompt (text, or chat messages), n choices, seed, and an optional max_tokens override."""
+
+    rid: str
+    prompt: str | tuple[tuple[str, str], ...]  # text for completions; ((role, content), ...) for chat
+    n: int = 1
+    seed: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One generated sample."""
+
+    index: int
+    text: str
+    tokens: int
+    finish_reason: str | None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request: its choices (by index), prompt tokens, latency and time to first token."""
+
+    choices: tuple[Choice, ...]
+    prompt_tokens: int
+    latency_s: float
+    ttft_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """Transport options: streaming, timeouts, fresh connections, API flavour, where the API key lives."""
+
+    api: Api = Api.COMPLETIONS
+    stream: bool = True
+    connect_timeout_s: float = 5.0
+    stall_timeout_s: float = 60.0  # streaming: max silence between chunks; else the whole request
+    fresh_connections: bool = True  # keep-alive reuse sometimes ends in "Server disconnected" on vLLM
+    api_key_env: str | None = DEFAULT_API_KEY_ENV
+    return_token_ids: bool = True  # vLLM only; other kinds never get the field

@@ -1,0 +1,183 @@
+"""A small fake OpenAI-compatible server (aiohttp, own thread and loop) for engine tests: deterministic lengths,
+concurrency-dependent per-token delay, streaming with token ids, and switchable faults (5xx, 4xx, stall, drop)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tailsieve.engines.local import free_port
+
+
+def fake_length(prompt: str, seed: int | None, index: int, cap: int) -> int:
+    """Length of a non-ignore_eos sample: a deterministic function of prompt, seed and choice index."""
+    h = hashlib.blake2b(f"{prompt}|{seed}|{index}".encode(), digest_size=4).digest()
+    return 1 + int.from_bytes(h, "little") % cap
+
+
+@dataclass
+class FakeServer:
+    """Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /abort_request."""
+
+    tpot_s: float = 0.0005  # per-token delay at concurrency 1
+    slope: float = 1 / 16  # delay grows by this fraction per extra running request
+    mode: str = "ok"  # ok | 500 | 400 | stall | drop
+    fail_after: int | None = None  # requests answered normally before switching to `then`
+    then: str = "500"
+    port: int = field(default_factory=free_port)
+    running: int = 0
+    started: int = 0
+    finished: int = 0
+    aborted: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    sglang_aborts: list[str] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def _mode(self) -> str:
+        if self.fail_after is not None and self.started > self.fail_after:
+            return self.then
+        return self.mode
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        self.started += 1
+        mode = self._mode()
+        if mode == "500":
+            return web.json_response({"error": {"message": "engine dead"}}, status=500)
+        if mode == "400":
+            return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
+        if mode == "stall":
+            await asyncio.sleep(3600)
+        n = int(body.get("n", 1))
+        cap = int(body.get("max_tokens", 16))
+        prompt = json.dumps(body.get("prompt", body.get("messages")))
+        seed = body.get("seed")
+        lengths = [cap if body.get("ignore_eos") else fake_length(prompt, seed, i, cap) for i in range(n)]
+        chat = "messages" in body
+        self.running += n
+        live = n
+        try:
+            if body.get("stream"):
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                for t in range(max(lengths)):
+                    await asyncio.sleep(self.tpot_s * (1 + self.slope * (self.running - 1)))
+                    if mode == "drop" and t == 2:
+                        assert request.transport is not None
+                        request.transport.close()
+                        return resp
+                    for i, ln in enumerate(lengths):
+                        if t >= ln:
+                            continue
+                        fin = "length" if t == ln - 1 and ln == cap else ("stop" if t == ln - 1 else None)
+                        if fin is not None:
+                            self.running -= 1
+                            live -= 1
+                        ch: dict[str, Any] = {"index": i, "finish_reason": fin, "token_ids": [t % 97]}
+                        if chat:
+                            ch["delta"] = {"content": "x"}
+                        else:
+                            ch["text"] = "x"
+                        await resp.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
+                usage = {"prompt_tokens": 3, "completion_tokens": sum(lengths)}
+                await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+                await resp.write(b"data: [DONE]\n\n")
+                self.finished += 1
+                return resp
+            await asyncio.sleep(self.tpot_s * max(lengths) * (1 + self.slope * (self.running - 1)))
+            if mode == "drop":
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
+            choices = [{"index": i, "finish_reason": "length" if ln == cap else "stop",
+                        **({"message": {"content": "x" * ln}} if chat else {"text": "x" * ln}),
+                        "token_ids": [0] * ln} for i, ln in enumerate(lengths)]
+            self.finished += 1
+            return web.json_response({"choices": choices,
+                                      "usage": {"prompt_tokens": 3, "completion_tokens": sum(lengths)}})
+        except asyncio.CancelledError:
+            self.aborted += 1
+            raise
+        finally:
+            self.running -= live
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "fake"}]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=500 if self._mode() == "500" else 200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=f"# HELP x\nvllm:num_requests_running{{model_name=\"fake\"}} {self.running}\n")
+
+    async def _abort(self, request: web.Request) -> web.Response:
+        self.sglang_aborts.append(str((await request.json()).get("rid")))
+        return web.Response()
+
+    def start(self) -> FakeServer:
+        """Serve in a background thread until `stop()`."""
+        ready = threading.Event()
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            app = web.Application()
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._completions)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/metrics", self._metrics)
+            app.router.add_post("/abort_request", self._abort)
+            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            loop.run_until_complete(site.start())
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (connections are then refused)."""
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop = None
+
+    def wait_idle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until no request is running (aborts have landed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.running == 0:
+                return True
+            time.sleep(0.01)
+        return self.running == 0
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,136 @@
+"""`tailsieve rollout` and `tailsieve profile` against fake servers: files, report keys, errors, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED
+from engine_fake import FakeServer
+from tailsieve.cli import main
+from tailsieve.curves import load_curve
+from tailsieve.engines.prompts import Template, load_prompts, render
+
+SHARED_PROMPTS = SHARED / "data" / "prompts"
+STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}
+
+
+@pytest.fixture
+def two() -> Iterator[list[FakeServer]]:
+    with FakeServer() as a, FakeServer() as b:
+        yield [a, b]
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"question_id": f"q{i}", "question": f"what is {i}+{i}?"}) + "\n"
+                            for i in range(30)))
+    return path
+
+
+def rollout(urls: list[str], prompts: Path, out: Path, *extra: str) -> int:
+    return main(["rollout", "--endpoints", ",".join(urls), "--prompts", str(prompts), "--groups", "4",
+                 "--group-size", "3", "--rho", "0.5", "--max-tokens", "30", "--stall-timeout", "2", *extra,
+                 "--out", str(out)])
+
+
+def test_rollout_writes_batches_and_simulate_shaped_report(two: list[FakeServer], prompts: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert rollout([s.url for s in two], prompts, out, "--steps", "3", "--policy", "static,uniform") == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert set(rep["policies"]) == {"static", "uniform"}
+    for pol in rep["policies"].values():
+        assert {"mean_step_s", "speedup", "steps"} <= set(pol)
+        assert len(pol["steps"]) == 3 and all(set(s) >= STEP_KEYS for s in pol["steps"])
+    assert rep["policies"]["uniform"]["speedup"] == 1.0
+    rows = [json.loads(x) for x in (out / "static" / "batch-00001.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and rows[0]["pool"] == "tail"
+    assert {"prompt_id", "samples", "tokens", "finish_reasons"} <= set(rows[0])
+    assert len(rows[0]["samples"]) == 3 and rows[0]["prompt_id"].startswith("q")
+    printed = capsys.readouterr().out
+    assert "mean step s" in printed and "static" in printed
+
+
+def test_rollout_error_keeps_partial_results_and_resume_continues(two: list[FakeServer], prompts: Path,
+                                                                   tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    for s in two:
+        s.fail_after, s.then = 14, "500"  # step 0 (6 groups × 3 = 18 requests over 2 replicas) passes
+    rc = rollout([s.url for s in two], prompts, out, "--steps", "4", "--policy", "uniform", "--retries", "1",
+                 "--give-up-after", "0.5")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("tailsieve rollout: error:")
+    assert (out / "uniform" / "batch-00000.jsonl").exists()
+    done = json.loads((out / "report.json").read_text())["policies"]["uniform"]["steps"]
+    assert len(done) >= 1
+    for s in two:
+        s.fail_after = None
+    assert rollout([s.url for s in two], prompts, out, "--steps", "4", "--policy", "uniform", "--resume") == 0
+    steps = json.loads((out / "report.json").read_text())["policies"]["uniform"]["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    uids = [json.loads(x)["uid"] for k in range(4)
+            for x in (out / "uniform" / f"batch-{k:05d}.jsonl").read_text().splitlines()]
+    assert len(uids) == len(set(uids)) == 16
+
+
+def test_rollout_user_errors(two: list[FakeServer], prompts: Path, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert rollout([two[0].url], prompts, tmp_path / "a", "--policy", "tailsieve") == 1
+    assert "needs at least 2 endpoints" in capsys.readouterr().err
+    assert rollout([s.url for s in two], prompts, tmp_path / "b", "--policy", "nope") == 1
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    for s in two:
+        s.stop()
+    assert rollout([s.url for s in two], prompts, tmp_path / "c", "--policy", "uniform") == 1
+    assert "no endpoint answers /health" in capsys.readouterr().err
+    out = tmp_path / "d"
+    (out / "uniform").mkdir(parents=True)
+    (out / "uniform" / "steps.jsonl").write_text("")
+    assert rollout([s.url for s in two], prompts, out, "--policy", "uniform") == 1
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    two[0].tpot_s, two[0].slope = 0.002, 0.25
+    out, png = tmp_path / "curve.json", tmp_path / "curve.png"
+    assert main(["profile", "--endpoint", two[0].url, "--batches", "1,4,16", "--max-tokens", "20",
+                 "--out", str(out), "--plot", str(png)]) == 0
+    curve = load_curve(str(out))
+    assert curve.batch == (1, 4, 16) and curve.tpot_ms[2] > curve.tpot_ms[0] > 1.0
+    assert png.stat().st_size > 1000
+    assert all(b["ignore_eos"] and b["max_tokens"] in (16, 20) for b in two[0].bodies)
+    assert "tpot ms" in capsys.readouterr().out
+    assert main(["profile", "--endpoint", two[0].url, "--batches", "0,x", "--out", str(out)]) == 1
+    assert main(["profile", "--endpoint", two[0].url, "--out", str(tmp_path / "nope" / "c.json")]) == 1
+
+
+@pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "math500.jsonl",
+                                  "kodcode_demo_232.jsonl", "livecodebench_v5_qwq.jsonl", "gsm8k_train.jsonl.gz"])
+def test_shared_prompt_files_load(name: str) -> None:
+    path = SHARED_PROMPTS / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    recs = load_prompts(path, limit=5)
+    assert len(recs) == 5 and all(r.text.strip() for r in recs)
+    math_msg = render(recs[0], Template.MATH)
+    assert isinstance(math_msg, tuple) and math_msg[0][1].startswith(recs[0].text.strip()[:20])
+    assert "<END>" in math_msg[0][1]
+    code = render(recs[0], Template.CODE)
+    assert isinstance(code, tuple) and code[0] == ("system", "You are an expert Python programmer.")
+
+
+def test_prompt_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "answer": 3}\n')
+    assert main(["rollout", "--endpoints", "http://127.0.0.1:1", "--prompts", str(bad), "--out",
+                 str(tmp_path / "o"), "--policy", "uniform"]) == 1
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
+    assert [r.prompt_id for r in load_prompts(dup)] == ["a", "a#1"]

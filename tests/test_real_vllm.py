@@ -1,0 +1,158 @@
+"""Against two REAL vLLM CPU servers (tiny local Llama): a TailSieve step whose cutoff aborts on the server (seen on
+/metrics), many seeded requests, `profile`, save/restore, and a server killed mid-step. The kill test runs last."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tailsieve.cli import main
+from tailsieve.controller import ControllerConfig
+from tailsieve.curves import load_curve
+from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
+from tailsieve.engines.health import FaultPolicy
+from tailsieve.engines.local import LocalServer
+from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.state import RolloutState
+from tailsieve.router import GroupStatus
+from tailsieve.workloads import load_workload
+from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
+
+pytestmark = [pytest.mark.real_server, requires_vllm, pytest.mark.timeout(600)]
+
+LONG = {"p2", "p5"}  # two prompts whose groups are long: they are still running at the warm-up cutoff
+PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(24))
+
+
+@pytest.fixture(scope="module")
+def pair(vllm_pair: list[LocalServer]) -> list[LocalServer]:  # noqa: F811
+    """The two servers of this module (the last test kills the first one)."""
+    return vllm_pair
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("trace") / "lengths.csv"
+    rows = [f"p{i},{1200 if f'p{i}' in LONG else 120 + 5 * (i % 5)}" for i in range(24) for _ in range(2)]
+    path.write_text("prompt_id,response_tokens\n" + "\n".join(rows) + "\n")
+    return load_workload(str(path))
+
+
+def cfg(workload, **kw: object) -> RolloutConfig:  # type: ignore[no-untyped-def]
+    base = RolloutConfig(groups=6, group_size=4, rho=0.3, policy="tailsieve",
+                         controller=ControllerConfig(m0=1), replay=workload,
+                         faults=FaultPolicy(stall_timeout_s=30, backoff_s=0.05, probe_interval_s=0.5))
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+async def running(urls: list[str]) -> list[float]:
+    async with EngineClient() as c:
+        return [(await c.metrics(Endpoint(u))).get("vllm:num_requests_running", -1.0) for u in urls]
+
+
+def test_tailsieve_step_cutoff_really_aborts(pair: list[LocalServer], workload) -> None:  # type: ignore[no-untyped-def]
+    urls = [s.url for s in pair]
+    seen: list[list[float]] = []
+
+    async def go() -> tuple[list[Batch], list[float]]:
+        async with Rollout(urls, cfg(workload), PROMPTS) as r:
+            stop = asyncio.Event()
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    seen.append(await running(urls))
+                    await asyncio.sleep(0.05)
+
+            w = asyncio.create_task(watch())
+            warm = await r.step()
+            stop.set()
+            await w
+            await asyncio.sleep(0.3)
+            after = await running(urls)
+            return [warm, await r.step()], after
+
+    (warm, steady), after = asyncio.run(go())
+    cut = [o for o in warm.outcomes if o.status is GroupStatus.ABORTED]
+    assert warm.record.warmup and len(cut) == 2 and {o.ref.prompt_id for o in cut} == LONG
+    assert all(0 < t < 1200 for o in cut for t in o.lengths)  # cut mid-generation, progress recorded
+    assert max(sum(x) for x in seen) >= 8 and after == [0.0, 0.0]  # unfinished requests aborted on the server
+    assert len(warm.groups) == 6 and all(set(g.finish_reasons) == {"length"} for g in warm.groups)
+    # next step: the cut long groups are the candidates; the q isolated ones run on the tail replica (R − 1)
+    q = steady.record.q
+    assert 1 <= q <= 2 and steady.record.m == 1 and {g.prompt_id for g in steady.groups[:q]} <= LONG
+    assert all({s.replica for s in g.samples} == {1} and g.lengths == (1200,) * 4 for g in steady.groups[:q])
+    assert len(steady.groups) == 6 and steady.record.tail_s > 0 and steady.record.bulk_s > 0
+
+
+def test_many_seeded_requests_at_once(pair: list[LocalServer]) -> None:
+    long_prompt = " ".join(["the model sums integers and returns the answer"] * 6)
+
+    async def go() -> list[int]:
+        async with EngineClient(ClientOptions(stream=False)) as c:
+            ep = Endpoint(pair[0].url)
+            comps = await asyncio.gather(*(
+                c.complete(ep, "tiny", Request(f"s{i}", f"{i} {long_prompt}", seed=i, max_tokens=4),
+                           SamplingParams(ignore_eos=True)) for i in range(136)))
+            return [ch.tokens for comp in comps for ch in comp.choices]
+
+    assert asyncio.run(go()) == [4] * 136  # > 2048 prefill tokens in one go: no chunked-prefill seed crash
+    assert pair[0].healthy()
+
+
+def test_profile_cli(pair: list[LocalServer], tmp_path: Path) -> None:
+    out = tmp_path / "curve.json"
+    assert main(["profile", "--endpoint", pair[1].url, "--batches", "1,4,16", "--max-tokens", "48",
+                 "--out", str(out)]) == 0
+    curve = load_curve(str(out))
+    assert curve.batch == (1, 4, 16) and all(0 < t < 1000 for t in curve.tpot_ms)
+    assert json.loads(out.read_text())["points"][2]["tokens_per_s"] > 0
+
+
+def test_save_restore_against_real_servers(pair: list[LocalServer], workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    urls = [s.url for s in pair]
+    c = cfg(workload, groups=4, group_size=2, rho=0.5)
+    path = tmp_path / "state.json"
+
+    async def first() -> list[Batch]:
+        async with Rollout(urls, c, PROMPTS) as r:
+            out = [await r.step(), await r.step()]
+            r.save(path)
+            return out
+
+    async def second() -> tuple[list[Batch], RolloutState]:
+        async with Rollout(urls, c, PROMPTS, state=path) as r:
+            return [await r.step()], r.state()
+
+    a = asyncio.run(first())
+    b, final = asyncio.run(second())
+    assert b[0].step == 2
+    consumed = [g.uid for x in (*a, *b) for g in x.groups]
+    pending = [g.uid for g in (*final.router.candidates, *final.router.requeue)]
+    assert final.router.stream is not None and len(consumed) == len(set(consumed)) == 12
+    assert sorted(consumed + pending) == list(range(final.router.stream.position))
+
+
+def test_server_killed_mid_step_still_delivers_n_groups(pair: list[LocalServer], workload) -> None:  # type: ignore[no-untyped-def]
+    urls = [s.url for s in pair]
+    c = cfg(workload, policy="uniform", replay=None, groups=6, group_size=4,
+            sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
+
+    async def go() -> Batch:
+        async with Rollout(urls, c, PROMPTS) as r:
+            step = asyncio.create_task(r.step())
+            await asyncio.sleep(1.0)
+            assert (await running(urls))[0] > 0
+            await asyncio.get_running_loop().run_in_executor(None, pair[0].kill)
+            return await step
+
+    batch = asyncio.run(go())
+    assert len(batch.groups) == 6 and all(len(g.samples) == 4 for g in batch.groups)
+    assert all(g.lengths == (1500,) * 4 for g in batch.groups)
+    assert batch.redispatched > 0 and batch.down == (0,)
+    moved = [s for g in batch.groups for s in g.samples if s.attempts > 1]
+    assert moved and all(s.replica == 1 for s in moved)
