@@ -81,6 +81,18 @@ def test_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
         (["--plot", "out.txt"], "--plot out.txt"),
         (["--rho", "2"], "rho must lie in [0, 1]"),
         (["--groups", "-3"], "--groups must be a positive integer"),
+        (["--tail-spec", "warp:3"], "--tail-spec.method must be one of none, mtp, eagle3, dflash, ngram, suffix"),
+        (["--bulk-spec", "mtp:3,alpha=1"], "--bulk-spec: expected key=value with key in acceptance"),
+        (["--tail-spec", "none:2"], "none takes no speculative tokens, got tokens=2"),
+        (["--config", "/no/such/sim.toml"], "cannot read config file /no/such/sim.toml"),
+        (["--spec", "none"], "--spec needs a speculative method"),
+        (["--spec", "mtp:3"], "--spec takes a method, not a depth"),
+        (["--spec", "mtp", "--spec-budgets", "0,x"], "--spec-budgets must be comma-separated integers, got 'x'"),
+        (["--spec", "mtp", "--spec-budgets", "20"], "--spec-budgets values must lie in 0..16, got 20"),
+        (["--spec", "mtp", "--tail-spec", "mtp:2"], "--spec sweeps the depths itself"),
+        (["--spec", "mtp", "--policy", "tailsieve,static"], "give one --policy"),
+        (["--spec", "mtp", "--policy", "seer-oracle"], "give one --policy"),
+        (["--spec-budgets", "1,2"], "--spec-budgets belongs to the matched-budget table; add --spec METHOD"),
     ],
 )
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
@@ -95,3 +107,44 @@ def test_argparse_errors_are_one_line_too(capsys: pytest.CaptureFixture[str]) ->
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid int value" in err
+
+
+def test_per_pool_speculation_flags_and_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plain = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1")
+    assert plain["spec"]["tail"]["method"] == "none" and plain["spec"]["bulk"]["tokens"] == 0
+    flags = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--tail-spec", "mtp:4,acceptance=0.9")
+    assert flags["spec"]["tail"] | {"expected_tokens": 0} == {
+        "method": "mtp", "tokens": 4, "acceptance": 0.9, "decay": 0.85, "draft_cost": 0.1,
+        "drafter": "autoregressive", "expected_tokens": 0}
+    # uniform runs every replica as bulk: unchanged; the static policy's tail pool speculates
+    assert flags["policies"]["uniform"]["steps"] == plain["policies"]["uniform"]["steps"]
+    tail = [s["tail_s"] for s in flags["policies"]["static"]["steps"][1:2]]
+    assert tail[0] < plain["policies"]["static"]["steps"][1]["tail_s"]
+    conf = tmp_path / "sim.toml"
+    conf.write_text('[spec.tail]\nmethod = "mtp"\ntokens = 4\nacceptance = 0.9\n[spec.bulk]\nmethod = "ngram"\n'
+                    "tokens = 2\n", encoding="utf-8")
+    doc = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--config", str(conf))
+    assert doc["spec"]["tail"] == flags["spec"]["tail"] and doc["spec"]["bulk"]["method"] == "ngram"
+    over = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--config", str(conf), "--bulk-spec", "none")
+    assert over["spec"]["bulk"]["method"] == "none"
+    assert over["policies"]["static"]["steps"] == flags["policies"]["static"]["steps"]
+    conf.write_text('[spec.tail]\nmethod = "mtp"\ntokens = -1\n', encoding="utf-8")
+    assert main(["simulate", "--config", str(conf)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"config {conf}: spec.tail: speculative tokens must be an integer" in err
+
+
+def test_matched_budget_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    doc = run_json(capsys, "--spec", "eagle3,acceptance=0.7", "--spec-budgets", "1,0", "--policy", "static")
+    assert doc["policy"] == "static" and doc["spec"]["method"] == "eagle3" and doc["spec"]["acceptance"] == 0.7
+    assert "tokens" not in doc["spec"]
+    rows = doc["budgets"]
+    assert [r["d_base"] for r in rows] == [0, 1] and rows[0]["uniform_speedup"] == 1.0
+    assert [(s["d_bulk"], s["d_tail"]) for s in rows[1]["splits"]] == [(1, 1), (0, 2)]
+    assert rows[0]["uniform_s"] == pytest.approx(doc["reference_s"])
+    assert doc["best_uniform_budget"] in (0, 1) and doc["best_uniform_budget"] in doc["useful_uniform_budgets"]
+    out_png = tmp_path / "budget.png"
+    assert main(["simulate", *SMALL, "--spec", "mtp", "--spec-budgets", "0,1", "--plot", str(out_png)]) == 0
+    cap = capsys.readouterr()
+    assert "Matched-budget speculation" in cap.out and "best budget: uniform d=" in cap.out and cap.err == ""
+    assert out_png.read_bytes()[:4] == b"\x89PNG"

@@ -116,9 +116,11 @@ class Controller:
         *,
         q: int | None = None,
         m: int | None = None,
+        tail_curve: TpotCurve | None = None,
     ) -> None:
         self.router = router
-        self.curve = curve
+        self.curve = curve  # the bulk pool's curve (every replica's in uniform and warm-up steps)
+        self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4)
         self.config = config or ControllerConfig()
         self.fixed_q, self.fixed_m = q, m
 
@@ -151,6 +153,7 @@ class Controller:
             replicas=self.router.replicas,
             curve=self.curve,
             by_request=self.router.dispatch.value == "request",
+            tail_curve=self.tail_curve,
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:

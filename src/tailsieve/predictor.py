@@ -99,11 +99,13 @@ class Predictor:
         candidates: NDArray[np.int64] | None = None,
         by_request: bool = True,
         resamples: int | None = None,
+        tail_curve: TpotCurve | None = None,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
         self.n, self.e, self.r = groups, extra, replicas
-        self.curve = curve
+        self.curve = curve  # the bulk pool's curve (every replica's at the uniform boundary)
+        self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4: its own speculation)
         self.by_request = by_request
         rng = np.random.default_rng(_SEED)
         k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
@@ -138,7 +140,7 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = group_completions(self._cands(0, q), m, self.curve, self.by_request).max(axis=1)
+            self._tail[key] = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request).max(axis=1)
         return self._tail[key]
 
     def bulk_completions(self, q: int, m: int) -> FloatArray:

@@ -4,7 +4,9 @@ The executor draws each group's lengths from the workload (generation a of promp
 prompt is regenerated), runs every replica with `replica.run_replica`, completes the tail pool, cuts the bulk
 pool at its quota-th group completion and reports a `StepResult`. The router and controller it drives are the
 same objects a real-engine run uses. The known-length oracles (App. A.2) are applied per step to the batches a
-`uniform` run consumed: same prompts, same draws, exact makespans. Details: docs/simulate.md.
+`uniform` run consumed: same prompts, same draws, exact makespans. Per-pool speculative decoding (§3.4,
+`SimConfig.spec`) gives tail replicas the tail curve and the others the bulk curve (docs/speculative.md).
+Details: docs/simulate.md.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tailsieve.router import (
     StepPlan,
     StepResult,
 )
+from tailsieve.speculative import PoolSpec
 from tailsieve.workloads import Workload
 
 ORACLES: tuple[str, ...] = ("uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")  # App. A.2, known lengths
@@ -43,10 +46,17 @@ class SimExecutor:
     """Executes plans in virtual time; owns the per-prompt generation counters (common random numbers)."""
 
     def __init__(
-        self, workload: Workload, curve: TpotCurve, router: RouterConfig, replica: ReplicaConfig | None = None
+        self,
+        workload: Workload,
+        curve: TpotCurve,
+        router: RouterConfig,
+        replica: ReplicaConfig | None = None,
+        *,
+        tail_curve: TpotCurve | None = None,
     ) -> None:
         self.workload = workload
-        self.curve = curve
+        self.curve = curve  # bulk replicas (every replica in uniform and warm-up steps)
+        self.tail_curve = curve if tail_curve is None else tail_curve  # the plan's tail replicas (§3.4)
         self.router = router
         self.replica = replica or ReplicaConfig()
         self.generation: dict[str, int] = defaultdict(int)
@@ -78,8 +88,10 @@ class SimExecutor:
         bounds = np.flatnonzero(np.diff(flat_rep[by_rep])) + 1
         finish = np.zeros(flat_len.size)
         runs: list[tuple[ReplicaRun, NDArray[np.intp]]] = []
+        tail_reps = set(plan.tail_replicas)
         for idx in np.split(by_rep, bounds):
-            run = run_replica(flat_len[idx], self.curve, self.replica, None if flat_ptok is None else flat_ptok[idx])
+            curve = self.tail_curve if int(flat_rep[idx[0]]) in tail_reps else self.curve
+            run = run_replica(flat_len[idx], curve, self.replica, None if flat_ptok is None else flat_ptok[idx])
             finish[idx] = run.finish_s
             runs.append((run, idx))
         fin = finish.reshape(lengths.shape)
@@ -153,7 +165,7 @@ class PolicyRun:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """One simulated run: step shape, replica options, controller constants, static (q, m), seeds."""
+    """One simulated run: step shape, replica options, controller constants, static (q, m), seeds, speculation."""
 
     router: RouterConfig = field(default_factory=RouterConfig)
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
@@ -163,6 +175,7 @@ class SimConfig:
     m: int | None = None
     shuffle: bool = False
     seed: int = 0
+    spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculative decoding (§3.4); off by default
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -224,9 +237,10 @@ def _run_controller(
 ) -> PolicyRun:
     """The router + executor + controller loop; checks exactly-once consumption throughout."""
     rc = config.router
-    controller = CONTROLLERS[name](rc, curve, config.controller, q=config.q, m=config.m)
+    tail_curve, bulk_curve = config.spec.curves(curve)
+    controller = CONTROLLERS[name](rc, bulk_curve, config.controller, q=config.q, m=config.m, tail_curve=tail_curve)
     router = Router(rc, workload.prompts, shuffle=config.shuffle, seed=config.seed)
-    executor = SimExecutor(workload, curve, rc, config.replica)
+    executor = SimExecutor(workload, bulk_curve, rc, config.replica, tail_curve=tail_curve)
     rstate: RouterState = router.initial_state()
     cstate: ControlState = controller.initial()
     records: list[StepRecord] = []
@@ -268,9 +282,12 @@ def _run_controller(
 def _run_oracle(
     name: str, ref: PolicyRun, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None
 ) -> PolicyRun:
-    """A known-length baseline applied per step to uniform's batches (same prompts, same draws): exact makespans."""
+    """A known-length baseline applied per step to uniform's batches (same prompts, same draws): exact makespans.
+
+    With speculation on, every replica runs the bulk pool's configuration (the per-pool split is TailSieve's)."""
     policy = get_policy(name)
     r = config.router.replicas
+    curve = config.spec.bulk.curve(curve)
     ex = SimExecutor(workload, curve, config.router, config.replica)
     records: list[StepRecord] = []
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):

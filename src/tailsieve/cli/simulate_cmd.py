@@ -1,6 +1,7 @@
 """`tailsieve simulate`: every policy on one simulated prompt stream, Table-1-style (§4.2), with App. E bias and
 the §2.3 capture rates. Defaults: the bundled KodCode R1 trace replayed in `resample` mode, h100-llama3-8b, R = 8,
-N = 64 groups of G = 8, 30 steps. Definitions: docs/simulate.md.
+N = 64 groups of G = 8, 30 steps. Definitions: docs/simulate.md. Per-pool speculative decoding (§3.4: `--tail-spec`,
+`--bulk-spec`, `--config`) and the matched-budget table (§4.3: `--spec`): docs/speculative.md.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,7 +26,8 @@ from tailsieve.metrics import CaptureRate, PolicySummary, capture_rates, summari
 from tailsieve.replica import ReplicaConfig
 from tailsieve.router import Dispatch, RouterConfig
 from tailsieve.sim import ORACLES, SKIP_STEPS, PolicyRun, SimConfig, check_policy, policy_names, run_policies
-from tailsieve.workloads import ReplayMode, load_workload
+from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 DEFAULT_REPLAY = ReplayMode.RESAMPLE
 CAPTURE_STEPS = 10
@@ -60,6 +63,15 @@ def register(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, help="replica admission cap (FCFS queue); default: all admitted")
     p.add_argument("--kv-ms-per-1k", type=float, default=0.0, help="KV-traffic ms per 1k context tokens per iteration")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="prefill stall per prompt token (ms)")
+    p.add_argument("--config", metavar="FILE", help="TOML/JSON file with [spec.tail] and [spec.bulk] speculative "
+                   "configurations (docs/speculative.md); --tail-spec/--bulk-spec override it")
+    p.add_argument("--tail-spec", metavar="SPEC", help="tail pool speculation METHOD[:TOKENS][,key=value…], "
+                   "METHOD in none, mtp, eagle3, dflash, ngram, suffix; keys acceptance, decay, draft_cost")
+    p.add_argument("--bulk-spec", metavar="SPEC", help="bulk pool speculation (also every replica in uniform and "
+                   "warm-up steps), same form as --tail-spec")
+    p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
+                   "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; METHOD[,key=value…]")
+    p.add_argument("--spec-budgets", metavar="LIST", help="--spec: comma-separated budgets d (default: 0,1,…,6)")
     p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/simulate.md)")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
     p.set_defaults(func=run)
@@ -114,7 +126,28 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
                             prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
-                     shuffle=args.shuffle, seed=args.seed)
+                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args))
+
+
+def pool_spec(args: argparse.Namespace) -> PoolSpec:
+    """Per-pool speculation: the --config file's [spec] tables, then --tail-spec / --bulk-spec on top."""
+    pools = load_config_file(Path(args.config)) if args.config else PoolSpec()
+    if args.tail_spec is not None:
+        pools = replace(pools, tail=parse_spec(args.tail_spec, "--tail-spec"))
+    if args.bulk_spec is not None:
+        pools = replace(pools, bulk=parse_spec(args.bulk_spec, "--bulk-spec"))
+    return pools
+
+
+def load_inputs(args: argparse.Namespace) -> Workload:
+    """The workload under the validated --replay mode."""
+    try:
+        mode = ReplayMode(args.replay)
+    except ValueError:
+        mode = ReplayMode.SYNTHETIC
+    if mode is ReplayMode.SYNTHETIC:
+        raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
+    return load_workload(args.workload, mode=mode, seed=args.seed)
 
 
 @contextmanager
@@ -144,24 +177,24 @@ def policy_json(run: PolicyRun, s: PolicySummary) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Simulate the chosen policies and print the comparison (or JSON)."""
     plot = plot_path(args.plot) if args.plot else None
+    if args.spec is not None:
+        from tailsieve.cli.simulate_spec import run_spec
+
+        return run_spec(args, plot)
+    if args.spec_budgets is not None:
+        raise ConfigError("--spec-budgets belongs to the matched-budget table; add --spec METHOD")
     policies = parse_policies(args.policy, args.replicas)
     config = build_config(args, policies)
-    try:
-        mode = ReplayMode(args.replay)
-    except ValueError:
-        mode = ReplayMode.SYNTHETIC
-    if mode is ReplayMode.SYNTHETIC:
-        raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
     curve = load_curve(args.curve)
-    workload = load_workload(args.workload, mode=mode, seed=args.seed)
+    workload = load_inputs(args)
     total = config.steps * len(policies) + 1  # + the capture measurement
     with progress_bar(total, enabled=sys.stderr.isatty()) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
-        capture = capture_rates(workload, curve, config.router, steps=CAPTURE_STEPS, replica=config.replica,
-                                shuffle=config.shuffle, seed=config.seed)
+        capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
+                                replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
     summaries = summarize(runs)
-    replay = "synthetic" if workload.is_synthetic else mode.value
+    replay = "synthetic" if workload.is_synthetic else args.replay
     if plot is not None:
         save_plot(runs, plot, f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}")
     if args.json:
@@ -169,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
             "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
             "extra": config.router.extra, "dispatch": config.router.dispatch.value, "seed": args.seed,
-            "window_skip": SKIP_STEPS,
+            "window_skip": SKIP_STEPS, "spec": config.spec.to_json(),
             "policies": {name: policy_json(runs[name], summaries[name]) for name in runs},
             "capture": [_capture_json(c) for c in capture],
         })
@@ -177,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
     print_tables(summaries, capture, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
-        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"))
+        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
+        + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
+           "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
         console().print(f"plot saved to {plot}")
     return 0

@@ -1,0 +1,116 @@
+"""Matched-budget speculative comparison (§4.3, Fig. 6a): uniform with depth d_base on every replica against
+TailSieve with d_bulk + d_tail = 2·d_base, on the same prompt stream and draws.
+
+For each budget the baseline is `uniform` (every replica bulk, depth d_base); TailSieve runs every split with
+d_tail ≥ d_bulk (the paper shifts depth from the high-concurrency bulk route to the tail route; the symmetric split
+d_bulk = d_tail = d_base is included). Speedups are over uniform without speculation (Table 2's reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from tailsieve.curves import TpotCurve
+from tailsieve.errors import ConfigError
+from tailsieve.sim import PolicyRun, SimConfig, check_policy, run_policy
+from tailsieve.speculative import MAX_TOKENS, PoolSpec, SpecConfig
+from tailsieve.workloads import Workload
+
+DEFAULT_BUDGETS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)
+
+OnRun = Callable[[str, int], None]  # (label, steps done) after every simulated step, like `sim.OnStep`
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRun:
+    """One TailSieve run at a split (d_bulk, d_tail)."""
+
+    d_bulk: int
+    d_tail: int
+    mean_step_s: float
+    final_q: int
+    final_m: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """One budget d_base: the uniform baseline and TailSieve at every split of 2·d_base."""
+
+    d_base: int
+    baseline_s: float
+    splits: tuple[SplitRun, ...]
+
+    @property
+    def best(self) -> SplitRun:
+        """TailSieve's fastest split (ties: the more symmetric one)."""
+        return min(self.splits, key=lambda s: (s.mean_step_s, s.d_tail))
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetTable:
+    """The whole comparison; `reference_s` is uniform without speculation."""
+
+    spec: SpecConfig
+    policy: str
+    reference_s: float
+    rows: tuple[BudgetRow, ...]
+
+    def speedup(self, seconds: float) -> float:
+        """Speedup over uniform routing without speculation."""
+        return self.reference_s / seconds if seconds > 0 else float("nan")
+
+    @property
+    def best_baseline(self) -> BudgetRow:
+        """The budget at which uniform is fastest (ties: the smaller budget)."""
+        return min(self.rows, key=lambda r: (r.baseline_s, r.d_base))
+
+    @property
+    def best_tailsieve(self) -> BudgetRow:
+        """The budget at which TailSieve's best split is fastest (ties: the smaller budget)."""
+        return min(self.rows, key=lambda r: (r.best.mean_step_s, r.d_base))
+
+
+def check_budgets(budgets: Sequence[int]) -> tuple[int, ...]:
+    """Sorted distinct budgets; each in 0..MAX_TOKENS/2 (the tail may take 2·d_base), one-line error otherwise."""
+    if not budgets:
+        raise ConfigError("--spec-budgets is empty; give depths such as 0,1,2,3")
+    for d in budgets:
+        if not 0 <= d <= MAX_TOKENS // 2:
+            raise ConfigError(f"--spec-budgets values must lie in 0..{MAX_TOKENS // 2}, got {d}")
+    return tuple(sorted(set(budgets)))
+
+
+def matched_budget(
+    spec: SpecConfig,
+    budgets: Sequence[int],
+    workload: Workload,
+    curve: TpotCurve,
+    config: SimConfig,
+    *,
+    policy: str = "tailsieve",
+    on_step: OnRun | None = None,
+) -> BudgetTable:
+    """Run the baseline and every TailSieve split for each budget (method and constants from `spec`)."""
+    budgets = check_budgets(budgets)
+    if policy == "uniform":
+        raise ConfigError("the matched-budget comparison needs a two-pool policy, not uniform")
+    check_policy(policy, config.router.replicas)
+
+    def run(name: str, pools: PoolSpec, label: str) -> PolicyRun:
+        tick = None if on_step is None else (lambda _n, i: on_step(label, i))
+        return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
+
+    off = spec.with_tokens(0)
+    reference = run("uniform", PoolSpec.uniform(off), "uniform d=0").mean_step_s()
+    rows: list[BudgetRow] = []
+    for d in budgets:
+        base = reference if d == 0 else run("uniform", PoolSpec.uniform(spec.with_tokens(d)), f"uniform d={d}")
+        splits: list[SplitRun] = []
+        for d_tail in range(d, 2 * d + 1):
+            d_bulk = 2 * d - d_tail
+            pools = PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk))
+            r = run(policy, pools, f"{policy} {d_bulk}/{d_tail}")
+            splits.append(SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m))
+        rows.append(BudgetRow(d, base if isinstance(base, float) else base.mean_step_s(), tuple(splits)))
+    return BudgetTable(spec, policy, reference, tuple(rows))

@@ -1,0 +1,319 @@
+"""Route-specialized speculative decoding (§3.4, §4.3): a per-pool method and depth, modelled as a derived curve.
+
+Per pool: a method (`SpecMethod`), a depth d (speculative tokens per iteration) and a per-position acceptance α;
+position k of a draft is accepted with probability α·γ^(k−1) given that positions 1..k−1 were (γ = `decay`, 1 by
+default). A verification iteration with b running requests gains each of them, on average,
+
+    ā = Σ_{k=0..d} α^k γ^(k(k−1)/2)        (γ = 1: ā = (1 − α^(d+1))/(1 − α); ā = d + 1 at α = 1)
+
+tokens, verifies b·(d+1) tokens and costs τ(b·(d+1)) + draft(b) through the pool's TPOT curve. So the per-token
+time of each of b running requests is τ_spec(b) = (τ(b(d+1)) + draft(b))/ā: a TPOT curve (`SpecConfig.curve`),
+tabulated exactly at every batch size, which the replica simulator, the oracles and the predictor use unchanged
+(an expected-value model: the accepted count is its mean, tokens stay integers). Details: docs/speculative.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.curves import TpotCurve
+from tailsieve.errors import ConfigError
+
+MAX_TOKENS = 32  # speculative tokens per iteration accepted by the configuration (vLLM allows fewer in practice)
+
+
+class SpecMethod(StrEnum):
+    """Speculative backends a pool can run (§3.4): vLLM's `speculative_config` method names."""
+
+    NONE = "none"
+    MTP = "mtp"
+    EAGLE3 = "eagle3"
+    DFLASH = "dflash"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+
+
+class Drafter(StrEnum):
+    """How a method drafts, which fixes the shape of its drafting cost per iteration."""
+
+    AUTOREGRESSIVE = "autoregressive"  # d drafter passes of b tokens: draft = c·d·τ(b)   (MTP, EAGLE-3)
+    PARALLEL = "parallel"  # one drafter pass over the b·(d+1) block: draft = c·τ(b(d+1))   (DFlash)
+    LOOKUP = "lookup"  # no drafter model (n-gram / suffix match): draft = c·τ(b), an overhead share
+
+
+@dataclass(frozen=True, slots=True)
+class MethodDefaults:
+    """Default model constants of one method; `source` says where each number comes from."""
+
+    acceptance: float
+    decay: float
+    draft_cost: float
+    drafter: Drafter
+    tokens: int
+    source: str
+
+
+METHOD_DEFAULTS: dict[SpecMethod, MethodDefaults] = {
+    SpecMethod.NONE: MethodDefaults(0.0, 1.0, 0.0, Drafter.LOOKUP, 0, "no speculation"),
+    SpecMethod.MTP: MethodDefaults(
+        0.85, 0.85, 0.10, Drafter.AUTOREGRESSIVE, 3,
+        "α: DeepSeek-V3 report (2nd-token acceptance 85–90%); γ: fitted to a mean acceptance length ≈ 3.2 at K = 7 "
+        "for an MTP head reused autoregressively (published MTP-DeepSeek-V3 card); d = 3: the paper's MTP (§4.2); "
+        "draft cost: assumption (one layer + LM head per pass)"),
+    SpecMethod.EAGLE3: MethodDefaults(
+        0.80, 1.0, 0.10, Drafter.AUTOREGRESSIVE, 3,
+        "assumption: chain drafts with per-position acceptance ≈ 0.8, flat over positions (EAGLE-3's training-time "
+        "test); draft cost: assumption (one decoder layer + LM head per pass)"),
+    SpecMethod.DFLASH: MethodDefaults(
+        0.85, 0.95, 0.15, Drafter.PARALLEL, 3,
+        "assumption: high first-position acceptance that decays along the block (positions drafted in parallel); "
+        "d = 3 ≈ the paper's block size 4 (§4.2); draft cost: assumption (a few-layer drafter, one pass)"),
+    SpecMethod.NGRAM: MethodDefaults(
+        0.30, 1.0, 0.0, Drafter.LOOKUP, 3,
+        "assumption: prompt-lookup drafts rarely match fresh reasoning text; CPU lookup, no GPU drafting cost"),
+    SpecMethod.SUFFIX: MethodDefaults(
+        0.50, 1.0, 0.10, Drafter.LOOKUP, 3,
+        "assumption: 'modest' accepted length (§3.4); overhead 0.1·τ(b) for ragged queries without CUDA graphs"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """One pool's speculative decoding: method, depth d and model constants (None = the method's default)."""
+
+    method: SpecMethod = SpecMethod.NONE
+    tokens: int | None = None  # d, speculative tokens per iteration; 0 disables speculation
+    acceptance: float | None = None  # α, per-position acceptance of the first drafted token
+    decay: float | None = None  # γ, factor on α per further position (1 = the constant-α model)
+    draft_cost: float | None = None  # c, drafting cost as a share of a target pass (shape: `Drafter`)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, SpecMethod):
+            raise ConfigError(f"speculative method must be one of {_methods()}, got {self.method!r}")
+        t = self.tokens
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKENS):
+            raise ConfigError(f"speculative tokens must be an integer in 0..{MAX_TOKENS}, got {t!r}")
+        if self.method is SpecMethod.NONE and t:
+            raise ConfigError(f"speculative method none takes no speculative tokens, got tokens={t}")
+        for name, hi in (("acceptance", 1.0), ("decay", 1.0), ("draft_cost", math.inf)):
+            v = getattr(self, name)
+            ok = v is None or (not isinstance(v, bool) and isinstance(v, int | float) and 0.0 <= v <= hi)
+            if not ok or (v is not None and math.isnan(v)):
+                span = "[0, 1]" if hi == 1.0 else ">= 0 and finite"
+                raise ConfigError(f"speculative {name} must be {span}, got {v!r}")
+        if self.draft_cost is not None and not math.isfinite(self.draft_cost):
+            raise ConfigError(f"speculative draft_cost must be >= 0 and finite, got {self.draft_cost!r}")
+
+    @property
+    def defaults(self) -> MethodDefaults:
+        """The method's default constants."""
+        return METHOD_DEFAULTS[self.method]
+
+    @property
+    def depth(self) -> int:
+        """d (0 when speculation is off)."""
+        return self.defaults.tokens if self.tokens is None else self.tokens
+
+    @property
+    def alpha(self) -> float:
+        """α, the first position's acceptance."""
+        return self.defaults.acceptance if self.acceptance is None else float(self.acceptance)
+
+    @property
+    def gamma(self) -> float:
+        """γ, the per-position decay of the acceptance."""
+        return self.defaults.decay if self.decay is None else float(self.decay)
+
+    @property
+    def cost(self) -> float:
+        """c, the drafting cost share."""
+        return self.defaults.draft_cost if self.draft_cost is None else float(self.draft_cost)
+
+    @property
+    def enabled(self) -> bool:
+        """True when the pool drafts at least one token per iteration."""
+        return self.method is not SpecMethod.NONE and self.depth > 0
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. `mtp-3` or `none`."""
+        return f"{self.method.value}-{self.depth}" if self.enabled else "none"
+
+    def with_tokens(self, tokens: int) -> SpecConfig:
+        """The same method and constants at another depth."""
+        return replace(self, tokens=tokens)
+
+    def position_acceptance(self) -> NDArray[np.float64]:
+        """P(position k accepted | 1..k−1 accepted) for k = 1..d: α·γ^(k−1)."""
+        return self.alpha * self.gamma ** np.arange(self.depth, dtype=np.float64)
+
+    def expected_tokens(self) -> float:
+        """ā: expected tokens a request gains per verification iteration (1 + Σ_k Π_{j≤k} α_j)."""
+        if not self.enabled:
+            return 1.0
+        return float(1.0 + np.cumprod(self.position_acceptance()).sum())
+
+    def curve(self, base: TpotCurve) -> TpotCurve:
+        """τ_spec(b) = (τ(b(d+1)) + draft(b))/ā as a TPOT curve (the base curve itself when speculation is off)."""
+        return _derived_curve(base, self) if self.enabled else base
+
+    def vllm_config(self) -> dict[str, Any] | None:
+        """vLLM's `speculative_config` for this pool (a draft model, where the method needs one, is added by the
+        launcher); None when speculation is off."""
+        if not self.enabled:
+            return None
+        return {"method": self.method.value, "num_speculative_tokens": self.depth}
+
+    def to_json(self) -> dict[str, Any]:
+        """Resolved constants (defaults filled in) and ā."""
+        return {"method": self.method.value, "tokens": self.depth, "acceptance": self.alpha, "decay": self.gamma,
+                "draft_cost": self.cost, "drafter": self.defaults.drafter.value,
+                "expected_tokens": self.expected_tokens()}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """Speculative configuration of the two pools (§3.4). Uniform and warm-up steps run every replica as bulk."""
+
+    tail: SpecConfig = field(default_factory=SpecConfig)
+    bulk: SpecConfig = field(default_factory=SpecConfig)
+
+    @classmethod
+    def uniform(cls, spec: SpecConfig) -> PoolSpec:
+        """The same configuration on every replica (the matched-budget baseline, §4.3)."""
+        return cls(tail=spec, bulk=spec)
+
+    @property
+    def enabled(self) -> bool:
+        """True when either pool speculates."""
+        return self.tail.enabled or self.bulk.enabled
+
+    def curves(self, base: TpotCurve) -> tuple[TpotCurve, TpotCurve]:
+        """(tail curve, bulk curve) derived from the base curve."""
+        return self.tail.curve(base), self.bulk.curve(base)
+
+    def to_json(self) -> dict[str, Any]:
+        """Both pools, resolved."""
+        return {"tail": self.tail.to_json(), "bulk": self.bulk.to_json()}
+
+
+@lru_cache(maxsize=128)
+def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
+    """Tabulate τ_spec at b = 1..B, B = last measured batch + 1: past B every term is linear in b (the base curve's
+    own extension), so the curve's linear extension along its last two points is exact too."""
+    d, c = spec.depth, spec.cost
+    n = max(base.batch[-1], 1) + 1
+    b = np.arange(1, n + 1)
+    tau = base.table(n * (d + 1))
+    drafter = spec.defaults.drafter
+    if drafter is Drafter.AUTOREGRESSIVE:
+        draft = c * d * tau[b]
+    elif drafter is Drafter.PARALLEL:
+        draft = c * tau[b * (d + 1)]
+    else:
+        draft = c * tau[b]
+    per_token_ms = (tau[b * (d + 1)] + draft) / spec.expected_tokens() * 1000.0
+    return TpotCurve(
+        name=f"{base.name}+{spec.label}",
+        batch=tuple(int(x) for x in b),
+        tpot_ms=tuple(float(x) for x in per_token_ms),
+        description=f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, c={spec.cost:g})",
+        source=base.source,
+        extension="exact: derived from the base curve at every batch size (docs/speculative.md)",
+    )
+
+
+def _methods() -> str:
+    return ", ".join(m.value for m in SpecMethod)
+
+
+SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost")
+
+
+def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
+    """A `SpecConfig` from loosely typed keys (a config-file table), with one-line errors naming `where.key`."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a table with keys {', '.join(SPEC_KEYS)}, got {obj!r}")
+    unknown = sorted(set(obj) - set(SPEC_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(SPEC_KEYS)})")
+    raw = obj.get("method", "none")
+    try:
+        method = SpecMethod(str(raw).strip().lower())
+    except ValueError:
+        raise ConfigError(f"{where}.method must be one of {_methods()}, got {raw!r}") from None
+    kw: dict[str, Any] = {}
+    for key in SPEC_KEYS[1:]:
+        if key not in obj:
+            continue
+        v = obj[key]
+        if key == "tokens" and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"{where}.tokens must be an integer in 0..{MAX_TOKENS}, got {v!r}")
+        if key != "tokens" and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ConfigError(f"{where}.{key} must be a number, got {v!r}")
+        kw[key] = v
+    try:
+        return SpecConfig(method, **kw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_spec(text: str, where: str) -> SpecConfig:
+    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost), e.g. `mtp:5,acceptance=0.8`."""
+    head, *opts = [p.strip() for p in text.split(",")]
+    method, _, tokens = head.partition(":")
+    obj: dict[str, Any] = {"method": method}
+    if tokens:
+        try:
+            obj["tokens"] = int(tokens)
+        except ValueError:
+            raise ConfigError(f"{where}: tokens must be an integer, got {tokens!r} in {text!r}") from None
+    for opt in opts:
+        key, eq, value = opt.partition("=")
+        if not eq or key.strip() not in SPEC_KEYS[2:]:
+            raise ConfigError(f"{where}: expected key=value with key in acceptance, decay, draft_cost, got {opt!r}")
+        try:
+            obj[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {key.strip()} must be a number, got {value.strip()!r}") from None
+    return spec_from_mapping(obj, where)
+
+
+def load_config_file(path: Path) -> PoolSpec:
+    """A simulate config file (TOML, or JSON by suffix): tables `spec.tail` and `spec.bulk` (docs/speculative.md)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config {path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config {path}: must be a table/object with a 'spec' table")
+    extra = sorted(set(doc) - {"spec"})
+    if extra:
+        raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec)")
+    spec = doc.get("spec", {})
+    if not isinstance(spec, dict):
+        raise ConfigError(f"config {path}: spec must be a table with 'tail' and 'bulk', got {spec!r}")
+    extra = sorted(set(spec) - {"tail", "bulk"})
+    if extra:
+        raise ConfigError(f"config {path}: unknown key spec.{extra[0]} (valid: spec.tail, spec.bulk)")
+    try:
+        return PoolSpec(tail=spec_from_mapping(spec.get("tail", {}), "spec.tail"),
+                        bulk=spec_from_mapping(spec.get("bulk", {}), "spec.bulk"))
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
