@@ -261,8 +261,9 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    color = {name: f"C{i % 10}" for i, name in enumerate(runs)}  # one colour per policy in both panels
     for name, r in runs.items():
-        ax1.plot([s.step for s in r.steps], [s.makespan_s for s in r.steps], label=name,
+        ax1.plot([s.step for s in r.steps], [s.makespan_s for s in r.steps], label=name, color=color[name],
                  linestyle="--" if name in ORACLES else "-", linewidth=1.2)
     ax1.set_xlabel("step")
     ax1.set_ylabel("step makespan (s)")
@@ -270,10 +271,10 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
     ax1.legend(fontsize=7)
     ax_m = ax2.twinx()
     adaptive = [n for n in runs if n != "uniform" and n not in ORACLES]
-    for i, name in enumerate(adaptive):
+    for name in adaptive:
         steps = [s.step for s in runs[name].steps]
-        ax2.plot(steps, [s.q for s in runs[name].steps], color=f"C{i}", label=f"{name} q")
-        ax_m.plot(steps, [s.m for s in runs[name].steps], color=f"C{i}", linestyle=":", label=f"{name} m")
+        ax2.plot(steps, [s.q for s in runs[name].steps], color=color[name], label=f"{name} q")
+        ax_m.plot(steps, [s.m for s in runs[name].steps], color=color[name], linestyle=":", label=f"{name} m")
     ax2.set_xlabel("step")
     ax2.set_ylabel("isolated groups q (solid)")
     ax_m.set_ylabel("tail replicas m (dotted)")
