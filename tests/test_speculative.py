@@ -197,7 +197,7 @@ def test_config_file_toml_and_json(tmp_path: Path) -> None:
         ('[spec.tail]\nmethod = "mtp"\ntokens = "five"\n', "spec.tail.tokens must be an integer in 0..32, got 'five'"),
         ('[spec.bulk]\nalpha = 0.5\n', "unknown key spec.bulk.alpha (valid: method, tokens"),
         ('[spec.middle]\nmethod = "mtp"\n', "unknown key spec.middle"),
-        ('[engine]\nx = 1\n', "unknown key engine (valid: spec)"),
+        ('[engine]\nx = 1\n', "unknown key engine (valid: spec, launch)"),
         ('[spec.tail]\nmethod = "mtp"\nacceptance = 2\n', "spec.tail: speculative acceptance must be [0, 1], got 2"),
         ("[spec.tail\n", "invalid TOML"),
     ]:

@@ -303,9 +303,9 @@ def load_config_file(path: Path) -> PoolSpec:
         raise ConfigError(f"config {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"config {path}: must be a table/object with a 'spec' table")
-    extra = sorted(set(doc) - {"spec"})
+    extra = sorted(set(doc) - {"spec", "launch"})  # [launch]: engines/launch_config.py reads it
     if extra:
-        raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec)")
+        raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
     spec = doc.get("spec", {})
     if not isinstance(spec, dict):
         raise ConfigError(f"config {path}: spec must be a table with 'tail' and 'bulk', got {spec!r}")

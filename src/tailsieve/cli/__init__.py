@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.oracle_cmd",
     "tailsieve.cli.profile_cmd",
     "tailsieve.cli.rollout_cmd",
+    "tailsieve.cli.launch_cmd",
 )
 
 

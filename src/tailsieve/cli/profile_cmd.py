@@ -1,4 +1,5 @@
-"""`tailsieve profile`: measure a live OpenAI-compatible server's TPOT curve τ(b) and write it as curve JSON."""
+"""`tailsieve profile`: measure a live OpenAI-compatible server's TPOT curve τ(b) and write it as curve JSON; on a
+speculative vLLM server also its acceptance (vllm:spec_decode_* counters) and the α, γ they imply."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.cli._common import plot_path, print_json, print_table
 from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, ServerKind
-from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint
+from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint, total_spec
+from tailsieve.engines.spec_measure import SpecMeasure
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
 
@@ -29,6 +31,8 @@ def register(sub: Any) -> None:
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
                    help="comma-separated batch sizes (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (default: %(default)s; speculative acceptance depends on it)")
     p.add_argument("--out", required=True, help="curve JSON to write")
     p.add_argument("--plot", help="also save τ(b) and throughput to this .png/.pdf/.svg")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     out = _out_path(args.out)
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)
+    if not args.temperature >= 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     endpoint = Endpoint.parse(args.endpoint, ServerKind(args.kind))
     opts = ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None)
     con = Console(stderr=True)
@@ -66,14 +72,17 @@ def run(args: argparse.Namespace) -> int:
     async def go() -> tuple[TpotCurve, list[ProfilePoint]]:
         async with EngineClient(opts) as client:
             return await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                          model=args.model, on_point=tick)
+                                          model=args.model, on_point=tick, temperature=args.temperature)
 
     with bar:
         curve, points = asyncio.run(go())
-    doc = curve.to_json() | {"max_tokens": args.max_tokens, "streamed": not args.no_stream, "points": [
+    spec = total_spec(points)
+    doc = curve.to_json() | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
+                             "temperature": args.temperature, "points": [
         {"batch": p.batch, "tpot_ms": p.tpot_ms, "tpot_ms_p90": p.tpot_ms_p90,
-         "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s}
-        for p in points]}
+         "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
+         "speculative": None if p.spec is None else p.spec.to_json()}
+        for p in points], "speculative": None if spec is None else spec.to_json()}
     write_json_atomic(out, doc)
     if plot is not None:
         save_plot(points, plot, curve.name)
@@ -83,8 +92,27 @@ def run(args: argparse.Namespace) -> int:
     print_table(f"TPOT curve of {endpoint.url} ({args.max_tokens} tokens per request)",
                 ["batch", "tpot ms (median)", "tpot ms (p90)", "ttft ms", "batch s", "tokens/s (all)"],
                 [(p.batch, p.tpot_ms, p.tpot_ms_p90, p.ttft_ms, p.step_s, p.tokens_per_s) for p in points])
+    if spec is not None:
+        print_spec(points, spec)
     Console().print(f"curve written to {out}" + (f"; plot saved to {plot}" if plot else ""))
     return 0
+
+
+def print_spec(points: list[ProfilePoint], spec: SpecMeasure) -> None:
+    """Acceptance per batch size and the model constants for the config file."""
+    rows: list[tuple[int | str, float, float, float, str]] = [
+        (p.batch, p.spec.acceptance_rate, p.spec.draft_share, p.spec.expected_tokens,
+         " ".join(f"{x:.2f}" for x in p.spec.conditional()))
+        for p in points if p.spec is not None]
+    rows.append(("all", spec.acceptance_rate, spec.draft_share, spec.expected_tokens,
+                 " ".join(f"{x:.2f}" for x in spec.conditional())))
+    print_table(f"Speculative decoding (d = {spec.depth}, vllm:spec_decode_* counters)",
+                ["batch", "accepted/drafted", "iterations with a draft", "tokens per iteration ā",
+                 "P(pos k | pos < k)"], rows)
+    alpha, gamma = spec.fit()
+    Console().print(f"model fit for the config file: acceptance = {alpha:.3f}, decay = {gamma:.3f}, "
+                    f"tokens = {spec.depth} (measured ā = {spec.expected_tokens:.3f}); this curve already is the "
+                    "speculative server's τ_spec(b): pass it as rollout --tail-curve")
 
 
 def save_plot(points: list[ProfilePoint], path: Path, title: str) -> None:

@@ -1,6 +1,8 @@
 """`tailsieve rollout`: synchronous rollout steps on real OpenAI-compatible replicas (vLLM, SGLang) with the
 simulator's router and controller. Several policies (comma-separated) run interleaved step by step on the same
-prompt stream. Output layout and report keys: docs/engines.md.
+prompt stream. Output layout and report keys: docs/engines.md. With `--launch CONFIG` the command starts the
+replicas itself (docs/launch.md), moves them between pools as the controller changes m (restarting a replica only
+when the two pools' flags differ; the restart seconds count in the step) and stops them when it ends.
 """
 
 from __future__ import annotations
@@ -16,16 +18,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tailsieve.cli._common import console
+from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.controller import CONTROLLERS, ControllerConfig
 from tailsieve.engines.client import Api, Endpoint, SamplingParams, ServerKind
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.prompts import END, Template, load_prompts, paper_sampling
+from tailsieve.engines.launch_config import load_launch_config
+from tailsieve.engines.launcher import Launcher
+from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
 from tailsieve.engines.rollout import Batch, RolloutConfig
 from tailsieve.engines.runner import run_policies_real
 from tailsieve.errors import ConfigError
 from tailsieve.router import Dispatch
 from tailsieve.sim import SKIP_STEPS, PolicyRun
+from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.workloads import load_workload
 
 
@@ -35,7 +41,9 @@ def register(sub: Any) -> None:
                        description="Run synchronous rollout steps (N complete groups of G per step) on real "
                                    "OpenAI-compatible replicas, routed by the simulator's router and controller. "
                                    "Writes each step's batch as JSONL and a report with the keys of simulate --json.")
-    p.add_argument("--endpoints", required=True, help="comma-separated server URLs (one per replica)")
+    p.add_argument("--endpoints", help="comma-separated server URLs (one per replica); or --launch")
+    p.add_argument("--launch", metavar="CONFIG",
+                   help="start the replicas from this config's [launch] table and own them (docs/launch.md)")
     p.add_argument("--prompts", required=True, help="prompt JSONL(.gz); text from prompt/problem/question/messages")
     p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
@@ -51,6 +59,10 @@ def register(sub: Any) -> None:
     p.add_argument("--replay-mode", default="recorded", help="replay mode of --replay-lengths (recorded|resample)")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
     p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve for the controller (use `profile`'s)")
+    p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
+    p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS][,acceptance=…] for the controller's "
+                                       "curve (default: the --launch config's [spec.tail])")
+    p.add_argument("--bulk-spec", help="bulk pool's speculation, likewise")
     p.add_argument("--rho", type=float, default=0.1, help="over-provisioning ρ (default: %(default)s)")
     p.add_argument("--q", type=int, help="static policy: isolated groups")
     p.add_argument("--m", type=int, help="static policy: tail replicas")
@@ -83,7 +95,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def build_configs(args: argparse.Namespace) -> dict[str, RolloutConfig]:
+def pool_spec(args: argparse.Namespace, base: PoolSpec | None = None) -> PoolSpec:
+    """The pools' speculation for the controller's curves: `base` (the --launch config's) with the flags on top."""
+    spec = base or PoolSpec()
+    tail = parse_spec(args.tail_spec, "--tail-spec") if args.tail_spec else spec.tail
+    bulk = parse_spec(args.bulk_spec, "--bulk-spec") if args.bulk_spec else spec.bulk
+    return PoolSpec(tail, bulk)
+
+
+def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dict[str, RolloutConfig]:
     """Validate the flags and build one `RolloutConfig` per policy."""
     for flag, v in (("--groups", args.groups), ("--group-size", args.group_size), ("--steps", args.steps),
                     ("--max-tokens", args.max_tokens)):
@@ -117,7 +137,8 @@ def build_configs(args: argparse.Namespace) -> dict[str, RolloutConfig]:
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
-                             dispatch=Dispatch(args.dispatch), policy=n, curve=args.curve, controller=ctl, q=args.q,
+                             dispatch=Dispatch(args.dispatch), policy=n, curve=args.curve,
+                             tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
                              m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
@@ -128,21 +149,49 @@ def build_configs(args: argparse.Namespace) -> dict[str, RolloutConfig]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
-    configs = build_configs(args)
     kind = ServerKind(args.kind)
-    endpoints = [Endpoint.parse(u, kind) for u in args.endpoints.split(",") if u.strip()]
+    launcher: Launcher | None = None
+    out = Path(args.out)
+    if args.launch:
+        if args.endpoints:
+            raise ConfigError("give --endpoints or --launch, not both")
+        launch_path = Path(args.launch)
+        launcher = Launcher(load_launch_config(launch_path), out / "launch")
+        configs = build_configs(args, pool_spec(args, load_config_file(launch_path)))
+        endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]
+    elif not args.endpoints:
+        raise ConfigError("give the replicas: --endpoints URL,URL… or --launch CONFIG")
+    else:
+        configs = build_configs(args)
+        endpoints = [Endpoint.parse(u, kind) for u in args.endpoints.split(",") if u.strip()]
     if not endpoints:
         raise ConfigError("--endpoints is empty")
     for cfg in configs.values():
         cfg.router(len(endpoints))
     prompts = load_prompts(args.prompts)
-    out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
+    busy = [n for n in configs if (out / n).is_dir() and any((out / n).iterdir())]
+    if busy and not args.resume:  # checked here too so that no replica is started for nothing
+        raise ConfigError(f"{out / busy[0]} already holds a run; pass --resume to continue it or choose another --out")
+    if launcher is None:
+        return _run(args, configs, endpoints, prompts, out, None)
+    with sigterm_as_interrupt(launcher):
+        try:
+            launcher.start()
+            return _run(args, configs, endpoints, prompts, out, launcher)
+        finally:
+            launcher.stop()
+
+
+def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints: list[Endpoint],
+         prompts: tuple[PromptRecord, ...], out: Path, launcher: Launcher | None) -> int:
     meta = {"endpoints": [e.url for e in endpoints], "prompts": args.prompts, "replicas": len(endpoints),
             "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
             "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
-            "dispatch": args.dispatch, "seed": None if args.no_seed else args.seed}
+            "dispatch": args.dispatch, "seed": None if args.no_seed else args.seed, "tail_curve": args.tail_curve,
+            "spec": next(iter(configs.values())).spec.to_json(),
+            "launch": None if launcher is None else launcher.describe()}
     con = Console(stderr=True)
     bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=con, transient=True, disable=not sys.stderr.isatty())
@@ -153,12 +202,14 @@ def run(args: argparse.Namespace) -> int:
         if not sys.stderr.isatty():
             r = batch.record
             print(f"{name} step {r.step}: {r.makespan_s:.2f}s q={r.q} m={r.m}"
+                  + (f" restart={batch.restart_s:.1f}s" if batch.restart_s else "")
                   + (f" redispatched={batch.redispatched}" if batch.redispatched else "")
                   + (f" down={list(batch.down)}" if batch.down else ""), file=sys.stderr)
 
     with bar:
         runs = asyncio.run(run_policies_real(endpoints, prompts, configs, args.steps, out, resume=args.resume,
-                                             meta=meta, on_step=tick))
+                                             meta=meta, on_step=tick,
+                                             assign=None if launcher is None else launcher.assign))
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "
                              f"N={args.groups} × G={args.group_size}, {args.steps} steps, ρ={args.rho}"))
     console().print(f"batches, steps and state in {out}/<policy>/, report in {out}/report.json")

@@ -3,11 +3,15 @@
 Each step plans with the same `Router` and controller as the simulator, executes on the replicas with
 `EngineExecutor`, feeds the controller the same `StepObservation`, and returns N complete groups. `r.state()` /
 `r.save(path)` capture router, controller and generation counters; `Rollout(..., state=path)` resumes from them.
+Per-pool speculation (§3.4): the controller gets the tail pool's curve (`tail_curve`, or `spec` derived from
+`curve`). `Rollout(..., assign=launcher.assign)` lets a replica launcher move replicas between pools before each
+step; the restart seconds it returns are added to the step's makespan (docs/launch.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from tailsieve.engines.state import RolloutState
 from tailsieve.errors import ConfigError
 from tailsieve.router import Dispatch, GroupOutcome, GroupRef, GroupStatus, Pool, Router, RouterConfig
 from tailsieve.sim import StepRecord
+from tailsieve.speculative import PoolSpec
 from tailsieve.synthetic import stable_hash
 from tailsieve.workloads import Workload
 
@@ -38,6 +43,8 @@ class RolloutConfig:
     dispatch: Dispatch = Dispatch.REQUEST
     policy: str = "tailsieve"
     curve: str | Path | TpotCurve = "h100-llama3-8b"  # use the curve `tailsieve profile` measured on your servers
+    tail_curve: str | Path | TpotCurve | None = None  # the tail pool's measured curve (profile of its server)
+    spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculation: derives both pools' curves from `curve`
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     q: int | None = None  # static policy
     m: int | None = None
@@ -107,14 +114,15 @@ class Batch:
     redispatched: int
     started_at: float
     down: tuple[int, ...]  # replicas down when the step ended
+    restart_s: float = 0.0  # replica restarts before the step (pool moves); included in record.makespan_s
 
 
 class Rollout:
     """Drives real replicas step by step with the simulator's router and controller (see module docstring)."""
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
-                 prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None
-                 ) -> None:
+                 prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None,
+                 assign: Callable[[int], float] | None = None) -> None:
         self.endpoints = tuple(e if isinstance(e, Endpoint) else Endpoint.parse(e) for e in endpoints)
         if not self.endpoints:
             raise ConfigError("no endpoints given")
@@ -123,10 +131,14 @@ class Rollout:
         if not self.prompts:
             raise ConfigError("no prompts given")
         self.rc = config.router(len(self.endpoints))
-        self.curve = load_curve(config.curve)
+        self.tail_curve, self.curve = config.spec.curves(load_curve(config.curve))
+        if config.tail_curve is not None:
+            self.tail_curve = load_curve(config.tail_curve)
+        self.assign = assign
         self.router = Router(self.rc, [p.prompt_id for p in self.prompts], shuffle=config.shuffle,
                              seed=config.seed or 0)
-        self.controller = CONTROLLERS[config.policy](self.rc, self.curve, config.controller, q=config.q, m=config.m)
+        self.controller = CONTROLLERS[config.policy](self.rc, self.curve, config.controller, q=config.q, m=config.m,
+                                                     tail_curve=self.tail_curve)
         self._by_id = {p.prompt_id: p for p in self.prompts}
         self._rendered: dict[str, str | Messages] = {}
         self._replay_id = self._replay_map()
@@ -241,6 +253,7 @@ class Rollout:
         if self.executor is None or self.replicas is None:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
         plan = self.router.plan(self.rstate, self.cstate.q, self.cstate.m)
+        restart_s = 0.0 if self.assign is None else float(await asyncio.to_thread(self.assign, plan.m))
         gen = dict(self.generation)
         drawn: dict[int, int] = {}
         for ref in (*plan.tail, *plan.bulk):
@@ -255,7 +268,7 @@ class Rollout:
         obs = StepObservation(plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s,
                               result.bulk_s, batch)
         cstate = self.controller.update(self.cstate, obs)
-        record = StepRecord(plan.step, result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
+        record = StepRecord(plan.step, restart_s + result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
                             len(rstate.candidates), int(wasted), float(batch.mean()), plan.warmup, cstate.note)
         self.rstate, self.cstate, self.generation = rstate, cstate, gen
         groups = tuple(
@@ -264,4 +277,4 @@ class Rollout:
             for o in done
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
-        return Batch(plan.step, groups, record, result.outcomes, ex.redispatched, ex.started_at, down)
+        return Batch(plan.step, groups, record, result.outcomes, ex.redispatched, ex.started_at, down, restart_s)

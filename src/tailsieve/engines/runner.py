@@ -2,7 +2,8 @@
 
     DIR/report.json                 same keys as `simulate --json` ("policies" → mean_step_s, speedup, steps …)
     DIR/<policy>/batch-00003.jsonl  one line per consumed group: prompt id, samples, token counts, finish reasons
-    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume)
+    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume) and
+                                    restart_s (replica restarts before the step, in makespan_s; `launch`)
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
 
 Every file is complete after each step, so an error or interrupt loses nothing already written.
@@ -58,6 +59,7 @@ class PolicyOutput:
         self.lengths: list[np.ndarray[Any, np.dtype[np.int64]]] = []
         self.uids: list[int] = []
         self.prompts: list[tuple[str, ...]] = []
+        self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
 
     @property
     def state_path(self) -> Path:
@@ -75,6 +77,7 @@ class PolicyOutput:
                 continue
             self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__}),
                       np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]))
+            self.restart_s += float(row.get("restart_s", 0.0))
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
              prompts: tuple[str, ...]) -> None:
@@ -96,10 +99,11 @@ class PolicyOutput:
         self._rewrite_steps(batch.step)
         line = asdict(batch.record) | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
                                        "redispatched": batch.redispatched, "down": list(batch.down),
-                                       "started_at": batch.started_at}
+                                       "started_at": batch.started_at, "restart_s": batch.restart_s}
         with (self.dir / "steps.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
         self._add(batch.record, lengths, uids, pids)
+        self.restart_s += batch.restart_s
         rollout.save(self.state_path)
 
     def _rewrite_steps(self, step: int) -> None:
@@ -121,8 +125,9 @@ def _nan_none(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS) -> dict[str, Any]:
-    """The report document: `meta` plus "policies" with the per-policy keys of `simulate --json`."""
+def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS,
+           extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The report document: `meta` plus "policies" with the per-policy keys of `simulate --json` (+ `extra`)."""
     base = runs["uniform"].mean_step_s(skip) if "uniform" in runs and runs["uniform"].steps else None
     out: dict[str, Any] = {}
     for name, run in runs.items():
@@ -138,16 +143,17 @@ def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = S
                      "final_q": run.final_q, "final_m": run.final_m, "wasted_share": wasted_share(run, skip=skip),
                      "bias": bias, "oracle": False, "step_s_std": float(times.std()),
                      "step_s_min": float(times.min()), "step_s_max": float(times.max()),
-                     "steps": [record_json(r) for r in run.steps]}
+                     "steps": [record_json(r) for r in run.steps]} | dict((extra or {}).get(name, {}))
     return dict(meta) | {"window_skip": skip, "policies": out}
 
 
 async def run_policies_real(
     endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
-    on_step: OnStep | None = None,
+    on_step: OnStep | None = None, assign: Callable[[int], float] | None = None,
 ) -> dict[str, PolicyRun]:
-    """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring)."""
+    """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
+    `assign(m)`: a launcher's pool move before each step (its restart seconds count in the step)."""
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +170,8 @@ async def run_policies_real(
             states[name] = None
     doc_meta = dict(meta or {}) | {"policies_order": list(configs), "steps": steps}
     async with AsyncExitStack() as stack:
-        rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name]))
+        rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name],
+                                                                  assign=assign))
                     for name, cfg in configs.items()}
         for _ in range(steps):
             for name, r in rollouts.items():
@@ -173,7 +180,8 @@ async def run_policies_real(
                 batch = await r.step()
                 outputs[name].write(batch, r)
                 write_json_atomic(out / "report.json",
-                                  report({n: o.run() for n, o in outputs.items()}, doc_meta))
+                                  report({n: o.run() for n, o in outputs.items()}, doc_meta,
+                                         extra={n: {"restart_s": o.restart_s} for n, o in outputs.items()}))
                 if on_step is not None:
                     on_step(name, batch)
     return {n: o.run() for n, o in outputs.items()}

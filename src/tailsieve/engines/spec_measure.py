@@ -1,0 +1,172 @@
+"""Acceptance of a speculative vLLM server from its `/metrics` counters, and the model constants it implies.
+
+vLLM counts `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`
+and `..._num_accepted_tokens_per_pos_total{position=k}` (k = 0..d−1), beside `vllm:generation_tokens_total`.
+Every verification iteration of a request yields one target token plus its accepted drafts, so over a window
+
+    iterations = generated − accepted,     ā = generated / iterations,     P(≥ k accepted) = accepted_at_k / iterations
+
+counting iterations without a draft (n-gram lookup finds no match) as drafting nothing. `fit()` gives the
+speculative model's α and γ (docs/speculative.md) by least squares on log P(≥ k) = k·log α + k(k−1)/2·log γ.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from tailsieve.engines.client import Endpoint, EngineClient
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATED = "vllm:generation_tokens_total"
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCounters:
+    """One reading of the counters (summed over engines and label sets)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    generated: float
+    per_position: tuple[float, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> SpecCounters | None:
+        """From Prometheus text; None when the server exposes no `spec_decode` counters (no speculation)."""
+        sums: dict[str, float] = {}
+        pos: dict[int, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            name = head.split("{", 1)[0].strip()
+            try:
+                v = float(value)
+            except ValueError:
+                continue
+            if name == PER_POS:
+                m = _POSITION.search(head)
+                if m:
+                    pos[int(m.group(1))] = pos.get(int(m.group(1)), 0.0) + v
+            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATED):
+                sums[name] = sums.get(name, 0.0) + v
+        if DRAFTS not in sums:
+            return None
+        per = tuple(pos.get(k, 0.0) for k in range(max(pos) + 1)) if pos else ()
+        return cls(sums[DRAFTS], sums.get(DRAFT_TOKENS, 0.0), sums.get(ACCEPTED, 0.0), sums.get(GENERATED, 0.0), per)
+
+
+async def read_counters(client: EngineClient, endpoint: Endpoint) -> SpecCounters | None:
+    """GET /metrics and parse the speculative counters (None: no speculation, or no /metrics)."""
+    try:
+        async with client.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
+            return SpecCounters.parse(await r.text())
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpecMeasure:
+    """Acceptance over a window: counter deltas and what they imply (see the module docstring)."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    generated: float
+    per_position: tuple[float, ...]  # accepted tokens at draft position k = 1..d
+
+    @classmethod
+    def between(cls, before: SpecCounters, after: SpecCounters) -> SpecMeasure:
+        """The deltas from `before` to `after`; counters that went down mean the server restarted in between (a
+        pool move), so `after` counts from zero."""
+        if after.generated < before.generated or after.drafts < before.drafts:
+            before = SpecCounters(0.0, 0.0, 0.0, 0.0, ())
+        n = max(len(before.per_position), len(after.per_position))
+        b = (*before.per_position, *(0.0,) * (n - len(before.per_position)))
+        a = (*after.per_position, *(0.0,) * (n - len(after.per_position)))
+        return cls(after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
+                   after.accepted - before.accepted, after.generated - before.generated,
+                   tuple(x - y for x, y in zip(a, b, strict=True)))
+
+    @classmethod
+    def total(cls, parts: Sequence[SpecMeasure]) -> SpecMeasure:
+        """Several windows together."""
+        n = max((len(p.per_position) for p in parts), default=0)
+        per = [sum(p.per_position[k] for p in parts if k < len(p.per_position)) for k in range(n)]
+        return cls(sum(p.drafts for p in parts), sum(p.draft_tokens for p in parts), sum(p.accepted for p in parts),
+                   sum(p.generated for p in parts), tuple(per))
+
+    @property
+    def depth(self) -> int:
+        """d: draft positions the server reports."""
+        return len(self.per_position)
+
+    @property
+    def iterations(self) -> float:
+        """Request-iterations in the window (each yields one target token)."""
+        return self.generated - self.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (vLLM's own acceptance rate; NaN without drafts)."""
+        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else math.nan
+
+    @property
+    def draft_share(self) -> float:
+        """Share of iterations that carried a draft (below 1 when a lookup method finds no match)."""
+        return self.drafts / self.iterations if self.iterations > 0 else math.nan
+
+    @property
+    def expected_tokens(self) -> float:
+        """ā: tokens per request-iteration, all iterations counted."""
+        return self.generated / self.iterations if self.iterations > 0 else math.nan
+
+    def reach(self) -> tuple[float, ...]:
+        """P(at least k drafts accepted in an iteration), k = 1..d."""
+        it = self.iterations
+        return tuple(x / it for x in self.per_position) if it > 0 else ()
+
+    def conditional(self) -> tuple[float, ...]:
+        """P(position k accepted | 1..k−1 accepted), k = 1..d (NaN past a position never reached)."""
+        r = (1.0, *self.reach())
+        return tuple(r[k] / r[k - 1] if r[k - 1] > 0 else math.nan for k in range(1, len(r)))
+
+    def fit(self) -> tuple[float, float]:
+        """(α, γ) of the speculative model, each in [0, 1] (γ = 1 when d = 1 or nothing past position 1)."""
+        r = list(self.reach())
+        k_max = next((i for i, x in enumerate(r) if x <= 0), len(r))
+        if k_max == 0:
+            return 0.0, 1.0
+        if k_max == 1:
+            return min(1.0, r[0]), 1.0
+        k = np.arange(1, k_max + 1, dtype=np.float64)
+        design = np.stack([k, k * (k - 1) / 2], axis=1)
+        (la, lg), *_ = np.linalg.lstsq(design, np.log(np.asarray(r[:k_max])), rcond=None)
+        return float(min(1.0, math.exp(la))), float(min(1.0, math.exp(lg)))
+
+    def to_json(self) -> dict[str, Any]:
+        """Counters and derived figures (NaN → None)."""
+        alpha, gamma = self.fit()
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 6)
+
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "generated": self.generated, "iterations": self.iterations,
+                "acceptance_rate": num(self.acceptance_rate), "draft_share": num(self.draft_share),
+                "expected_tokens": num(self.expected_tokens), "per_position": list(self.per_position),
+                "reach": [num(x) for x in self.reach()], "conditional": [num(x) for x in self.conditional()],
+                "fit": {"acceptance": round(alpha, 6), "decay": round(gamma, 6), "tokens": self.depth}}

@@ -1,0 +1,295 @@
+"""`Launcher` and `tailsieve launch` with fake server processes (tests/fake_vllm_proc.py): commands and placement per
+pool, config-file tables and their errors, start-up failures (crash, port in use, timeout), pool moves that restart
+only when flags differ, SIGTERM → SIGKILL, the CLI's files, stdout and signals, and `rollout --launch`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tailsieve.cli import main
+from tailsieve.engines.launch_config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
+from tailsieve.engines.launcher import Launcher, LaunchError, server_error
+from tailsieve.errors import ConfigError
+from tailsieve.router import Pool
+from tailsieve.speculative import SpecConfig, SpecMethod, load_config_file
+
+pytestmark = pytest.mark.timeout(120)
+FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))
+NGRAM = PoolEngine(SpecConfig(SpecMethod.NGRAM, 3), (("prompt_lookup_max", 4),))
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+@pytest.fixture
+def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(path))
+    return path
+
+
+def fake_cfg(model: Path, **kw: object) -> LaunchConfig:
+    base = LaunchConfig(model=str(model), replicas=2, command=FAKE, startup_timeout_s=30, grace_s=3,
+                        places=("0", "1"), memory=1)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def gone(pid: int) -> bool:
+    """The process group of `pid` has no process left (after a short grace for reaping)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def running(model: Path, tmp_path: Path, record: Path) -> Iterator[Launcher]:
+    la = Launcher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
+    try:
+        yield la.start()
+    finally:
+        la.stop()
+
+
+# ---- commands, placement, configuration (no processes) ------------------------------------------------------------
+def test_cpu_commands_pin_cores_and_only_tail_replicas_speculate(model: Path, tmp_path: Path) -> None:
+    cfg = LaunchConfig(model=str(model), replicas=3, tail_replicas=1, places=("0", "1", "2-3"), memory=2, tail=NGRAM,
+                       served_model_name="tiny", args=("--max-model-len", "4096"))
+    la = Launcher(cfg, tmp_path)
+    cmds = [la.command(r) for r in la.replicas]
+    assert [r.pool for r in la.replicas] == [Pool.BULK, Pool.BULK, Pool.TAIL]
+    assert all(c[:2] == ["taskset", "-c"] for c in cmds) and [c[2] for c in cmds] == ["0", "1", "2-3"]
+    assert cmds[0][-5:-2] == ["--enforce-eager", "--max-num-batched-tokens", "16384"]
+    spec = cmds[2][cmds[2].index("--speculative-config") + 1]
+    assert json.loads(spec) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert "--speculative-config" not in cmds[0] + cmds[1] and "--served-model-name" in cmds[0]
+    env = la.env(la.replicas[2])
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1" and len({r.port for r in la.replicas}) == 3
+
+
+def test_gpu_commands_use_visible_devices_and_memory_share(model: Path, tmp_path: Path) -> None:
+    cfg = LaunchConfig(model=str(model), replicas=2, device=Device.GPU, places=("0,1", "2,3"), memory=0.45,
+                       base_port=9100, args=("--enforce-eager",))
+    la = Launcher(cfg, tmp_path)
+    c = la.command(la.replicas[1])
+    assert c[0] != "taskset" and c[c.index("--gpu-memory-utilization") + 1] == "0.45"
+    assert c.count("--enforce-eager") == 1 and "--max-num-batched-tokens" not in c
+    assert la.env(la.replicas[1])["CUDA_VISIBLE_DEVICES"] == "2,3" and la.endpoints[1].endswith(":9101")
+
+
+def test_config_file_tables(model: Path, tmp_path: Path) -> None:
+    path = tmp_path / "cfg.toml"
+    path.write_text(f'[spec.tail]\nmethod = "ngram"\ntokens = 3\n[spec.bulk]\nmethod = "none"\n'
+                    f'[launch]\nmodel = "{model}"\nreplicas = 2\ncores = ["0", "1"]\nmemory = 1\ntail_replicas = 1\n'
+                    f'[launch.tail]\nspeculative = {{ prompt_lookup_max = 4 }}\nargs = ["--seed", "1"]\n')
+    cfg = load_launch_config(path)
+    assert cfg.tail.flags()[-2:] == ("--seed", "1") and cfg.tail.speculative_config() == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert cfg.bulk.flags() == () and not cfg.restart_free and cfg.places == ("0", "1")
+    assert load_config_file(path).tail.method is SpecMethod.NGRAM  # the simulator reads the same file
+
+
+@pytest.mark.parametrize(("launch", "pool", "msg"), [
+    ('replicas = 2\nbogus = 1', "", "unknown key launch.bogus"),
+    ('device = "gpu"\ncores = ["0"]', "", "launch.cores does not apply to device gpu"),
+    ("memory = 1.5", "", "KV cache in whole GiB"),
+    ("tail_replicas = 2", "", "tail_replicas must lie in [0, 1]"),
+    ("ports = [8000, 8000]", "", "repeats a port"),
+    ("", "[launch.bulk]\nspeculative = { prompt_lookup_max = 4 }", "without speculation"),
+    ("", "[launch.tail]\nspeculative = { num_speculative_tokens = 4 }", "comes from the spec table"),
+])
+def test_config_errors_are_one_line(model: Path, tmp_path: Path, launch: str, pool: str, msg: str) -> None:
+    path = tmp_path / "cfg.toml"
+    path.write_text(f'[spec.tail]\nmethod = "ngram"\n[launch]\nmodel = "{model}"\n{launch}\n{pool}\n')
+    with pytest.raises(ConfigError, match=msg.replace("[", r"\[")) as e:
+        load_launch_config(path)
+    assert "\n" not in str(e.value)
+
+
+def test_draft_model_methods_need_a_model() -> None:
+    with pytest.raises(ConfigError, match="eagle3 needs a draft model"):
+        PoolEngine(SpecConfig(SpecMethod.EAGLE3, 3))
+    assert PoolEngine(SpecConfig(SpecMethod.EAGLE3, 3), (("model", "org/draft"),)).flags()[0] == "--speculative-config"
+
+
+def test_check_model(model: Path, tmp_path: Path) -> None:
+    check_model(str(model))
+    check_model("meta-llama/Llama-3.1-8B")  # a hub id: the server resolves it
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_model(str(tmp_path / "missing"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="no config.json"):
+        check_model(str(tmp_path / "file"))
+
+
+def test_server_error_picks_the_exception_line(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.write_text("INFO x\nWARNING found error in ulimit\npydantic_core._pydantic_core.ValidationError: 1 validation "
+                   "error for SpeculativeConfig\n  Value error, no draft model. [type=value_error, input=…]\n  For…\n")
+    assert server_error(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                                 "SpeculativeConfig: Value error, no draft model.")
+    log.write_text("NotImplementedError: Unsupported speculative method: 'mtp'\n(EngineCore pid=3) shutting down\n")
+    assert server_error(log) == "NotImplementedError: Unsupported speculative method: 'mtp'"
+
+
+# ---- fake server processes ----------------------------------------------------------------------------------------
+def test_start_assign_and_stop(running: Launcher, record: Path) -> None:
+    la = running
+    rows = [json.loads(x) for x in record.read_text().splitlines()]
+    assert {r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in rows} == {"0", "1"}
+    assert all(r["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" for r in rows) and la.m == 0
+    pids = [r.proc.pid for r in la.replicas if r.proc]
+    t = la.assign(1)  # replica 1 moves to the tail pool: its flags differ → restarted (only it)
+    assert t > 0 and la.m == 1 and la.replicas[1].restarts == 1 and la.replicas[0].restarts == 0
+    assert la.replicas[0].proc and la.replicas[0].proc.pid == pids[0] and gone(pids[1])
+    last = json.loads(record.read_text().splitlines()[-1])
+    assert "--speculative-config" in last["argv"] and last["port"] == la.replicas[1].port
+    assert la.assign(1) == 0.0 and la.restart_s_total == pytest.approx(t)
+    assert la.assign(0) > 0 and la.replicas[1].pool is Pool.BULK
+    with pytest.raises(LaunchError, match=r"m must lie in \[0, 1\]"):
+        la.assign(2)
+    alive = [r.proc.pid for r in la.replicas if r.proc]
+    tmp = Path(rows[0]["env"]["TMPDIR"])  # short: vLLM's ZMQ IPC paths must stay under 107 characters
+    assert len(str(tmp)) < 60 and tmp.is_dir()
+    la.stop()
+    assert all(gone(p) for p in alive) and not tmp.parent.exists()
+
+
+def test_identical_pools_never_restart(model: Path, tmp_path: Path, record: Path) -> None:
+    with Launcher(fake_cfg(model), tmp_path / "logs") as la:
+        pid = la.replicas[1].proc.pid if la.replicas[1].proc else 0
+        assert la.config.restart_free and la.assign(1) == 0.0 and la.m == 1
+        assert la.replicas[1].proc and la.replicas[1].proc.pid == pid
+    assert gone(pid)
+
+
+def test_crash_during_start_up_stops_the_others(model: Path, tmp_path: Path, record: Path) -> None:
+    cfg = fake_cfg(model, tail_replicas=1, tail=PoolEngine(args=("--fake-crash",)),
+                   bulk=PoolEngine(args=("--fake-boot", "0.5")))
+    la = Launcher(cfg, tmp_path / "logs")
+    with pytest.raises(LaunchError) as e:
+        la.start()
+    msg = str(e.value)
+    assert "replica 1 (tail pool, port" in msg and "ValueError: fake engine failed to start" in msg
+    assert "\n" not in msg and all(r.proc is not None and gone(r.proc.pid) for r in la.replicas)
+
+
+def test_port_in_use_is_refused_before_anything_starts(model: Path, tmp_path: Path, record: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        la = Launcher(fake_cfg(model, ports=(port + 0, port + 1) if port < 65000 else (port, port - 1)), tmp_path)
+        with pytest.raises(LaunchError, match=f"port {port} \\(replica 0\\) is in use"):
+            la.start()
+    assert all(r.proc is None for r in la.replicas) and not record.exists()
+
+
+def test_start_up_timeout(model: Path, tmp_path: Path, record: Path) -> None:
+    la = Launcher(fake_cfg(model, startup_timeout_s=1.0, bulk=PoolEngine(args=("--fake-boot", "20"))), tmp_path)
+    with pytest.raises(LaunchError, match="not healthy after 1s"):
+        la.start()
+    assert all(r.proc is not None and gone(r.proc.pid) for r in la.replicas)
+
+
+def test_sigkill_after_grace_and_children_reaped(model: Path, tmp_path: Path, record: Path) -> None:
+    cfg = fake_cfg(model, grace_s=0.5, bulk=PoolEngine(args=("--fake-ignore-term", "--fake-child")))
+    la = Launcher(cfg, tmp_path).start()
+    pids = [r.proc.pid for r in la.replicas if r.proc]
+    t0 = time.monotonic()
+    la.stop()
+    assert time.monotonic() - t0 < 5 and all(gone(p) for p in pids)
+    la.stop()  # idempotent
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------------------
+def write_cfg(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    path = tmp_path / "launch.toml"
+    cmd = json.dumps(list(FAKE))
+    path.write_text(f'[spec.tail]\nmethod = "ngram"\ntokens = 3\n[launch]\nmodel = "{model}"\ncommand = {cmd}\n'
+                    f'cores = ["0", "1"]\nstartup_timeout_s = 30.0\ngrace_s = 3.0\n{extra}')
+    return path
+
+
+def test_cli_writes_endpoints_and_stops(model: Path, tmp_path: Path, record: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["launch", "--config", str(write_cfg(tmp_path, model)), "--m", "1", "--duration", "0.3",
+                 "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == (out / "endpoints.txt").read_text().strip() and line.count("http://127.0.0.1:") == 2
+    doc = json.loads((out / "launch.json").read_text())
+    assert doc["stopped"] and doc["replicas"][1]["pool"] == "tail" and doc["replicas"][1]["flags"]
+    assert all(gone(r["pid"]) for r in doc["replicas"])
+
+
+def test_cli_errors_are_one_line(model: Path, tmp_path: Path, record: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_cfg(tmp_path, model)
+    assert main(["launch", "--config", str(cfg), "--model", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"model path {tmp_path / 'nope'} does not exist")
+    assert main(["launch", "--config", str(cfg), "--tail-args=--fake-crash", "--m", "1", "--out",
+                 str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("tailsieve launch: error: replica 1 (tail pool, speculative ngram") and "ValueError" in err
+    assert main(["launch", "--model", str(model), "--tail-speculative", "[1]", "--tail-spec", "ngram"]) == 1
+    assert "expected a JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_signal_stops_every_replica(model: Path, tmp_path: Path, record: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tailsieve", "launch", "--config", str(write_cfg(tmp_path, model)),
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline().decode().strip() if proc.stdout else ""
+        assert line.count("http://") == 2
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    doc = json.loads((out / "launch.json").read_text())
+    assert doc["stopped"] and all(gone(r["pid"]) for r in doc["replicas"])
+
+
+def test_rollout_launch_moves_replicas_and_counts_restarts(model: Path, tmp_path: Path, record: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n" for i in range(30)))
+    out = tmp_path / "run"
+    rc = main(["rollout", "--launch", str(write_cfg(tmp_path, model)), "--prompts", str(prompts), "--groups", "4",
+               "--group-size", "2", "--rho", "0.5", "--max-tokens", "20", "--steps", "3", "--policy", "static",
+               "--q", "1", "--m", "1", "--out", str(out)])
+    assert rc == 0
+    steps = [json.loads(x) for x in (out / "static" / "steps.jsonl").read_text().splitlines()]
+    assert [s["m"] for s in steps] == [0, 1, 1]  # warm-up runs every replica as bulk
+    assert steps[0]["restart_s"] == 0 and steps[1]["restart_s"] > 0 and steps[2]["restart_s"] == 0
+    assert steps[1]["makespan_s"] >= steps[1]["restart_s"]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["policies"]["static"]["restart_s"] == pytest.approx(steps[1]["restart_s"])
+    assert rep["launch"]["tail"]["speculative_config"]["method"] == "ngram" and rep["spec"]["tail"]["tokens"] == 3
+    pids = [json.loads(x)["pid"] for x in record.read_text().splitlines()]
+    assert len(pids) == 3 and all(gone(p) for p in pids)  # 2 starts + 1 restart, all stopped
+    assert main(["rollout", "--launch", "x.toml", "--endpoints", "http://a:1", "--prompts", str(prompts),
+                 "--out", str(tmp_path / "o")]) == 1

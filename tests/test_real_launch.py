@@ -1,0 +1,105 @@
+"""`Launcher` with two REAL vLLM CPU servers (tiny local Llama): the tail replica runs `ngram` speculation (its
+acceptance seen on /metrics and by `profile`), a real rollout moves it to the bulk pool and back (two restarts,
+counted in the steps), and every process is gone afterwards. About 2 minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tailsieve.cli import main
+from tailsieve.controller import ControllerConfig
+from tailsieve.engines.client import SamplingParams
+from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
+from tailsieve.engines.launcher import Launcher, LaunchError
+from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.spec_measure import SpecCounters
+from tailsieve.speculative import PoolSpec, SpecConfig, SpecMethod
+from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
+
+pytestmark = [pytest.mark.real_server, requires_vllm, pytest.mark.timeout(400)]
+
+NGRAM = SpecConfig(SpecMethod.NGRAM, 3)
+PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(16))
+
+
+def counters(url: str) -> SpecCounters | None:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        return SpecCounters.parse(r.read().decode())
+
+
+def complete(url: str, max_tokens: int = 96) -> None:
+    body = {"model": "tiny", "prompt": "the model sums 3 and 21 then returns", "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert json.loads(r.read())["usage"]["completion_tokens"] == max_tokens
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    cores = ("0", "1") if (os.cpu_count() or 1) >= 2 else ()
+    cfg = LaunchConfig(model=str(tiny_model), replicas=2, places=cores, memory=1, served_model_name="tiny",
+                       tail_replicas=1, args=("--max-model-len", "4096", "--max-num-seqs", "64"),
+                       tail=PoolEngine(NGRAM, (("prompt_lookup_max", 4), ("prompt_lookup_min", 2))),
+                       startup_timeout_s=300, grace_s=20)
+    la = Launcher(cfg, tmp_path / "launch")
+    pids: list[int] = []
+    try:
+        try:
+            la.start()
+        except LaunchError as exc:
+            if "speculative" in str(exc):
+                pytest.fail(f"this vLLM CPU build cannot run ngram speculation on the tail replica: {exc}")
+            raise
+        pids += [r.proc.pid for r in la.replicas if r.proc]
+        bulk, tail = la.endpoints
+        assert counters(bulk) is None  # the bulk replica does not speculate
+        complete(tail)
+        c = counters(tail)
+        assert c is not None and c.drafts > 0 and c.accepted > 0  # greedy on random weights repeats: drafts accepted
+
+        out = tmp_path / "tail-curve.json"
+        assert main(["profile", "--endpoint", tail, "--batches", "1,4", "--max-tokens", "48", "--temperature", "0",
+                     "--out", str(out)]) == 0
+        sp = json.loads(out.read_text())["speculative"]
+        assert sp["fit"]["tokens"] == 3 and sp["expected_tokens"] > 1.0 and sp["draft_tokens"] > 0
+
+        rc = RolloutConfig(groups=4, group_size=2, rho=0.5, policy="static", q=1, m=1, seed=None,
+                           controller=ControllerConfig(), spec=PoolSpec(tail=NGRAM), curve=str(out),
+                           sampling=SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
+
+        async def go() -> list[Batch]:
+            async with Rollout(la.endpoints, rc, PROMPTS, assign=la.assign) as r:
+                return [await r.step(), await r.step()]
+
+        warm, steady = asyncio.run(go())
+        # warm-up runs every replica as bulk: replica 1 restarts without speculation, then back with ngram
+        assert warm.record.m == 0 and warm.restart_s > 1.0 and warm.record.makespan_s > warm.restart_s
+        assert steady.record.m == 1 and steady.restart_s > 1.0 and la.replicas[1].restarts == 2
+        assert len(steady.groups) == 4 and all(set(g.lengths) == {48} for g in steady.groups)
+        assert la.m == 1 and "--speculative-config" in la.command(la.replicas[1])
+        c2 = counters(tail)
+        assert c2 is not None and c2.generated > 0 and c2.drafts > 0  # the restarted tail speculates again
+        pids += [r.proc.pid for r in la.replicas if r.proc]
+    finally:
+        la.stop()
+    assert pids and all(gone(p) for p in pids)
