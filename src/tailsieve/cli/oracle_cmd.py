@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.cli._common import nonneg_int, plot_path, positive_int, print_json, print_table
+from tailsieve.cli._common import nonneg_int, plot_path, positive_float, positive_int, print_json, print_table
 from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.errors import TailSieveError
 from tailsieve.makespan import lane_makespans
@@ -22,17 +22,6 @@ from tailsieve.traces import DEFAULT_TRACE, load_trace
 DEFAULT_CURVE = "h100-llama3-8b"
 DEFAULT_MAX_SECONDS = 120.0
 FIXED_SHARE = 0.10  # App. A.4 "fixed 10% isolation": the ⌈n/10⌉ longest requests on the tail lane
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
 
 
 def register(sub: Any) -> None:
