@@ -112,17 +112,18 @@ def test_argparse_errors_are_one_line_too(capsys: pytest.CaptureFixture[str]) ->
 def test_per_pool_speculation_flags_and_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     plain = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1")
     assert plain["spec"]["tail"]["method"] == "none" and plain["spec"]["bulk"]["tokens"] == 0
-    flags = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--tail-spec", "mtp:4,acceptance=0.9")
+    flags = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--tail-spec",
+                     "mtp:4,acceptance=0.8,verify_cost=0.5")
     assert flags["spec"]["tail"] | {"expected_tokens": 0} == {
-        "method": "mtp", "tokens": 4, "acceptance": 0.9, "decay": 0.85, "draft_cost": 0.1,
-        "drafter": "autoregressive", "expected_tokens": 0}
+        "method": "mtp", "tokens": 4, "acceptance": 0.8, "decay": 0.95, "draft_cost": 0.1, "verify_cost": 0.5,
+        "draft_share": 1.0, "drafter": "autoregressive", "expected_tokens": 0}
     # uniform runs every replica as bulk: unchanged; the static policy's tail pool speculates
     assert flags["policies"]["uniform"]["steps"] == plain["policies"]["uniform"]["steps"]
     tail = [s["tail_s"] for s in flags["policies"]["static"]["steps"][1:2]]
     assert tail[0] < plain["policies"]["static"]["steps"][1]["tail_s"]
     conf = tmp_path / "sim.toml"
-    conf.write_text('[spec.tail]\nmethod = "mtp"\ntokens = 4\nacceptance = 0.9\n[spec.bulk]\nmethod = "ngram"\n'
-                    "tokens = 2\n", encoding="utf-8")
+    conf.write_text('[spec.tail]\nmethod = "mtp"\ntokens = 4\nacceptance = 0.8\nverify_cost = 0.5\n'
+                    '[spec.bulk]\nmethod = "ngram"\ntokens = 2\n', encoding="utf-8")
     doc = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--config", str(conf))
     assert doc["spec"]["tail"] == flags["spec"]["tail"] and doc["spec"]["bulk"]["method"] == "ngram"
     over = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--config", str(conf), "--bulk-spec", "none")

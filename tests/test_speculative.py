@@ -37,7 +37,7 @@ MTP, EAGLE3, DFLASH, SUFFIX = SpecMethod.MTP, SpecMethod.EAGLE3, SpecMethod.DFLA
 
 
 def draft_s(spec: SpecConfig, tau: np.ndarray, b: int) -> float:
-    """The documented drafting cost per iteration, written out per drafter."""
+    """The documented drafting cost per iteration, written out per drafter (v = p = 1)."""
     d, c = spec.depth, spec.cost
     drafter = spec.defaults.drafter
     if drafter is Drafter.AUTOREGRESSIVE:
@@ -45,6 +45,21 @@ def draft_s(spec: SpecConfig, tau: np.ndarray, b: int) -> float:
     if drafter is Drafter.PARALLEL:
         return c * float(tau[b * (d + 1)])
     return c * float(tau[b])
+
+
+def iteration_s(spec: SpecConfig, tau: np.ndarray, b: int) -> float:
+    """One verification iteration with b running requests, written out from docs/speculative.md (any v, p): the
+    verified tokens b(1 + p·d) read off the piecewise-linear curve by hand."""
+    x = b * (1 + spec.share * spec.depth)
+    lo = math.floor(x)
+    tau_x = float(tau[lo]) + (x - lo) * (float(tau[lo + 1]) - float(tau[lo])) if lo + 1 < tau.size else float(tau[lo])
+    verify = float(tau[b]) + spec.verify * (tau_x - float(tau[b]))
+    drafter = spec.defaults.drafter
+    if drafter is Drafter.AUTOREGRESSIVE:
+        return verify + spec.cost * spec.depth * float(tau[b])
+    if drafter is Drafter.PARALLEL:
+        return verify + spec.cost * verify
+    return verify + spec.cost * float(tau[b])
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.85, 0.999])
@@ -110,6 +125,37 @@ def test_derived_curve_is_exact_at_every_batch_size(
 
 
 @settings(max_examples=60, deadline=None)
+@given(curves(), st.sampled_from(list(SpecMethod)[1:]), st.integers(1, 8), st.floats(0.0, 1.0),
+       st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_verify_cost_and_draft_share_are_exact_at_every_batch_size(
+    base: TpotCurve, method: SpecMethod, d: int, alpha: float, v: float, p: float
+) -> None:
+    spec = SpecConfig(method, d, acceptance=alpha, verify_cost=v, draft_share=p)
+    assert spec.expected_tokens() == pytest.approx(1 + p * (SpecConfig(method, d, acceptance=alpha)
+                                                           .expected_tokens() - 1), rel=1e-12)
+    n = 12 * base.batch[-1] + 5
+    table = spec.curve(base).table(n)
+    tau = base.table(n * (d + 1) + 1)
+    want = [iteration_s(spec, tau, b) / spec.expected_tokens() for b in range(1, n + 1)]
+    assert table[1:] == pytest.approx(want, rel=1e-11)
+
+
+def test_verify_cost_and_draft_share_limits() -> None:
+    tau = CURVE.table(2000)
+    for d in (1, 4):
+        free = SpecConfig(MTP, d, acceptance=1.0, decay=1.0, draft_cost=0.0, verify_cost=0.0).curve(CURVE)
+        for b in (1, 7, 64, 300):  # v = 0: verification costs a plain decode step, every step gains d + 1
+            assert free.tpot_s(b) == pytest.approx(tau[b] / (d + 1), rel=1e-12)
+        # p = 0: nothing is drafted, nothing is verified beyond the target token; only the overhead c remains
+        idle = SpecConfig(SpecMethod.NGRAM, d, draft_cost=0.2, draft_share=0.0).curve(CURVE)
+        assert [idle.tpot_s(b) for b in (1, 9, 64, 200)] == pytest.approx([1.2 * tau[b] for b in (1, 9, 64, 200)])
+    literal = SpecConfig(MTP, 3, verify_cost=1.0, draft_share=1.0).curve(CURVE)
+    assert literal.tpot_ms == SpecConfig(MTP, 3).curve(CURVE).tpot_ms  # the defaults are the literal model, bit for bit
+    cheaper = SpecConfig(MTP, 3, verify_cost=0.4).curve(CURVE)
+    assert all(cheaper.tpot_s(b) <= literal.tpot_s(b) for b in range(1, 300))
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 40), max_size=9), st.sampled_from([MTP, DFLASH, SUFFIX]), st.integers(1, 6))
 def test_all_admit_replica_equals_the_speculative_closed_form(lengths: list[int], method: SpecMethod, d: int) -> None:
     """Token by token: while b requests remain, every token of each costs (τ(b(d+1)) + draft(b))/ā."""
@@ -157,6 +203,8 @@ def test_deep_speculation_pays_at_low_batch_and_costs_at_high_batch() -> None:
         ({"method": MTP, "acceptance": math.nan}, "acceptance must be [0, 1], got nan"),
         ({"method": MTP, "decay": -0.1}, "decay must be [0, 1], got -0.1"),
         ({"method": MTP, "draft_cost": math.inf}, "draft_cost must be >= 0 and finite, got inf"),
+        ({"method": MTP, "verify_cost": 1.2}, "verify_cost must be [0, 1], got 1.2"),
+        ({"method": MTP, "draft_share": -0.5}, "draft_share must be [0, 1], got -0.5"),
         ({"method": "mtp"}, "must be one of none, mtp, eagle3, dflash, ngram, suffix, got 'mtp'"),
     ],
 )
@@ -174,7 +222,8 @@ def test_parse_spec() -> None:
     for text, needle in [
         ("warp:3", "--tail-spec.method must be one of none, mtp"),
         ("mtp:x", "--tail-spec: tokens must be an integer, got 'x'"),
-        ("mtp:3,alpha=0.5", "expected key=value with key in acceptance, decay, draft_cost, got 'alpha=0.5'"),
+        ("mtp:3,alpha=0.5",
+         "expected key=value with key in acceptance, decay, draft_cost, verify_cost, draft_share, got 'alpha=0.5'"),
         ("mtp:3,acceptance=high", "--tail-spec: acceptance must be a number, got 'high'"),
         ("mtp:40", "--tail-spec: speculative tokens must be an integer in 0..32, got 40"),
     ]:

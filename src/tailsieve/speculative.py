@@ -10,6 +10,11 @@ tokens, verifies b·(d+1) tokens and costs τ(b·(d+1)) + draft(b) through the p
 time of each of b running requests is τ_spec(b) = (τ(b(d+1)) + draft(b))/ā: a TPOT curve (`SpecConfig.curve`),
 tabulated exactly at every batch size, which the replica simulator, the oracles and the predictor use unchanged
 (an expected-value model: the accepted count is its mean, tokens stay integers). Details: docs/speculative.md.
+
+Two calibration constants refine it (both 1 by default, the literal model above): a draft share p (only a share p
+of request-iterations carry a draft, so ā = 1 + p·Σ… and 1 + p·d tokens are verified per request) and a
+verification-cost share v (verification costs τ(b) + v·(τ(b(1 + p·d)) − τ(b)): the extra tokens do not re-read the
+weights or the b contexts) — `tailsieve profile --plain-curve` fits both from a real server.
 """
 
 from __future__ import annotations
@@ -61,15 +66,17 @@ class MethodDefaults:
     drafter: Drafter
     tokens: int
     source: str
+    verify_cost: float = 1.0  # v: share of τ's growth that the b·p·d extra verified tokens pay (1 = the literal model)
+    draft_share: float = 1.0  # p: share of request-iterations that carry a draft (below 1: lookup finds no match)
 
 
 METHOD_DEFAULTS: dict[SpecMethod, MethodDefaults] = {
     SpecMethod.NONE: MethodDefaults(0.0, 1.0, 0.0, Drafter.LOOKUP, 0, "no speculation"),
     SpecMethod.MTP: MethodDefaults(
-        0.85, 0.85, 0.10, Drafter.AUTOREGRESSIVE, 3,
-        "α: DeepSeek-V3 report (2nd-token acceptance 85–90%); γ: fitted to a mean acceptance length ≈ 3.2 at K = 7 "
-        "for an MTP head reused autoregressively (published MTP-DeepSeek-V3 card); d = 3: the paper's MTP (§4.2); "
-        "draft cost: assumption (one layer + LM head per pass)"),
+        0.90, 0.95, 0.10, Drafter.AUTOREGRESSIVE, 3,
+        "α: a Qwen-family MTP head on code, first position 0.91 teacher-forced (tenstorrent/vllm#442) and 92% "
+        "accepted of 3 drafts (ik_llama.cpp#2369), DeepSeek-V3 reports 85–90%; γ: assumption, a one-step head reused "
+        "deeper loses acceptance; d = 3: the paper's MTP (§4.2); draft cost: assumption (one layer + LM head/pass)"),
     SpecMethod.EAGLE3: MethodDefaults(
         0.80, 1.0, 0.10, Drafter.AUTOREGRESSIVE, 3,
         "assumption: chain drafts with per-position acceptance ≈ 0.8, flat over positions (EAGLE-3's training-time "
@@ -96,6 +103,8 @@ class SpecConfig:
     acceptance: float | None = None  # α, per-position acceptance of the first drafted token
     decay: float | None = None  # γ, factor on α per further position (1 = the constant-α model)
     draft_cost: float | None = None  # c, drafting cost as a share of a target pass (shape: `Drafter`)
+    verify_cost: float | None = None  # v, share of the curve's growth the extra verified tokens pay (1: τ(b(d+1)))
+    draft_share: float | None = None  # p, share of request-iterations that carry a draft
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpecMethod):
@@ -105,7 +114,8 @@ class SpecConfig:
             raise ConfigError(f"speculative tokens must be an integer in 0..{MAX_TOKENS}, got {t!r}")
         if self.method is SpecMethod.NONE and t:
             raise ConfigError(f"speculative method none takes no speculative tokens, got tokens={t}")
-        for name, hi in (("acceptance", 1.0), ("decay", 1.0), ("draft_cost", math.inf)):
+        for name, hi in (("acceptance", 1.0), ("decay", 1.0), ("draft_cost", math.inf), ("verify_cost", 1.0),
+                         ("draft_share", 1.0)):
             v = getattr(self, name)
             ok = v is None or (not isinstance(v, bool) and isinstance(v, int | float) and 0.0 <= v <= hi)
             if not ok or (v is not None and math.isnan(v)):
@@ -140,6 +150,21 @@ class SpecConfig:
         return self.defaults.draft_cost if self.draft_cost is None else float(self.draft_cost)
 
     @property
+    def verify(self) -> float:
+        """v, the verification-cost share (1: verifying b(d+1) tokens costs τ(b(d+1)))."""
+        return self.defaults.verify_cost if self.verify_cost is None else float(self.verify_cost)
+
+    @property
+    def share(self) -> float:
+        """p, the share of request-iterations that carry a draft."""
+        return self.defaults.draft_share if self.draft_share is None else float(self.draft_share)
+
+    @property
+    def verified_per_request(self) -> float:
+        """Tokens verified per request-iteration: 1 + p·d."""
+        return 1.0 + self.share * self.depth if self.enabled else 1.0
+
+    @property
     def enabled(self) -> bool:
         """True when the pool drafts at least one token per iteration."""
         return self.method is not SpecMethod.NONE and self.depth > 0
@@ -158,10 +183,10 @@ class SpecConfig:
         return self.alpha * self.gamma ** np.arange(self.depth, dtype=np.float64)
 
     def expected_tokens(self) -> float:
-        """ā: expected tokens a request gains per verification iteration (1 + Σ_k Π_{j≤k} α_j)."""
+        """ā: expected tokens a request gains per verification iteration (1 + p·Σ_k Π_{j≤k} α_j)."""
         if not self.enabled:
             return 1.0
-        return float(1.0 + np.cumprod(self.position_acceptance()).sum())
+        return float(1.0 + self.share * np.cumprod(self.position_acceptance()).sum())
 
     def curve(self, base: TpotCurve) -> TpotCurve:
         """τ_spec(b) = (τ(b(d+1)) + draft(b))/ā as a TPOT curve (the base curve itself when speculation is off)."""
@@ -177,8 +202,8 @@ class SpecConfig:
     def to_json(self) -> dict[str, Any]:
         """Resolved constants (defaults filled in) and ā."""
         return {"method": self.method.value, "tokens": self.depth, "acceptance": self.alpha, "decay": self.gamma,
-                "draft_cost": self.cost, "drafter": self.defaults.drafter.value,
-                "expected_tokens": self.expected_tokens()}
+                "draft_cost": self.cost, "verify_cost": self.verify, "draft_share": self.share,
+                "drafter": self.defaults.drafter.value, "expected_tokens": self.expected_tokens()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,23 +236,27 @@ class PoolSpec:
 def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
     """Tabulate τ_spec at b = 1..B, B = last measured batch + 1: past B every term is linear in b (the base curve's
     own extension), so the curve's linear extension along its last two points is exact too."""
-    d, c = spec.depth, spec.cost
+    d, c, v = spec.depth, spec.cost, spec.verify
     n = max(base.batch[-1], 1) + 1
     b = np.arange(1, n + 1)
     tau = base.table(n * (d + 1))
+    tau_b = tau[b]
+    tau_x = np.interp(b * spec.verified_per_request, np.arange(tau.size), tau)  # τ(b(1 + p·d)), piecewise linear
+    verify = tau_x if v == 1.0 else tau_b + v * (tau_x - tau_b)
     drafter = spec.defaults.drafter
     if drafter is Drafter.AUTOREGRESSIVE:
-        draft = c * d * tau[b]
+        draft = c * d * tau_b
     elif drafter is Drafter.PARALLEL:
-        draft = c * tau[b * (d + 1)]
+        draft = c * verify
     else:
-        draft = c * tau[b]
-    per_token_ms = (tau[b * (d + 1)] + draft) / spec.expected_tokens() * 1000.0
+        draft = c * tau_b
+    per_token_ms = (verify + draft) / spec.expected_tokens() * 1000.0
     return TpotCurve(
         name=f"{base.name}+{spec.label}",
         batch=tuple(int(x) for x in b),
         tpot_ms=tuple(float(x) for x in per_token_ms),
-        description=f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, c={spec.cost:g})",
+        description=(f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, "
+                     f"c={spec.cost:g}, v={spec.verify:g}, p={spec.share:g})"),
         source=base.source,
         extension="exact: derived from the base curve at every batch size (docs/speculative.md)",
     )
@@ -237,7 +266,7 @@ def _methods() -> str:
     return ", ".join(m.value for m in SpecMethod)
 
 
-SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost")
+SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share")
 
 
 def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
@@ -269,7 +298,8 @@ def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
 
 
 def parse_spec(text: str, where: str) -> SpecConfig:
-    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost), e.g. `mtp:5,acceptance=0.8`."""
+    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share), e.g.
+    `mtp:5,acceptance=0.8`."""
     head, *opts = [p.strip() for p in text.split(",")]
     method, _, tokens = head.partition(":")
     obj: dict[str, Any] = {"method": method}
@@ -281,7 +311,7 @@ def parse_spec(text: str, where: str) -> SpecConfig:
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or key.strip() not in SPEC_KEYS[2:]:
-            raise ConfigError(f"{where}: expected key=value with key in acceptance, decay, draft_cost, got {opt!r}")
+            raise ConfigError(f"{where}: expected key=value with key in {', '.join(SPEC_KEYS[2:])}, got {opt!r}")
         try:
             obj[key.strip()] = float(value)
         except ValueError:

@@ -1,5 +1,6 @@
 """`tailsieve profile`: measure a live OpenAI-compatible server's TPOT curve τ(b) and write it as curve JSON; on a
-speculative vLLM server also its acceptance (vllm:spec_decode_* counters) and the α, γ they imply."""
+speculative vLLM server also its acceptance (vllm:spec_decode_* counters) and the α, γ, p they imply, and with
+`--plain-curve` the cost constants c, v (docs/speculative.md)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import plot_path, print_json, print_table
-from tailsieve.curves import TpotCurve
+from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, ServerKind
 from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint, total_spec
-from tailsieve.engines.spec_measure import SpecMeasure
+from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
+from tailsieve.speculative import METHOD_DEFAULTS, SpecMethod
 
 
 def register(sub: Any) -> None:
@@ -33,6 +35,11 @@ def register(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature (default: %(default)s; speculative acceptance depends on it)")
+    p.add_argument("--plain-curve", metavar="CURVE",
+                   help="speculative server: the same model's curve without speculation (a profile JSON or built-in "
+                        "name); fits draft_cost and verify_cost (needs --method)")
+    p.add_argument("--method", choices=[m.value for m in SpecMethod if m is not SpecMethod.NONE],
+                   help="the server's speculative method (fixes the drafting-cost shape for --plain-curve)")
     p.add_argument("--out", required=True, help="curve JSON to write")
     p.add_argument("--plot", help="also save τ(b) and throughput to this .png/.pdf/.svg")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
@@ -59,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_batches(args.batches)
     if not args.temperature >= 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    if (args.plain_curve is None) != (args.method is None):
+        raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
+    plain = load_curve(args.plain_curve) if args.plain_curve else None
     endpoint = Endpoint.parse(args.endpoint, ServerKind(args.kind))
     opts = ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None)
     con = Console(stderr=True)
@@ -77,12 +87,19 @@ def run(args: argparse.Namespace) -> int:
     with bar:
         curve, points = asyncio.run(go())
     spec = total_spec(points)
+    costs = None
+    if spec is not None and plain is not None:
+        costs = fit_costs([(p.batch, p.tpot_ms, p.spec) for p in points if p.spec is not None], plain,
+                          METHOD_DEFAULTS[SpecMethod(args.method)].drafter, spec.depth)
+    spec_json = None if spec is None else spec.to_json()
+    if spec_json is not None and costs is not None:
+        spec_json["fit"] |= {"method": args.method} | costs.to_json()
     doc = curve.to_json() | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
                              "temperature": args.temperature, "points": [
         {"batch": p.batch, "tpot_ms": p.tpot_ms, "tpot_ms_p90": p.tpot_ms_p90,
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
-        for p in points], "speculative": None if spec is None else spec.to_json()}
+        for p in points], "speculative": spec_json}
     write_json_atomic(out, doc)
     if plot is not None:
         save_plot(points, plot, curve.name)
@@ -93,12 +110,14 @@ def run(args: argparse.Namespace) -> int:
                 ["batch", "tpot ms (median)", "tpot ms (p90)", "ttft ms", "batch s", "tokens/s (all)"],
                 [(p.batch, p.tpot_ms, p.tpot_ms_p90, p.ttft_ms, p.step_s, p.tokens_per_s) for p in points])
     if spec is not None:
-        print_spec(points, spec)
+        print_spec(points, spec, costs)
+    elif plain is not None:
+        Console(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
     Console().print(f"curve written to {out}" + (f"; plot saved to {plot}" if plot else ""))
     return 0
 
 
-def print_spec(points: list[ProfilePoint], spec: SpecMeasure) -> None:
+def print_spec(points: list[ProfilePoint], spec: SpecMeasure, costs: CostFit | None = None) -> None:
     """Acceptance per batch size and the model constants for the config file."""
     rows: list[tuple[int | str, float, float, float, str]] = [
         (p.batch, p.spec.acceptance_rate, p.spec.draft_share, p.spec.expected_tokens,
@@ -110,9 +129,12 @@ def print_spec(points: list[ProfilePoint], spec: SpecMeasure) -> None:
                 ["batch", "accepted/drafted", "iterations with a draft", "tokens per iteration ā",
                  "P(pos k | pos < k)"], rows)
     alpha, gamma = spec.fit()
+    extra = "" if costs is None else (f", draft_cost = {costs.draft_cost:.3f}, verify_cost = {costs.verify_cost:.3f}"
+                                      f" (iteration times within {100 * costs.rms_rel_error:.1f}% rms)")
     Console().print(f"model fit for the config file: acceptance = {alpha:.3f}, decay = {gamma:.3f}, "
-                    f"tokens = {spec.depth} (measured ā = {spec.expected_tokens:.3f}); this curve already is the "
-                    "speculative server's τ_spec(b): pass it as rollout --tail-curve")
+                    f"draft_share = {spec.draft_share:.3f}, tokens = {spec.depth}{extra} (measured ā = "
+                    f"{spec.expected_tokens:.3f}); this curve already is the speculative server's τ_spec(b): pass it "
+                    "as rollout --tail-curve")
 
 
 def save_plot(points: list[ProfilePoint], path: Path, title: str) -> None:

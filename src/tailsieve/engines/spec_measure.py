@@ -7,7 +7,9 @@ Every verification iteration of a request yields one target token plus its accep
     iterations = generated − accepted,     ā = generated / iterations,     P(≥ k accepted) = accepted_at_k / iterations
 
 counting iterations without a draft (n-gram lookup finds no match) as drafting nothing. `fit()` gives the
-speculative model's α and γ (docs/speculative.md) by least squares on log P(≥ k) = k·log α + k(k−1)/2·log γ.
+speculative model's α and γ (docs/speculative.md) by least squares on log P(≥ k | drafted) = k·log α +
+k(k−1)/2·log γ, with P(≥ k | drafted) = accepted_at_k / drafts; `draft_share` = drafts / iterations is its p.
+`fit_costs` adds the cost constants c and v from the measured τ_spec(b) against a profile of the plain server.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient
+from tailsieve.speculative import Drafter
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -144,9 +148,14 @@ class SpecMeasure:
         r = (1.0, *self.reach())
         return tuple(r[k] / r[k - 1] if r[k - 1] > 0 else math.nan for k in range(1, len(r)))
 
+    def reach_drafted(self) -> tuple[float, ...]:
+        """P(at least k drafts accepted | the iteration drafted), k = 1..d."""
+        return tuple(x / self.drafts for x in self.per_position) if self.drafts > 0 else ()
+
     def fit(self) -> tuple[float, float]:
-        """(α, γ) of the speculative model, each in [0, 1] (γ = 1 when d = 1 or nothing past position 1)."""
-        r = list(self.reach())
+        """(α, γ) of the speculative model given a draft, each in [0, 1] (γ = 1 when d = 1 or nothing past
+        position 1); with p = `draft_share`, ā = 1 + p·Σ_k α^k γ^(k(k−1)/2) is the measured `expected_tokens`."""
+        r = list(self.reach_drafted())
         k_max = next((i for i, x in enumerate(r) if x <= 0), len(r))
         if k_max == 0:
             return 0.0, 1.0
@@ -169,4 +178,51 @@ class SpecMeasure:
                 "acceptance_rate": num(self.acceptance_rate), "draft_share": num(self.draft_share),
                 "expected_tokens": num(self.expected_tokens), "per_position": list(self.per_position),
                 "reach": [num(x) for x in self.reach()], "conditional": [num(x) for x in self.conditional()],
-                "fit": {"acceptance": round(alpha, 6), "decay": round(gamma, 6), "tokens": self.depth}}
+                "fit": {"acceptance": round(alpha, 6), "decay": round(gamma, 6), "tokens": self.depth,
+                        "draft_share": num(self.draft_share)}}
+
+
+@dataclass(frozen=True, slots=True)
+class CostFit:
+    """The cost constants of the speculative model fitted to a profile: c (`draft_cost`), v (`verify_cost`), and
+    the root-mean-square relative error of the fitted iteration times."""
+
+    draft_cost: float
+    verify_cost: float
+    rms_rel_error: float
+    points: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Rounded constants for the config file."""
+        return {"draft_cost": round(self.draft_cost, 4), "verify_cost": round(self.verify_cost, 4),
+                "rms_rel_error": round(self.rms_rel_error, 4), "points": self.points}
+
+
+def fit_costs(points: Sequence[tuple[int, float, SpecMeasure]], plain: TpotCurve, drafter: Drafter,
+              depth: int) -> CostFit | None:
+    """c and v (docs/speculative.md) from (b, measured τ_spec(b) in ms, counters during that batch) against the
+    plain server's curve: each batch's iteration time y = τ_spec·ā is modelled as τ(b) + v·(τ(b(1 + p·d)) − τ(b))
+    + draft, with the batch's own ā and p; v on a 0.001 grid over [0, 1], c ≥ 0 by weighted least squares on the
+    relative error (None without a usable point)."""
+    rows = [(b, t, m) for b, t, m in points if m.iterations > 0 and b >= 1 and t > 0 and math.isfinite(t)]
+    if not rows or depth < 1:
+        return None
+    n = max(b for b, _, _ in rows)
+    tau = plain.table(n * (depth + 1) + 1)
+    b = np.asarray([r[0] for r in rows])
+    share = np.asarray([r[2].draft_share for r in rows])
+    y = np.asarray([r[1] / 1e3 * r[2].expected_tokens for r in rows])
+    tau_b = tau[b]
+    delta = np.interp(b * (1 + share * depth), np.arange(tau.size), tau) - tau_b
+    v = np.linspace(0.0, 1.0, 1001)[:, None]
+    verify = tau_b + v * delta  # one row per v on the grid
+    w = 1.0 / y**2
+    rest = y - verify
+    if drafter is Drafter.PARALLEL:  # y = (1 + c)·verify
+        basis = verify
+    else:  # y = verify + c·d·τ(b) (autoregressive) or verify + c·τ(b) (lookup)
+        basis = np.broadcast_to(tau_b * (depth if drafter is Drafter.AUTOREGRESSIVE else 1), verify.shape)
+    c = np.clip((w * rest * basis).sum(axis=1) / np.maximum((w * basis**2).sum(axis=1), 1e-300), 0.0, None)
+    err = (w * (rest - c[:, None] * basis) ** 2).sum(axis=1)
+    i = int(np.argmin(err))
+    return CostFit(float(c[i]), float(v[i, 0]), math.sqrt(float(err[i]) / len(rows)), len(rows))
