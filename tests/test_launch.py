@@ -289,6 +289,7 @@ def test_rollout_launch_moves_replicas_and_counts_restarts(model: Path, tmp_path
     rep = json.loads((out / "report.json").read_text())
     assert rep["policies"]["static"]["restart_s"] == pytest.approx(steps[1]["restart_s"])
     assert rep["launch"]["tail"]["speculative_config"]["method"] == "ngram" and rep["spec"]["tail"]["tokens"] == 3
+    assert sum(r["restarts"] for r in rep["launch"]["replicas"]) == 1 and rep["launch"]["tail_replicas"] == 1
     pids = [json.loads(x)["pid"] for x in record.read_text().splitlines()]
     assert len(pids) == 3 and all(gone(p) for p in pids)  # 2 starts + 1 restart, all stopped
     assert main(["rollout", "--launch", "x.toml", "--endpoints", "http://a:1", "--prompts", str(prompts),

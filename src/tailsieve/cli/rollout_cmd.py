@@ -209,7 +209,9 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
     with bar:
         runs = asyncio.run(run_policies_real(endpoints, prompts, configs, args.steps, out, resume=args.resume,
                                              meta=meta, on_step=tick,
-                                             assign=None if launcher is None else launcher.assign))
+                                             assign=None if launcher is None else launcher.assign,
+                                             live_meta=None if launcher is None else (
+                                                 lambda: {"launch": launcher.describe()})))
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "
                              f"N={args.groups} × G={args.group_size}, {args.steps} steps, ρ={args.rho}"))
     console().print(f"batches, steps and state in {out}/<policy>/, report in {out}/report.json")

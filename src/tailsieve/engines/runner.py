@@ -151,9 +151,11 @@ async def run_policies_real(
     endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
     on_step: OnStep | None = None, assign: Callable[[int], float] | None = None,
+    live_meta: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, PolicyRun]:
     """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
-    `assign(m)`: a launcher's pool move before each step (its restart seconds count in the step)."""
+    `assign(m)`: a launcher's pool move before each step (its restart seconds count in the step); `live_meta()`:
+    report keys read again at every write (the launcher's replicas and restart counts)."""
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
     out.mkdir(parents=True, exist_ok=True)
@@ -179,8 +181,9 @@ async def run_policies_real(
                     continue
                 batch = await r.step()
                 outputs[name].write(batch, r)
+                now = doc_meta if live_meta is None else doc_meta | dict(live_meta())
                 write_json_atomic(out / "report.json",
-                                  report({n: o.run() for n, o in outputs.items()}, doc_meta,
+                                  report({n: o.run() for n, o in outputs.items()}, now,
                                          extra={n: {"restart_s": o.restart_s} for n, o in outputs.items()}))
                 if on_step is not None:
                     on_step(name, batch)
