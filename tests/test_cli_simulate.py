@@ -142,6 +142,7 @@ def test_matched_budget_table(capsys: pytest.CaptureFixture[str], tmp_path: Path
     rows = doc["budgets"]
     assert [r["d_base"] for r in rows] == [0, 1] and rows[0]["uniform_speedup"] == 1.0
     assert [(s["d_bulk"], s["d_tail"]) for s in rows[1]["splits"]] == [(1, 1), (0, 2)]
+    assert all(s["tail_bound_share"] is None or 0 <= s["tail_bound_share"] <= 1 for s in rows[1]["splits"])
     assert rows[0]["uniform_s"] == pytest.approx(doc["reference_s"])
     assert doc["best_uniform_budget"] in (0, 1) and doc["best_uniform_budget"] in doc["useful_uniform_budgets"]
     out_png = tmp_path / "budget.png"

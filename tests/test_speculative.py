@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from tailsieve.makespan import finish_times
 from tailsieve.predictor import Predictor
 from tailsieve.replica import run_replica
 from tailsieve.router import Router, RouterConfig
-from tailsieve.sim import SimConfig, SimExecutor, run_policy
+from tailsieve.sim import SKIP_STEPS, SimConfig, SimExecutor, run_policy
 from tailsieve.spec_budget import matched_budget
 from tailsieve.speculative import (
     MAX_TOKENS,
@@ -318,6 +319,11 @@ def test_matched_budget_structure() -> None:
     assert all(r.best in r.splits and r.best.mean_step_s == min(s.mean_step_s for s in r.splits) for r in table.rows)
     assert table.speedup(table.reference_s) == 1.0
     assert len(seen) == 4 * (1 + 2 + 1 + 2 + 3) and "static 0/2" in seen
+    split = table.rows[2].splits[1]  # 1/3: recompute the tail-bound share from the run's own steps
+    run = run_policy("static", wl, CURVE, replace(cfg, spec=PoolSpec(tail=SpecConfig(MTP, 3), bulk=SpecConfig(MTP, 1))))
+    two_pool = [s for s in run.steps[SKIP_STEPS:] if s.m > 0 and s.q > 0]
+    assert two_pool and split.tail_bound == sum(s.tail_s >= s.bulk_s for s in two_pool) / len(two_pool)
+    assert split.mean_step_s == run.mean_step_s()
     with pytest.raises(ConfigError, match="two-pool policy"):
         matched_budget(SpecConfig(MTP), [1], wl, CURVE, cfg, policy="uniform")
     with pytest.raises(ConfigError, match="--spec-budgets values must lie in 0..16, got 17"):

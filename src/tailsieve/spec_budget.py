@@ -8,12 +8,13 @@ d_bulk = d_tail = d_base is included). Speedups are over uniform without specula
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.sim import PolicyRun, SimConfig, check_policy, run_policy
+from tailsieve.sim import SKIP_STEPS, PolicyRun, SimConfig, check_policy, run_policy
 from tailsieve.speculative import MAX_TOKENS, PoolSpec, SpecConfig
 from tailsieve.workloads import Workload
 
@@ -31,6 +32,7 @@ class SplitRun:
     mean_step_s: float
     final_q: int
     final_m: int
+    tail_bound: float  # share of the measured two-pool steps where the tail pool set the makespan (NaN: none ran)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,13 @@ class BudgetTable:
     def best_tailsieve(self) -> BudgetRow:
         """The budget at which TailSieve's best split is fastest (ties: the smaller budget)."""
         return min(self.rows, key=lambda r: (r.best.mean_step_s, r.d_base))
+
+
+def tail_bound_share(run: PolicyRun) -> float:
+    """Share of the measured steps (after the first SKIP_STEPS) with a tail pool where T_tail ≥ T_bulk: only then
+    can a deeper tail depth shorten the step (NaN when no such step ran)."""
+    two_pool = [s for s in run.steps[SKIP_STEPS:] if s.m > 0 and s.q > 0]
+    return sum(s.tail_s >= s.bulk_s for s in two_pool) / len(two_pool) if two_pool else math.nan
 
 
 def check_budgets(budgets: Sequence[int]) -> tuple[int, ...]:
@@ -111,6 +120,6 @@ def matched_budget(
             d_bulk = 2 * d - d_tail
             pools = PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk))
             r = run(policy, pools, f"{policy} {d_bulk}/{d_tail}")
-            splits.append(SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m))
+            splits.append(SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m, tail_bound_share(r)))
         rows.append(BudgetRow(d, base if isinstance(base, float) else base.mean_step_s(), tuple(splits)))
     return BudgetTable(spec, policy, reference, tuple(rows))

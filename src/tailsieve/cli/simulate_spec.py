@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ def table_json(table: BudgetTable) -> dict[str, Any]:
             "best": {"d_bulk": r.best.d_bulk, "d_tail": r.best.d_tail, "mean_step_s": r.best.mean_step_s,
                      "speedup": table.speedup(r.best.mean_step_s)},
             "splits": [{"d_bulk": s.d_bulk, "d_tail": s.d_tail, "mean_step_s": s.mean_step_s, "final_q": s.final_q,
-                        "final_m": s.final_m, "speedup": table.speedup(s.mean_step_s)} for s in r.splits],
+                        "final_m": s.final_m, "speedup": table.speedup(s.mean_step_s),
+                        "tail_bound_share": None if math.isnan(s.tail_bound) else s.tail_bound} for s in r.splits],
         } for r in table.rows],
         "best_uniform_budget": table.best_baseline.d_base, "best_tailsieve_budget": table.best_tailsieve.d_base,
         "useful_uniform_budgets": useful(table, False), "useful_tailsieve_budgets": useful(table, True),
@@ -106,16 +108,18 @@ def table_json(table: BudgetTable) -> dict[str, Any]:
 def print_table(table: BudgetTable, setting: str) -> None:
     """Uniform and TailSieve's best split per budget, then TailSieve at every split (d − k, d + k)."""
     s, name = table.spec, table.policy
+    share = "" if s.share == 1.0 else f", draft share {s.share:g}"
     out = Table(title=f"Matched-budget speculation (§4.3, Fig. 6a): {s.method.value} (α={s.alpha:g}, γ={s.gamma:g}, "
-                      f"draft cost {s.cost:g}), {name} vs uniform\n{setting}")
+                      f"draft cost {s.cost:g}, verify cost {s.verify:g}{share}), {name} vs uniform\n{setting}")
     for i, col in enumerate(("budget d", "uniform d/d step s", "speedup", f"{name} best bulk/tail", "step s",
-                             "speedup", "vs uniform d/d", "final q/m")):
+                             "speedup", "vs uniform d/d", "final q/m", "tail-bound steps")):
         out.add_column(col, justify="left" if i == 0 else "right")
     for r in table.rows:
         b = r.best
         out.add_row(str(r.d_base), f"{r.baseline_s:.2f}", f"{table.speedup(r.baseline_s):.3f}×",
                     f"{b.d_bulk}/{b.d_tail}", f"{b.mean_step_s:.2f}", f"{table.speedup(b.mean_step_s):.3f}×",
-                    f"{r.baseline_s / b.mean_step_s:.3f}×", f"{b.final_q}/{b.final_m}")
+                    f"{r.baseline_s / b.mean_step_s:.3f}×", f"{b.final_q}/{b.final_m}",
+                    "–" if math.isnan(b.tail_bound) else f"{100 * b.tail_bound:.0f}%")
     shifts = max(r.d_base for r in table.rows) + 1
     grid = Table(title=f"{name} step s at every split: bulk/tail = (d − k)/(d + k), final m in brackets")
     grid.add_column("budget d")
@@ -134,7 +138,8 @@ def print_table(table: BudgetTable, setting: str) -> None:
               f"{useful(table, True)}")
     con.print(f"step s: mean makespan over all steps but the first {SKIP_STEPS}; speedup over uniform without "
               "speculation (same prompts and draws); d/d = depth d on every replica; bulk/tail = per-pool depths "
-              "with d_bulk + d_tail = 2d (uniform and warm-up steps run every replica at d_bulk).")
+              "with d_bulk + d_tail = 2d (uniform and warm-up steps run every replica at d_bulk); tail-bound steps: "
+              "two-pool steps where the tail pool finished last, the only ones a deeper tail depth can shorten.")
 
 
 def save_plot(table: BudgetTable, path: Path, title: str) -> None:
