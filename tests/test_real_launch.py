@@ -77,11 +77,18 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
         c = counters(tail)
         assert c is not None and c.drafts > 0 and c.accepted > 0  # greedy on random weights repeats: drafts accepted
 
+        plain = tmp_path / "bulk-curve.json"  # the same model without speculation: the cost fit's reference
+        assert main(["profile", "--endpoint", bulk, "--batches", "1,4", "--max-tokens", "48", "--temperature", "0",
+                     "--out", str(plain)]) == 0
+        assert json.loads(plain.read_text())["speculative"] is None
         out = tmp_path / "tail-curve.json"
         assert main(["profile", "--endpoint", tail, "--batches", "1,4", "--max-tokens", "48", "--temperature", "0",
-                     "--out", str(out)]) == 0
+                     "--out", str(out), "--plain-curve", str(plain), "--method", "ngram"]) == 0
         sp = json.loads(out.read_text())["speculative"]
         assert sp["fit"]["tokens"] == 3 and sp["expected_tokens"] > 1.0 and sp["draft_tokens"] > 0
+        fit = sp["fit"]
+        assert fit["method"] == "ngram" and fit["points"] == 2 and 0.0 <= fit["verify_cost"] <= 1.0
+        assert fit["draft_cost"] >= 0.0 and 0.0 < fit["draft_share"] <= 1.0 and 0.0 < fit["acceptance"] <= 1.0
 
         rc = RolloutConfig(groups=4, group_size=2, rho=0.5, policy="static", q=1, m=1, seed=None,
                            controller=ControllerConfig(), spec=PoolSpec(tail=NGRAM), curve=str(out),
