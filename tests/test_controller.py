@@ -144,3 +144,31 @@ def test_static_and_config_validation() -> None:
         ControllerConfig(ema=1.5)
     with pytest.raises(ConfigError, match="q0 must be >= 0"):
         ControllerConfig(q0=-1)
+
+
+def test_move_cost_is_learnt_from_restarts_and_blocks_moves_that_do_not_repay_it() -> None:
+    c = make("tailsieve", q0=1, m0=1, m_gain=0.0, min_dwell=0, ema=0.5, move_horizon=4)
+    flat = np.full((32, 4), 100, dtype=np.int64)  # isolation only loses capacity: the outer loop wants (0, 0)
+    s = ControlState(q=1, m=1, history=(flat,), tail_history=(flat[:1],), dwell=3)
+    pred = c.predictor(s)
+    gain = c._calibrated(s, pred, 1, 1) - c._calibrated(s, pred, 0, 0)
+    assert gain > 0 and c.outer(s, pred).m == 0  # no restart price known: the move happens
+    # learning: only steps whose m changed and that paid a restart count, as an EMA
+    s1 = c._with_history(replace(s, last_m=0), replace(obs(q=1, m=1, tail_s=1, bulk_s=1), restart_s=10.0))
+    assert s1.move_cost_s == 10.0 and s1.last_m == 1
+    s2 = c._with_history(s1, replace(obs(q=1, m=1, tail_s=1, bulk_s=1), restart_s=99.0))  # m unchanged: ignored
+    assert s2.move_cost_s == 10.0
+    s3 = c._with_history(replace(s2, last_m=2), replace(obs(q=1, m=1, tail_s=1, bulk_s=1), restart_s=30.0))
+    assert s3.move_cost_s == pytest.approx(20.0)
+    # the rule: move only if gain × horizon ≥ price
+    cheap = replace(s, move_cost_s=gain * 4 * 0.99)
+    dear = replace(s, move_cost_s=gain * 4 * 1.01)
+    assert c.outer(cheap, pred).m == 0
+    kept = c.outer(dear, pred)
+    assert (kept.q, kept.m) == (1, 1) and "would not repay its restart" in kept.note
+    prior = make("tailsieve", q0=1, m0=1, m_gain=0.0, min_dwell=0, move_cost_s=gain * 4 * 1.01, move_horizon=4)
+    assert prior.outer(s, pred).m == 1  # the configured prior applies until a restart is measured
+    with pytest.raises(ConfigError, match="move_horizon must be >= 1, got 0"):
+        ControllerConfig(move_horizon=0)
+    with pytest.raises(ConfigError, match="move_cost_s must be >= 0 and finite, got -1"):
+        ControllerConfig(move_cost_s=-1)

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine_fake import FakeServer
+from tailsieve.controller import ControllerConfig, ControlState
 from tailsieve.engines.client import Api, SamplingParams
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.prompts import PromptRecord, Template
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.state import RolloutState
+from tailsieve.engines.state import RolloutState, control_from_json, control_to_json
 from tailsieve.errors import ConfigError
 from tailsieve.router import GroupStatus, Pool
 from tailsieve.workloads import load_workload
@@ -119,6 +121,13 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
     loaded = RolloutState.load(path)
     assert loaded.router == state.router and loaded.generation == state.generation
     assert loaded.control.q == state.control.q and loaded.control.m == state.control.m
+    assert math.isnan(loaded.control.move_cost_s) and loaded.control.last_m == state.control.last_m
+    for f in fields(ControlState):  # every scalar survives the JSON round trip with its type (NaN as null)
+        if f.name not in ("history", "tail_history"):
+            a, b = getattr(loaded.control, f.name), getattr(state.control, f.name)
+            assert type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
+    priced = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, move_cost_s=12.5)))))
+    assert priced.move_cost_s == 12.5
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3
@@ -138,3 +147,23 @@ def test_restore_rejects_another_run_shape(servers: list[FakeServer]) -> None:
         Rollout([servers[0].url], config(), PROMPTS)
     with pytest.raises(ConfigError, match="oracles"):
         config(policy="seer-oracle")
+
+
+def test_restarts_reported_by_assign_reach_the_controller(servers: list[FakeServer]) -> None:
+    """A launcher's `assign(m)` returns the restart seconds of a pool move: they count in the step and the
+    controller learns the price of a move from them."""
+    calls: list[int] = []
+
+    def assign(m: int) -> float:
+        calls.append(m)
+        return 3.0 if len(calls) > 1 and calls[-2] != m else 0.0
+
+    async def go() -> tuple[list[Batch], float]:
+        cfg = config(policy="tailsieve", q=None, m=None, controller=ControllerConfig(m0=1))
+        async with Rollout([s.url for s in servers], cfg, PROMPTS, assign=assign) as r:
+            out = [await r.step() for _ in range(3)]
+            return out, r.cstate.move_cost_s
+
+    batches, learnt = asyncio.run(go())
+    assert calls[:2] == [0, 1] and [b.restart_s for b in batches][:2] == [0.0, 3.0]
+    assert batches[1].record.makespan_s >= 3.0 and learnt == 3.0

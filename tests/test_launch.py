@@ -294,3 +294,17 @@ def test_rollout_launch_moves_replicas_and_counts_restarts(model: Path, tmp_path
     assert len(pids) == 3 and all(gone(p) for p in pids)  # 2 starts + 1 restart, all stopped
     assert main(["rollout", "--launch", "x.toml", "--endpoints", "http://a:1", "--prompts", str(prompts),
                  "--out", str(tmp_path / "o")]) == 1
+
+
+def test_rollout_prices_a_pool_move_at_the_measured_boot_time(model: Path, tmp_path: Path) -> None:
+    from tailsieve.cli.rollout_cmd import with_move_price
+    from tailsieve.engines.rollout import RolloutConfig
+
+    configs = {"tailsieve": RolloutConfig(groups=4, policy="tailsieve")}
+    la = Launcher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
+    la.replicas[0].boot_s, la.replicas[1].boot_s = 12.0, 31.5
+    priced = with_move_price(configs, la)
+    assert priced["tailsieve"].controller.move_cost_s == 31.5  # the slowest start-up: the flags differ
+    same = Launcher(fake_cfg(model), tmp_path / "logs2")  # identical pools: moves never restart
+    same.replicas[0].boot_s = 40.0
+    assert with_move_price(configs, same)["tailsieve"].controller.move_cost_s == 0.0

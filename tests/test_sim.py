@@ -166,3 +166,33 @@ def test_policy_registry_and_errors() -> None:
         check_policy(name, 1)
     with pytest.raises(ConfigError, match="steps"):
         SimConfig(steps=0)
+
+
+def test_restart_s_is_charged_exactly_when_m_changes() -> None:
+    wl, curve = fake_workload(), make_curve()
+    base = run_policy("static", wl, curve, small_config(steps=5, q=1, m=1))
+    paid = run_policy("static", wl, curve, small_config(steps=5, q=1, m=1, restart_s=7.5))
+    ms = [s.m for s in base.steps]
+    assert ms == [0, 1, 1, 1, 1]  # warm-up runs every replica as bulk, then one move to m = 1
+    extra = [p.makespan_s - b.makespan_s for p, b in zip(paid.steps, base.steps, strict=True)]
+    assert extra == pytest.approx([0.0, 7.5, 0.0, 0.0, 0.0])
+    with pytest.raises(ConfigError, match="restart_s must be >= 0 and finite, got -1"):
+        small_config(restart_s=-1.0)
+
+
+def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> None:
+    """synthetic-math with a 120 s restart per pool move: the controller that learns the price beats one that
+    ignores it (a horizon so long that any gain repays any restart)."""
+    from tailsieve.controller import ControllerConfig
+    from tailsieve.curves import load_curve
+
+    wl, curve = load_workload("synthetic-math"), load_curve("h100-llama3-8b")
+    runs = {name: run_policy("tailsieve", wl, curve, SimConfig(steps=40, restart_s=120.0, controller=ctl))
+            for name, ctl in (("aware", ControllerConfig()), ("blind", ControllerConfig(move_horizon=10**9)))}
+    moves = {k: sum(a.m != b.m for a, b in zip(r.steps, r.steps[1:], strict=False)) for k, r in runs.items()}
+    assert moves["aware"] < moves["blind"]
+    assert runs["aware"].mean_step_s() < runs["blind"].mean_step_s()
+    free = run_policy("tailsieve", wl, curve, SimConfig(steps=40, controller=ControllerConfig()))
+    blind_free = run_policy("tailsieve", wl, curve,
+                            SimConfig(steps=40, controller=ControllerConfig(move_horizon=10**9)))
+    assert [s.m for s in free.steps] == [s.m for s in blind_free.steps]  # without restarts the price changes nothing

@@ -42,6 +42,8 @@ class ControllerConfig:
     min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
     history_steps: int = 8  # consumed batches kept as response-work history
     calib_bounds: tuple[float, float] = (0.5, 2.0)
+    move_cost_s: float = 0.0  # prior restart seconds of a pool move (learnt from StepObservation.restart_s)
+    move_horizon: int = 8  # steps in which a pool move's predicted gain must repay its restart
 
     def __post_init__(self) -> None:
         if self.q0 < 0:
@@ -54,6 +56,10 @@ class ControllerConfig:
                 raise ConfigError(f"{name} must lie in [0, 1], got {v}")
         if self.max_q_step < 1 or self.m_radius < 1 or self.history_steps < 1:
             raise ConfigError("max_q_step, m_radius and history_steps must be >= 1")
+        if not (self.move_cost_s >= 0 and math.isfinite(self.move_cost_s)):
+            raise ConfigError(f"move_cost_s must be >= 0 and finite, got {self.move_cost_s}")
+        if self.move_horizon < 1:
+            raise ConfigError(f"move_horizon must be >= 1, got {self.move_horizon}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ class StepObservation:
     tail_s: float
     bulk_s: float
     consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first
+    restart_s: float = 0.0  # replica restarts before this step (a pool move between differently configured pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,8 @@ class ControlState:
     calib_bulk: float = 1.0
     settled: int = 0
     dwell: int = 0  # steps since the last switch between uniform and isolation
+    move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
+    last_m: int = 0  # m of the last executed step (a change in m is a pool move)
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""
@@ -141,7 +150,15 @@ class Controller:
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             tails = (*tails, obs.consumed_lengths[: obs.q])[-2 * keep :]
-        return replace(state, history=hist, tail_history=tails)
+        cost = state.move_cost_s
+        if obs.m != state.last_m and obs.restart_s > 0:  # a pool move that restarted replicas: learn its price
+            a = self.config.ema
+            cost = obs.restart_s if math.isnan(cost) else (1 - a) * cost + a * obs.restart_s
+        return replace(state, history=hist, tail_history=tails, move_cost_s=cost, last_m=obs.m)
+
+    def move_cost(self, state: ControlState) -> float:
+        """Seconds a pool move costs: the measured restart EMA, else the configured prior."""
+        return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
 
     def predictor(self, state: ControlState) -> Predictor:
         """The forecast model over the current history."""
@@ -213,6 +230,8 @@ class Controller:
         best_t, best_q, best_m = min(options)
         if best_m == m or best_t > current * (1 - self.config.m_gain):
             return state
+        if (current - best_t) * self.config.move_horizon < self.move_cost(state):
+            return replace(state, note=f"m {m}->{best_m} would not repay its restart")
         step = int(np.sign(best_m - m))
         new_m = m + step
         if new_m == 0:

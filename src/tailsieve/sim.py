@@ -11,6 +11,7 @@ Details: docs/simulate.md.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -176,10 +177,13 @@ class SimConfig:
     shuffle: bool = False
     seed: int = 0
     spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculative decoding (§3.4); off by default
+    restart_s: float = 0.0  # seconds a step pays when m changed (a launcher restarting the moved replicas)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
+            raise ConfigError(f"restart_s must be >= 0 and finite, got {self.restart_s}")
 
 
 OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every simulated step
@@ -248,8 +252,11 @@ def _run_controller(
     prompts: list[tuple[str, ...]] = []
     consumed: list[int] = []
     seen: set[int] = set()
+    last_m = 0  # the first step starts from every replica as bulk, as a launcher does
     for i in range(config.steps):
         plan = router.plan(rstate, cstate.q, cstate.m)
+        restart = config.restart_s if plan.m != last_m else 0.0  # moved replicas restart in parallel
+        last_m = plan.m
         result = executor.execute(plan)
         rstate = router.observe(rstate, plan, result)
         done = [o for o in result.outcomes if o.status is GroupStatus.DONE]
@@ -261,11 +268,12 @@ def _run_controller(
         batch = np.array([o.lengths for o in done], dtype=np.int64)
         wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
         obs = StepObservation(
-            plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s, result.bulk_s, batch
+            plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s, result.bulk_s, batch,
+            restart,
         )
         cstate = controller.update(cstate, obs)
         records.append(
-            StepRecord(plan.step, result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
+            StepRecord(plan.step, restart + result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
                        len(rstate.candidates), int(wasted), float(batch.mean()), plan.warmup, cstate.note)
         )
         batches.append(batch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +180,18 @@ def run(args: argparse.Namespace) -> int:
     with sigterm_as_interrupt(launcher):
         try:
             launcher.start()
-            return _run(args, configs, endpoints, prompts, out, launcher)
+            return _run(args, with_move_price(configs, launcher), endpoints, prompts, out, launcher)
         finally:
             launcher.stop()
+
+
+def with_move_price(configs: dict[str, RolloutConfig], launcher: Launcher) -> dict[str, RolloutConfig]:
+    """The controllers' prior price of a pool move: the slowest replica start-up just measured, when the pools'
+    flags differ (a move restarts the replica); the measured restarts refine it as the run goes."""
+    if launcher.config.restart_free:
+        return configs
+    boot = max((rep.boot_s for rep in launcher.replicas), default=0.0)
+    return {n: replace(c, controller=replace(c.controller, move_cost_s=boot)) for n, c in configs.items()}
 
 
 def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints: list[Endpoint],

@@ -7,6 +7,7 @@ N = 64 groups of G = 8, 30 steps. Definitions: docs/simulate.md. Per-pool specul
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,10 +64,14 @@ def register(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, help="replica admission cap (FCFS queue); default: all admitted")
     p.add_argument("--kv-ms-per-1k", type=float, default=0.0, help="KV-traffic ms per 1k context tokens per iteration")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="prefill stall per prompt token (ms)")
+    p.add_argument("--restart-s", type=float, default=0.0,
+                   help="seconds a step pays when m changes (a launcher restarting the moved replicas because the "
+                        "pools' flags differ; default 0: restart-free moves)")
     p.add_argument("--config", metavar="FILE", help="TOML/JSON file with [spec.tail] and [spec.bulk] speculative "
                    "configurations (docs/speculative.md); --tail-spec/--bulk-spec override it")
     p.add_argument("--tail-spec", metavar="SPEC", help="tail pool speculation METHOD[:TOKENS][,key=value…], "
-                   "METHOD in none, mtp, eagle3, dflash, ngram, suffix; keys acceptance, decay, draft_cost")
+                   "METHOD in none, mtp, eagle3, dflash, ngram, suffix; keys acceptance, decay, draft_cost, "
+                   "verify_cost, draft_share")
     p.add_argument("--bulk-spec", metavar="SPEC", help="bulk pool speculation (also every replica in uniform and "
                    "warm-up steps), same form as --tail-spec")
     p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
@@ -116,6 +121,8 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
         raise ConfigError(f"--q0 must be >= 0, got {args.q0}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if not (args.restart_s >= 0 and math.isfinite(args.restart_s)):
+        raise ConfigError(f"--restart-s must be >= 0 and finite, got {args.restart_s}")
     try:
         dispatch = Dispatch(args.dispatch)
     except ValueError:
@@ -126,7 +133,7 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
                             prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
-                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args))
+                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s)
 
 
 def pool_spec(args: argparse.Namespace) -> PoolSpec:
@@ -202,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
             "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
             "extra": config.router.extra, "dispatch": config.router.dispatch.value, "seed": args.seed,
-            "window_skip": SKIP_STEPS, "spec": config.spec.to_json(),
+            "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
             "policies": {name: policy_json(runs[name], summaries[name]) for name in runs},
             "capture": [_capture_json(c) for c in capture],
         })

@@ -266,7 +266,7 @@ class Rollout:
         batch = np.array([o.lengths for o in done], dtype=np.int64)
         wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
         obs = StepObservation(plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s,
-                              result.bulk_s, batch)
+                              result.bulk_s, batch, restart_s)
         cstate = self.controller.update(self.cstate, obs)
         record = StepRecord(plan.step, restart_s + result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
                             len(rstate.candidates), int(wasted), float(batch.mean()), plan.warmup, cstate.note)

@@ -122,9 +122,9 @@ def control_from_json(obj: dict[str, Any]) -> ControlState:
         v = obj[f.name]
         if f.name in ("history", "tail_history"):
             kw[f.name] = tuple(np.asarray(a, dtype=np.int64).reshape(-1, len(a[0]) if a else 0) for a in v)
-        elif f.name in ("rate_tail", "rate_bulk", "velocity", "calib_tail", "calib_bulk"):
+        elif f.type == "float":  # NaN was written as null
             kw[f.name] = math.nan if v is None else float(v)
-        elif f.name in ("q", "m", "hold", "settled"):
+        elif f.type == "int":
             kw[f.name] = int(v)
         else:
             kw[f.name] = v
