@@ -172,3 +172,23 @@ def test_move_cost_is_learnt_from_restarts_and_blocks_moves_that_do_not_repay_it
         ControllerConfig(move_horizon=0)
     with pytest.raises(ConfigError, match="move_cost_s must be >= 0 and finite, got -1"):
         ControllerConfig(move_cost_s=-1)
+
+
+@pytest.mark.parametrize("kv_ms_per_1k", [0.0, 0.04, 1.5])
+def test_lane_finish_times_with_kv_traffic_equal_the_replica_event_loop(kv_ms_per_1k: float) -> None:
+    """The predictor's KV-traffic term is the replica's (no prompts): every lane equals `run_replica` exactly."""
+    from tailsieve.replica import ReplicaConfig, run_replica
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 300, 60).astype(np.float64)
+    lanes = rng.integers(0, 4, 60).astype(np.int64)
+    got = lane_finish_times(lengths, lanes, 4, CURVE, kv_ms_per_1k / 1e6)
+    cfg = ReplicaConfig(kv_ms_per_1k_tokens=kv_ms_per_1k)
+    for lane in range(4):
+        want = run_replica(lengths[lanes == lane].astype(np.int64), CURVE, cfg).finish_s
+        assert got[lanes == lane] == pytest.approx(want, rel=1e-12, abs=1e-12)
+    c = make("tailsieve")
+    s = ControlState(q=1, m=1, history=(history(),), tail_history=(history()[:2],))
+    kv = CONTROLLERS["tailsieve"](c.router, CURVE, kv_s_per_token=kv_ms_per_1k / 1e6)
+    slower = kv.predictor(s).makespan(1, 1) >= c.predictor(s).makespan(1, 1)
+    assert slower and (kv.predictor(s).makespan(1, 1) > c.predictor(s).makespan(1, 1)) == (kv_ms_per_1k > 0)

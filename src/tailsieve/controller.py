@@ -126,8 +126,10 @@ class Controller:
         q: int | None = None,
         m: int | None = None,
         tail_curve: TpotCurve | None = None,
+        kv_s_per_token: float = 0.0,
     ) -> None:
         self.router = router
+        self.kv_s_per_token = kv_s_per_token  # the replicas' KV-traffic term, when known (ReplicaConfig)
         self.curve = curve  # the bulk pool's curve (every replica's in uniform and warm-up steps)
         self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4)
         self.config = config or ControllerConfig()
@@ -171,6 +173,7 @@ class Controller:
             curve=self.curve,
             by_request=self.router.dispatch.value == "request",
             tail_curve=self.tail_curve,
+            kv_s_per_token=self.kv_s_per_token,
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:

@@ -31,8 +31,11 @@ RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool av
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
-def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve: TpotCurve) -> FloatArray:
-    """All-admit finish time of every request (§2.1) on its lane, for many lanes at once."""
+def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve: TpotCurve,
+                      kv_s_per_token: float = 0.0) -> FloatArray:
+    """All-admit finish time of every request (§2.1) on its lane, for many lanes at once. With a KV-traffic term
+    (`ReplicaConfig.kv_ms_per_1k_tokens`) an iteration also costs kv·(tokens generated so far by the running
+    requests): b requests going from x = a to c add kv·b·(a + c − 1)(c − a)/2 (prompts not counted)."""
     if lengths.size == 0:
         return np.zeros(0)
     order = np.lexsort((lengths, lanes))
@@ -43,14 +46,19 @@ def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve:
     k = np.arange(ls.size) - first + 1  # 1-based ascending rank within the lane
     prev = np.where(k == 1, 0.0, np.roll(ls, 1))
     tau = curve.table(int(size.max()))
-    csum = np.cumsum(tau[size - k + 1] * (ls - prev))
+    b = size - k + 1
+    seg = tau[b] * (ls - prev)
+    if kv_s_per_token > 0:
+        seg = seg + kv_s_per_token * b * (prev + ls - 1) * (ls - prev) / 2.0
+    csum = np.cumsum(seg)
     base = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0.0)
     out = np.empty_like(ls)
     out[order] = csum - base
     return out
 
 
-def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_request: bool) -> FloatArray:
+def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_request: bool,
+                      kv_s_per_token: float = 0.0) -> FloatArray:
     """(K, P) completion time of each group of K independent pools of P groups, round-robin over `n_lanes` each."""
     k, p, g = pools.shape
     if p == 0:
@@ -60,7 +68,7 @@ def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_requ
     else:
         lane = np.repeat((np.arange(p) % n_lanes)[:, None], g, axis=1)
     lanes = (lane[None, :, :] + n_lanes * np.arange(k)[:, None, None]).ravel()
-    fin = lane_finish_times(pools.ravel(), lanes.astype(np.int64), n_lanes * k, curve)
+    fin = lane_finish_times(pools.ravel(), lanes.astype(np.int64), n_lanes * k, curve, kv_s_per_token)
     out: FloatArray = fin.reshape(k, p, g).max(axis=2)
     return out
 
@@ -100,6 +108,7 @@ class Predictor:
         by_request: bool = True,
         resamples: int | None = None,
         tail_curve: TpotCurve | None = None,
+        kv_s_per_token: float = 0.0,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -107,6 +116,7 @@ class Predictor:
         self.curve = curve  # the bulk pool's curve (every replica's at the uniform boundary)
         self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4: its own speculation)
         self.by_request = by_request
+        self.kv = kv_s_per_token  # KV-traffic seconds per context token per iteration (0: the curve alone)
         rng = np.random.default_rng(_SEED)
         k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
         fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
@@ -140,7 +150,8 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request).max(axis=1)
+            self._tail[key] = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request,
+                                                self.kv).max(axis=1)
         return self._tail[key]
 
     def bulk_completions(self, q: int, m: int) -> FloatArray:
@@ -149,7 +160,7 @@ class Predictor:
         if key not in self._bulk:
             pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
             by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
-            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, by_request), axis=1)
+            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, by_request, self.kv), axis=1)
         return self._bulk[key]
 
     def bulk_times(self, q: int, m: int) -> FloatArray:

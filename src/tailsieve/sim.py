@@ -242,7 +242,8 @@ def _run_controller(
     """The router + executor + controller loop; checks exactly-once consumption throughout."""
     rc = config.router
     tail_curve, bulk_curve = config.spec.curves(curve)
-    controller = CONTROLLERS[name](rc, bulk_curve, config.controller, q=config.q, m=config.m, tail_curve=tail_curve)
+    controller = CONTROLLERS[name](rc, bulk_curve, config.controller, q=config.q, m=config.m, tail_curve=tail_curve,
+                                   kv_s_per_token=config.replica.kv_ms_per_1k_tokens / 1e6)
     router = Router(rc, workload.prompts, shuffle=config.shuffle, seed=config.seed)
     executor = SimExecutor(workload, bulk_curve, rc, config.replica, tail_curve=tail_curve)
     rstate: RouterState = router.initial_state()
