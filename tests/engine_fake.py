@@ -28,7 +28,7 @@ class FakeServer:
 
     tpot_s: float = 0.0005  # per-token delay at concurrency 1
     slope: float = 1 / 16  # delay grows by this fraction per extra running request
-    mode: str = "ok"  # ok | 500 | 400 | stall | drop
+    mode: str = "ok"  # ok | 500 | 400 | 401 | stall | drop
     fail_after: int | None = None  # requests answered normally before switching to `then`
     then: str = "500"
     port: int = field(default_factory=free_port)
@@ -63,6 +63,8 @@ class FakeServer:
             return web.json_response({"error": {"message": "engine dead"}}, status=500)
         if mode == "400":
             return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
+        if mode == "401":
+            return web.json_response({"error": "Unauthorized"}, status=401)
         if mode == "stall":
             await asyncio.sleep(3600)
         n = int(body.get("n", 1))

@@ -308,3 +308,30 @@ def test_rollout_prices_a_pool_move_at_the_measured_boot_time(model: Path, tmp_p
     same = Launcher(fake_cfg(model), tmp_path / "logs2")  # identical pools: moves never restart
     same.replicas[0].boot_s = 40.0
     assert with_move_price(configs, same)["tailsieve"].controller.move_cost_s == 0.0
+
+
+def test_warm_up_generation_after_health(model: Path, tmp_path: Path) -> None:
+    """After /health each replica generates `warmup_tokens` once (a fresh server's first batch is slow); servers
+    asking for an API key are left cold; any other failure is a one-line LaunchError."""
+    from engine_fake import FakeServer
+
+    with FakeServer() as ok, FakeServer(mode="500") as broken, FakeServer(mode="401") as locked:
+        cfg = fake_cfg(model, ports=(ok.port, broken.port), served_model_name="tiny")
+        la = Launcher(cfg, tmp_path / "logs")
+        la._warm_up(la.replicas[0])
+        assert ok.bodies == [{"model": "tiny", "prompt": "Hello", "max_tokens": 16, "temperature": 0.0,
+                              "ignore_eos": True}]
+        with pytest.raises(LaunchError, match=r"replica 1 \(port \d+\) is healthy but failed its warm-up generation: "
+                                              r"HTTP 500"):
+            la._warm_up(la.replicas[1])
+        off = Launcher(replace(cfg, warmup_tokens=0), tmp_path / "l2")
+        off._warm_up(off.replicas[0])
+        assert len(ok.bodies) == 1  # warmup_tokens = 0: nothing sent
+        key = Launcher(replace(cfg, ports=(locked.port, ok.port)), tmp_path / "l3")
+        key._warm_up(key.replicas[0])  # 401: the server wants an API key, left cold without an error
+        assert locked.started == 1
+    with pytest.raises(ConfigError, match="launch.warmup_tokens must be an integer in 0..4096, got -1"):
+        fake_cfg(model, warmup_tokens=-1)
+    assert load_launch_config(write_cfg(tmp_path, model, "warmup_tokens = 0\n")).warmup_tokens == 0
+    with pytest.raises(ConfigError, match="launch.warmup_tokens must be int, got 'x'"):
+        load_launch_config(write_cfg(tmp_path, model, 'warmup_tokens = "x"\n'))

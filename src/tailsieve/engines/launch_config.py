@@ -91,6 +91,7 @@ class LaunchConfig:
     host: str = "127.0.0.1"
     startup_timeout_s: float = 600.0
     grace_s: float = 20.0  # SIGTERM → SIGKILL
+    warmup_tokens: int = 16  # one generation of this many tokens after /health, counted in the start-up (0: none)
 
     def __post_init__(self) -> None:
         r = self.replicas
@@ -122,6 +123,9 @@ class LaunchConfig:
                 raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
         if not (self.startup_timeout_s > 0 and self.grace_s > 0):
             raise ConfigError("launch.startup_timeout_s and launch.grace_s must be > 0")
+        w = self.warmup_tokens
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 4096:
+            raise ConfigError(f"launch.warmup_tokens must be an integer in 0..4096, got {w!r}")
 
     def place(self, i: int) -> str | None:
         """Replica i's cores (cpu) or GPU ids (gpu); default: core i mod the core count, or GPU i."""
@@ -163,7 +167,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 POOL_KEYS = ("speculative", "args")
 LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
                "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
-               "tail", "bulk")
+               "warmup_tokens", "tail", "bulk")
 
 
 def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
@@ -205,7 +209,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     kw: dict[str, Any] = {}
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
-                     ("grace_s", float)):
+                     ("grace_s", float), ("warmup_tokens", int)):
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)

@@ -12,6 +12,7 @@ period. Thread-safe against a concurrent `stop()` (Ctrl-C during a restart): not
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -227,6 +229,7 @@ class Launcher:
                                       f"{rep.port}) exited during start-up with code {code}: {server_error(rep.log)} "
                                       f"(log: {rep.log})")
                 if _healthy(rep.url):
+                    self._warm_up(rep)
                     rep.boot_s = time.monotonic() - t0
                     waiting.remove(rep)
             if waiting and time.monotonic() > deadline:
@@ -235,6 +238,29 @@ class Launcher:
                                   f"{self.config.startup_timeout_s:.0f}s: {server_error(rep.log)} (log: {rep.log})")
             if waiting:
                 time.sleep(0.25)
+
+    def _warm_up(self, rep: Replica) -> None:
+        """One short generation right after /health: a fresh server's first batch is several times slower (CPU
+        vLLM with ngram: 1.16 s against 0.20 s for 8 × 256 tokens), which would otherwise land in the next step
+        instead of the start-up. Servers that want an API key (401/403) are left cold."""
+        c = self.config
+        if c.warmup_tokens <= 0:
+            return
+        body = json.dumps({"model": c.served_model_name or c.model, "prompt": "Hello", "max_tokens": c.warmup_tokens,
+                           "temperature": 0.0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{rep.url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=max(30.0, c.startup_timeout_s / 4)) as r:
+                r.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                return
+            raise LaunchError(f"replica {rep.index} (port {rep.port}) is healthy but failed its warm-up generation: "
+                              f"HTTP {exc.code} {exc.reason} (log: {rep.log})") from None
+        except OSError as exc:
+            raise LaunchError(f"replica {rep.index} (port {rep.port}) is healthy but failed its warm-up generation: "
+                              f"{exc} (log: {rep.log})") from None
 
     @staticmethod
     def _spec_note(rep: Replica) -> str:
