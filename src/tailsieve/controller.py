@@ -152,11 +152,15 @@ class Controller:
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             tails = (*tails, obs.consumed_lengths[: obs.q])[-2 * keep :]
+        return self._learn_move_cost(replace(state, history=hist, tail_history=tails), obs)
+
+    def _learn_move_cost(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """EMA of the restart seconds of the steps whose m changed and that restarted replicas; remembers m."""
         cost = state.move_cost_s
-        if obs.m != state.last_m and obs.restart_s > 0:  # a pool move that restarted replicas: learn its price
+        if obs.m != state.last_m and obs.restart_s > 0:
             a = self.config.ema
             cost = obs.restart_s if math.isnan(cost) else (1 - a) * cost + a * obs.restart_s
-        return replace(state, history=hist, tail_history=tails, move_cost_s=cost, last_m=obs.m)
+        return replace(state, move_cost_s=cost, last_m=obs.m)
 
     def move_cost(self, state: ControlState) -> float:
         """Seconds a pool move costs: the measured restart EMA, else the configured prior."""

@@ -232,6 +232,14 @@ class PoolSpec:
         return {"tail": self.tail.to_json(), "bulk": self.bulk.to_json()}
 
 
+def verify_points(tau: NDArray[np.float64], b: NDArray[np.int64],
+                  verified_per_request: float | NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """τ(b) and τ(b·(1 + p·d)) read off a τ table (`TpotCurve.table`): the two ends of verify(b) = τ(b) +
+    v·(τ(b(1 + p·d)) − τ(b)); the fractional batch is interpolated linearly, as the curve is between integers."""
+    tau_x = np.interp(b * verified_per_request, np.arange(tau.size), tau)
+    return tau[b], tau_x
+
+
 @lru_cache(maxsize=128)
 def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
     """Tabulate τ_spec at b = 1..B, B = last measured batch + 1: past B every term is linear in b (the base curve's
@@ -240,8 +248,7 @@ def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
     n = max(base.batch[-1], 1) + 1
     b = np.arange(1, n + 1)
     tau = base.table(n * (d + 1))
-    tau_b = tau[b]
-    tau_x = np.interp(b * spec.verified_per_request, np.arange(tau.size), tau)  # τ(b(1 + p·d)), piecewise linear
+    tau_b, tau_x = verify_points(tau, b, spec.verified_per_request)
     verify = tau_x if v == 1.0 else tau_b + v * (tau_x - tau_b)
     drafter = spec.defaults.drafter
     if drafter is Drafter.AUTOREGRESSIVE:

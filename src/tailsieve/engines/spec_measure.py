@@ -25,7 +25,7 @@ import numpy as np
 
 from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient
-from tailsieve.speculative import Drafter
+from tailsieve.speculative import Drafter, verify_points
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -212,8 +212,8 @@ def fit_costs(points: Sequence[tuple[int, float, SpecMeasure]], plain: TpotCurve
     b = np.asarray([r[0] for r in rows])
     share = np.asarray([r[2].draft_share for r in rows])
     y = np.asarray([r[1] / 1e3 * r[2].expected_tokens for r in rows])
-    tau_b = tau[b]
-    delta = np.interp(b * (1 + share * depth), np.arange(tau.size), tau) - tau_b
+    tau_b, tau_x = verify_points(tau, b, 1 + share * depth)
+    delta = tau_x - tau_b
     v = np.linspace(0.0, 1.0, 1001)[:, None]
     verify = tau_b + v * delta  # one row per v on the grid
     w = 1.0 / y**2
