@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsieve.controller import ControllerConfig
-from tailsieve.curves import load_curve
-from tailsieve.sim import SimConfig, run_policy
+from tailsieve.model.curves import load_curve
+from tailsieve.policy.controller import ControllerConfig
+from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
 CASES = [

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from tailsieve.curves import load_curve
-from tailsieve.oracle import two_lane_oracle
-from tailsieve.traces import load_trace
+from tailsieve.model.curves import load_curve
+from tailsieve.model.oracle import two_lane_oracle
+from tailsieve.workloads.traces import load_trace
 
 TARGET_S = 0.2
 

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.local import LocalServer, build_tiny_model
@@ -35,8 +34,10 @@ from tailsieve.engines.profile import profile_endpoint
 from tailsieve.engines.prompts import load_prompts
 from tailsieve.engines.rollout import RolloutConfig
 from tailsieve.engines.runner import run_policies_real
-from tailsieve.router import RouterConfig
-from tailsieve.sim import SKIP_STEPS, PolicyRun, SimConfig, run_policy
+from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import Workload, load_workload
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

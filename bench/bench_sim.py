@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tailsieve.controller import CONTROLLERS
-from tailsieve.curves import load_curve
-from tailsieve.router import RouterConfig
-from tailsieve.sim import SimConfig, run_policy
+from tailsieve.model.curves import load_curve
+from tailsieve.policy.controller import CONTROLLERS
+from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
 TARGET_S = 0.5

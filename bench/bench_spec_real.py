@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
@@ -33,8 +32,9 @@ from tailsieve.engines.profile import ProfilePoint, profile_endpoint, total_spec
 from tailsieve.engines.prompts import load_prompts
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.spec_measure import SpecMeasure, read_counters
-from tailsieve.router import Pool
-from tailsieve.speculative import SpecConfig, SpecMethod
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.policy.step import Pool
 from tailsieve.workloads import load_workload
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

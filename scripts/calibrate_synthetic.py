@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 
-from tailsieve.analysis import variance_decomposition
-from tailsieve.synthetic import PAPER_TARGETS as T
-from tailsieve.synthetic import SyntheticConfig, SyntheticModel
+from tailsieve.analysis.length_stats import variance_decomposition
+from tailsieve.workloads.synthetic import PAPER_TARGETS as T
+from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
 
 NAMES = ["mu", "sigma_prompt", "sigma_checkpoint", "sigma_interaction", "sigma_sample", "ceiling",
          "runaway_logit", "runaway_prompt_slope"]

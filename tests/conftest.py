@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from tailsieve.curves import TpotCurve
+from tailsieve.model.curves import TpotCurve
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 if not SHARED.exists():  # CI clones main next to shared/ as well; fall back to the package copy

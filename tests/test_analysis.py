@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailsieve.analysis import (
+from tailsieve.analysis.length_report import analyze_trace, balanced_grid
+from tailsieve.analysis.length_stats import (
     _pairwise_auc,
     between_within_shares,
     length_stats,
     tail_auc_matrix,
     variance_decomposition,
 )
-from tailsieve.analysis_report import analyze_trace, balanced_grid
 from tailsieve.errors import ConfigError
-from tailsieve.traces import Trace
+from tailsieve.workloads.traces import Trace
 
 
 def additive(

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import curves, make_curve
-from tailsieve.baselines import (
+from tailsieve.errors import ConfigError
+from tailsieve.model.baselines import (
     POLICIES,
     GroupBatch,
     Policy,
@@ -24,8 +25,7 @@ from tailsieve.baselines import (
     lpt,
     verify_assignment,
 )
-from tailsieve.curves import TpotCurve, load_curve
-from tailsieve.errors import ConfigError
+from tailsieve.model.curves import TpotCurve, load_curve
 
 HAND = make_curve(batch=(1, 2, 3), tpot_ms=(1000.0, 1500.0, 2000.0))  # τ = 1, 1.5, 2, 2.5, … s
 

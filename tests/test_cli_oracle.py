@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.traces import load_trace
+from tailsieve.workloads.traces import load_trace
 
 SINGLE_KEYS = {"requests", "uniform_s", "best_k", "topk_s", "optimal_s", "optimal_lane", "states", "seconds"}
 SUMMARY_KEYS = {

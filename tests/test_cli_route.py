@@ -11,7 +11,7 @@ import pytest
 
 from tailsieve.cli import main
 from tailsieve.cli.route_cmd import prompt_groups, trace_steps
-from tailsieve.traces import load_trace
+from tailsieve.workloads.traces import load_trace
 
 ALL = ["uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best"]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.sim import policy_names
+from tailsieve.simulation.runs import policy_names
 
 SMALL = ["--groups", "8", "--group-size", "4", "--replicas", "4", "--steps", "5"]
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import make_curve
-from tailsieve.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import finish_times
-from tailsieve.predictor import Predictor, lane_finish_times
-from tailsieve.router import RouterConfig
+from tailsieve.model.makespan import finish_times
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.predictor import Predictor, lane_finish_times
+from tailsieve.policy.router import RouterConfig
 
 CURVE = make_curve()
 
@@ -177,7 +177,7 @@ def test_move_cost_is_learnt_from_restarts_and_blocks_moves_that_do_not_repay_it
 @pytest.mark.parametrize("kv_ms_per_1k", [0.0, 0.04, 1.5])
 def test_lane_finish_times_with_kv_traffic_equal_the_replica_event_loop(kv_ms_per_1k: float) -> None:
     """The predictor's KV-traffic term is the replica's (no prompts): every lane equals `run_replica` exactly."""
-    from tailsieve.replica import ReplicaConfig, run_replica
+    from tailsieve.simulation.replica import ReplicaConfig, run_replica
 
     rng = np.random.default_rng(3)
     lengths = rng.integers(0, 300, 60).astype(np.float64)

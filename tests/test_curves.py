@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import make_curve
-from tailsieve.curves import builtin_curves, load_curve, read_curve_file
 from tailsieve.errors import CurveError
+from tailsieve.model.curves import builtin_curves, load_curve, read_curve_file
 
 
 def test_table_interpolates_and_extrapolates() -> None:

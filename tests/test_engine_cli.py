@@ -11,8 +11,8 @@ import pytest
 from conftest import SHARED
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.curves import load_curve
 from tailsieve.engines.prompts import Template, load_prompts, render
+from tailsieve.model.curves import load_curve
 
 SHARED_PROMPTS = SHARED / "data" / "prompts"
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}

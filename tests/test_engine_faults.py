@@ -15,7 +15,7 @@ from tailsieve.engines.client import EngineError, NoHealthyReplica, SamplingPara
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.router import GroupStatus
+from tailsieve.policy.step import GroupStatus
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(60))
 FAST = FaultPolicy(stall_timeout_s=0.4, backoff_s=0.01, probe_interval_s=0.1, probe_max_s=0.2, no_healthy_wait_s=0.3)

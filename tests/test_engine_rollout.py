@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from engine_fake import FakeServer
-from tailsieve.controller import ControllerConfig, ControlState
 from tailsieve.engines.client import Api, SamplingParams
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.prompts import PromptRecord, Template
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState, control_from_json, control_to_json
 from tailsieve.errors import ConfigError
-from tailsieve.router import GroupStatus, Pool
+from tailsieve.policy.controller import ControllerConfig, ControlState
+from tailsieve.policy.step import GroupStatus, Pool
 from tailsieve.workloads import load_workload
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(40))

@@ -21,8 +21,8 @@ from tailsieve.cli import main
 from tailsieve.engines.launch_config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
 from tailsieve.engines.launcher import Launcher, LaunchError, server_error
 from tailsieve.errors import ConfigError
-from tailsieve.router import Pool
-from tailsieve.speculative import SpecConfig, SpecMethod, load_config_file
+from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
+from tailsieve.policy.step import Pool
 
 pytestmark = pytest.mark.timeout(120)
 FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))

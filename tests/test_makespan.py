@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import curves, make_curve
-from tailsieve.curves import TpotCurve
-from tailsieve.makespan import finish_times, lane_makespans, makespan
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import finish_times, lane_makespans, makespan
 
 
 def token_by_token(lengths: list[int], curve: TpotCurve) -> tuple[float, list[float]]:

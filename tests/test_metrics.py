@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from conftest import make_curve
+from tailsieve.analysis.metrics import ks_distance, length_bias, summarize, wasted_share
 from tailsieve.errors import ConfigError
-from tailsieve.metrics import capture_rates, ks_distance, length_bias, summarize, wasted_share
-from tailsieve.router import RouterConfig
-from tailsieve.sim import PolicyRun, SimConfig, StepRecord, run_policies
+from tailsieve.loop import PolicyRun, StepRecord
+from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.capture import capture_rates
+from tailsieve.simulation.runs import SimConfig, run_policies
 from tailsieve.workloads import ReplayMode, Workload
 from test_sim import fake_workload
 

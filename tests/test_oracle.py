@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tailsieve.oracle as oracle_mod
+import tailsieve.model.oracle as oracle_mod
 from conftest import curves, make_curve
-from tailsieve.curves import TpotCurve, load_curve
-from tailsieve.makespan import lane_makespans, makespan, marginal_tpot
-from tailsieve.oracle import (
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.makespan import lane_makespans, makespan, marginal_tpot
+from tailsieve.model.oracle import (
     OracleBudgetError,
     alternate_lanes,
     best_topk,
@@ -22,7 +22,7 @@ from tailsieve.oracle import (
     topk_makespans,
     two_lane_oracle,
 )
-from tailsieve.traces import load_trace
+from tailsieve.workloads.traces import load_trace
 
 lengths_st = st.lists(st.integers(0, 40), max_size=12)  # small range: many ties and zeros
 

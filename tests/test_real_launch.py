@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.controller import ControllerConfig
 from tailsieve.engines.client import SamplingParams
 from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
 from tailsieve.engines.launcher import Launcher, LaunchError
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.spec_measure import SpecCounters
-from tailsieve.speculative import PoolSpec, SpecConfig, SpecMethod
+from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
+from tailsieve.policy.controller import ControllerConfig
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
 pytestmark = [pytest.mark.real_server, requires_vllm, pytest.mark.timeout(400)]

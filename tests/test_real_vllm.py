@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.controller import ControllerConfig
-from tailsieve.curves import load_curve
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.local import LocalServer
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState
-from tailsieve.router import GroupStatus
+from tailsieve.model.curves import load_curve
+from tailsieve.policy.controller import ControllerConfig
+from tailsieve.policy.step import GroupStatus
 from tailsieve.workloads import load_workload
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import curves, make_curve
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import finish_times, makespan
-from tailsieve.replica import ReplicaConfig, _event_loop, run_replica
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import finish_times, makespan
+from tailsieve.simulation.replica import ReplicaConfig, _event_loop, run_replica
 
 
 def reference(

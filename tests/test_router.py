@@ -12,23 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_curve
-from tailsieve.controller import CONTROLLERS, ControllerConfig, StepObservation
 from tailsieve.errors import ConfigError
-from tailsieve.replica import ReplicaConfig
-from tailsieve.router import (
-    Dispatch,
-    GroupOutcome,
-    GroupRef,
-    GroupStatus,
-    InvariantError,
-    Pool,
-    Router,
-    RouterConfig,
-    RouterState,
-    StepPlan,
-    StepResult,
-)
-from tailsieve.sim import SimExecutor
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, StepObservation
+from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
+from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, InvariantError, Pool, StepPlan, StepResult
+from tailsieve.simulation.executor import SimExecutor
+from tailsieve.simulation.replica import ReplicaConfig
 from test_sim import fake_workload
 
 CURVE = make_curve()

@@ -10,20 +10,14 @@ import pytest
 from numpy.typing import NDArray
 
 from conftest import make_curve
-from tailsieve.baselines import GroupBatch, get_policy
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import makespan
-from tailsieve.replica import ReplicaConfig
-from tailsieve.router import Dispatch, GroupStatus, Pool, Router, RouterConfig
-from tailsieve.sim import (
-    ORACLES,
-    SimConfig,
-    SimExecutor,
-    check_policy,
-    policy_names,
-    run_policies,
-    run_policy,
-)
+from tailsieve.model.baselines import GroupBatch, get_policy
+from tailsieve.model.makespan import makespan
+from tailsieve.policy.router import Dispatch, Router, RouterConfig
+from tailsieve.policy.step import GroupStatus, Pool
+from tailsieve.simulation.executor import SimExecutor
+from tailsieve.simulation.replica import ReplicaConfig
+from tailsieve.simulation.runs import ORACLES, SimConfig, check_policy, policy_names, run_policies, run_policy
 from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 CURVE = make_curve()
@@ -183,8 +177,8 @@ def test_restart_s_is_charged_exactly_when_m_changes() -> None:
 def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> None:
     """synthetic-math with a 120 s restart per pool move: the controller that learns the price beats one that
     ignores it (a horizon so long that any gain repays any restart)."""
-    from tailsieve.controller import ControllerConfig
-    from tailsieve.curves import load_curve
+    from tailsieve.model.curves import load_curve
+    from tailsieve.policy.controller import ControllerConfig
 
     wl, curve = load_workload("synthetic-math"), load_curve("h100-llama3-8b")
     runs = {name: run_policy("tailsieve", wl, curve, SimConfig(steps=40, restart_s=120.0, controller=ctl))

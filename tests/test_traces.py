@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import SHARED
 from tailsieve.errors import TraceError
-from tailsieve.traces import bundled_trace_names, bundled_trace_path, load_trace, read_trace
+from tailsieve.workloads.traces import bundled_trace_names, bundled_trace_path, load_trace, read_trace
 
 TRACES = SHARED / "data" / "traces"
 

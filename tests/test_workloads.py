@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 from tailsieve.errors import ConfigError, TraceError
-from tailsieve.workloads import (
-    PromptStream,
-    ReplayMode,
-    StreamState,
-    bundled_workloads,
-    load_workload,
-)
+from tailsieve.policy.stream import PromptStream, StreamState
+from tailsieve.workloads import ReplayMode, bundled_workloads, load_workload
 
 
 def trace_file(tmp_path: Path, rows: list[dict[str, object]]) -> Path:

@@ -1,10 +1,13 @@
 """TailSieve: partial-rollout-guided tail routing for synchronous LLM rollouts."""
 
-from tailsieve.curves import TpotCurve, builtin_curves, load_curve
+from tailsieve import _compat
 from tailsieve.errors import ConfigError, CurveError, TailSieveError, TraceError
-from tailsieve.makespan import finish_times, lane_makespans, makespan
+from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
+from tailsieve.model.makespan import finish_times, lane_makespans, makespan
 
 __version__ = "0.1.0"
+
+_compat.install()  # 0.1 module paths (tailsieve.sim, tailsieve.router, …) keep working, with a DeprecationWarning
 
 __all__ = [
     "ConfigError",

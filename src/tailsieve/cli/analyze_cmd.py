@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tailsieve.analysis_report import (
+from tailsieve.analysis.length_report import (
     DESIGN_CHECKPOINTS,
     DESIGN_PROMPTS,
     DESIGN_SAMPLES,

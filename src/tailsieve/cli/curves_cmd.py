@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tailsieve.cli._common import print_json, print_table
-from tailsieve.curves import builtin_curves, load_curve
+from tailsieve.model.curves import builtin_curves, load_curve
 
 
 def register(sub: Any) -> None:

@@ -22,7 +22,7 @@ from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, l
 from tailsieve.engines.launcher import Launcher, LaunchError, server_error
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
-from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 
 
 def register(sub: Any) -> None:

@@ -13,11 +13,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.cli._common import nonneg_int, plot_path, positive_float, positive_int, print_json, print_table
-from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.errors import TailSieveError
-from tailsieve.makespan import lane_makespans
-from tailsieve.oracle import DEFAULT_MAX_STATES, OracleBudgetError, alternate_lanes, topk_curve, two_lane_oracle
-from tailsieve.traces import DEFAULT_TRACE, load_trace
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.makespan import lane_makespans
+from tailsieve.model.oracle import DEFAULT_MAX_STATES, OracleBudgetError, alternate_lanes, topk_curve, two_lane_oracle
+from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace
 
 DEFAULT_CURVE = "h100-llama3-8b"
 DEFAULT_MAX_SECONDS = 120.0

@@ -15,13 +15,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import plot_path, print_json, print_table
-from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, ServerKind
 from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint, total_spec
 from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
-from tailsieve.speculative import METHOD_DEFAULTS, SpecMethod
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.speculative import METHOD_DEFAULTS, SpecMethod
 
 
 def register(sub: Any) -> None:

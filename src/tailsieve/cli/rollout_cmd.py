@@ -20,7 +20,6 @@ from rich.table import Table
 
 from tailsieve.cli._common import console
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
-from tailsieve.controller import CONTROLLERS, ControllerConfig
 from tailsieve.engines.client import Api, Endpoint, SamplingParams, ServerKind
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.health import FaultPolicy
@@ -30,9 +29,10 @@ from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts,
 from tailsieve.engines.rollout import Batch, RolloutConfig
 from tailsieve.engines.runner import run_policies_real
 from tailsieve.errors import ConfigError
-from tailsieve.router import Dispatch
-from tailsieve.sim import SKIP_STEPS, PolicyRun
-from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.router import Dispatch
 from tailsieve.workloads import load_workload
 
 
@@ -230,7 +230,7 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
 
 def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
     """The columns of `simulate`'s comparison table (speedup, bias: against uniform when it ran)."""
-    from tailsieve.metrics import length_bias, wasted_share
+    from tailsieve.analysis.metrics import length_bias, wasted_share
 
     table = Table(title=title)
     for i, col in enumerate(("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens",

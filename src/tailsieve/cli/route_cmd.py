@@ -16,11 +16,11 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from tailsieve.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
 from tailsieve.cli._common import console, print_json
-from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.errors import ConfigError
-from tailsieve.traces import DEFAULT_TRACE, Trace, load_trace
+from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace
 
 DEFAULT_POLICIES = ("uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")
 

@@ -19,15 +19,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.cli._common import console, plot_path, print_json
-from tailsieve.controller import ControllerConfig
-from tailsieve.curves import load_curve
 from tailsieve.errors import ConfigError
-from tailsieve.metrics import CaptureRate, PolicySummary, capture_rates, summarize
-from tailsieve.replica import ReplicaConfig
-from tailsieve.router import Dispatch, RouterConfig
-from tailsieve.sim import ORACLES, SKIP_STEPS, PolicyRun, SimConfig, check_policy, policy_names, run_policies
-from tailsieve.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.model.curves import load_curve
+from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.policy.controller import ControllerConfig
+from tailsieve.policy.router import Dispatch, RouterConfig
+from tailsieve.simulation.capture import CaptureRate, capture_rates
+from tailsieve.simulation.replica import ReplicaConfig
+from tailsieve.simulation.runs import ORACLES, SimConfig, check_policy, policy_names, run_policies
 from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 DEFAULT_REPLAY = ReplayMode.RESAMPLE

@@ -12,11 +12,12 @@ from rich.table import Table
 
 from tailsieve.cli._common import console, print_json
 from tailsieve.cli.simulate_cmd import build_config, load_inputs, progress_bar
-from tailsieve.curves import load_curve
 from tailsieve.errors import ConfigError
-from tailsieve.sim import ORACLES, SKIP_STEPS
-from tailsieve.spec_budget import DEFAULT_BUDGETS, BudgetTable, check_budgets, matched_budget
-from tailsieve.speculative import SpecConfig, SpecMethod, parse_spec
+from tailsieve.loop import SKIP_STEPS
+from tailsieve.model.curves import load_curve
+from tailsieve.model.speculative import SpecConfig, SpecMethod, parse_spec
+from tailsieve.simulation.runs import ORACLES
+from tailsieve.simulation.spec_budget import DEFAULT_BUDGETS, BudgetTable, check_budgets, matched_budget
 
 NEAR_BEST = 0.02  # a budget is "useful" while its step time is within 2% of the best budget's
 

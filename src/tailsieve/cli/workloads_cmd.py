@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from tailsieve.cli._common import print_json, print_table
-from tailsieve.traces import DEFAULT_TRACE
 from tailsieve.workloads import bundled_workloads
+from tailsieve.workloads.traces import DEFAULT_TRACE
 
 
 def register(sub: Any) -> None:

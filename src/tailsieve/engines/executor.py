@@ -25,7 +25,7 @@ from tailsieve.engines.client import (
     SamplingParams,
 )
 from tailsieve.engines.health import Replicas
-from tailsieve.router import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 
 class RequestMode(StrEnum):

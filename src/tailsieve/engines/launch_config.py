@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.speculative import SpecConfig, SpecMethod, load_config_file
+from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
 
 VLLM_SERVER: tuple[str, ...] = ("-m", "vllm.entrypoints.openai.api_server")  # after the Python executable
 CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (

@@ -32,7 +32,7 @@ from typing import Any
 
 from tailsieve.engines.launch_config import CPU_DEFAULT_ARGS, VLLM_SERVER, Device, LaunchConfig, PoolEngine, check_model
 from tailsieve.errors import TailSieveError
-from tailsieve.router import Pool
+from tailsieve.policy.step import Pool
 
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b(:.*)?$")
 

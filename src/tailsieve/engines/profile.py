@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient, EngineError, Request, SamplingParams
 from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, read_counters
+from tailsieve.model.curves import TpotCurve
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 PROFILE_PROMPT = "Count from one to one thousand, one number per line:"

@@ -18,18 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from tailsieve.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
-from tailsieve.curves import TpotCurve, load_curve
 from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
 from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
 from tailsieve.engines.state import RolloutState
 from tailsieve.errors import ConfigError
-from tailsieve.router import Dispatch, GroupOutcome, GroupRef, GroupStatus, Pool, Router, RouterConfig
-from tailsieve.sim import StepRecord
-from tailsieve.speculative import PoolSpec
-from tailsieve.synthetic import stable_hash
+from tailsieve.hashing import stable_hash
+from tailsieve.loop import StepRecord
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.speculative import PoolSpec
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.router import Dispatch, Router, RouterConfig
+from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool
 from tailsieve.workloads import Workload
 
 

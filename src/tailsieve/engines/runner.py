@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from tailsieve.analysis.metrics import length_bias, wasted_share
 from tailsieve.engines.client import Endpoint
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState, write_json_atomic
 from tailsieve.errors import ConfigError
-from tailsieve.metrics import length_bias, wasted_share
-from tailsieve.sim import SKIP_STEPS, PolicyRun, StepRecord
+from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
 OnStep = Callable[[str, Batch], None]
 

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from tailsieve.curves import TpotCurve
 from tailsieve.engines.client import Endpoint, EngineClient
-from tailsieve.speculative import Drafter, verify_points
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import Drafter, verify_points
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from tailsieve.controller import ControlState
 from tailsieve.errors import ConfigError
-from tailsieve.router import GroupRef, RouterState
-from tailsieve.workloads import StreamState
+from tailsieve.policy.controller import ControlState
+from tailsieve.policy.router import RouterState
+from tailsieve.policy.step import GroupRef
+from tailsieve.policy.stream import StreamState
 
 STATE_VERSION = 1
 

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
+from tailsieve.model.curves import TpotCurve
 
 MAX_TOKENS = 32  # speculative tokens per iteration accepted by the configuration (vLLM allows fewer in practice)
 

@@ -16,14 +16,16 @@ from enum import StrEnum
 import numpy as np
 
 from tailsieve.errors import ConfigError
-from tailsieve.workloads import PromptStream, StreamState
-
-
-class Pool(StrEnum):
-    """Which logical pool a group runs in."""
-
-    TAIL = "tail"
-    BULK = "bulk"
+from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
+from tailsieve.policy.step import (
+    GroupRef,
+    GroupStatus,
+    InvariantError,
+    Pool,
+    StepPlan,
+    StepResult,
+)
+from tailsieve.policy.stream import PromptStream, StreamState
 
 
 class Dispatch(StrEnum):
@@ -31,22 +33,6 @@ class Dispatch(StrEnum):
 
     REQUEST = "request"
     GROUP = "group"
-
-
-class GroupStatus(StrEnum):
-    """Outcome of one group in one step."""
-
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRef:
-    """A routing unit: one prompt group, identified by its position `uid` in the prompt stream."""
-
-    uid: int
-    prompt_id: str
-    cuts: int = 0  # times this group was cut (aborted) at a cutoff so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +45,7 @@ class RouterConfig:
     rho: float = 0.1
     dispatch: Dispatch = Dispatch.REQUEST
     max_cuts: int = 8
+    ranking: str = DEFAULT_RANKING  # candidate ranking by name (`tailsieve.policy.ranking.RANKINGS`)
 
     def __post_init__(self) -> None:
         if self.groups < 1:
@@ -71,65 +58,13 @@ class RouterConfig:
             raise ConfigError(f"rho must lie in [0, 1], got {self.rho}")
         if self.max_cuts < 1:
             raise ConfigError(f"max_cuts must be >= 1, got {self.max_cuts}")
+        if self.ranking not in RANKINGS:
+            raise ConfigError(f"unknown candidate ranking '{self.ranking}' (valid: {', '.join(RANKINGS)})")
 
     @property
     def extra(self) -> int:
         """E = ⌈ρN⌉ over-provisioned groups (§3.1); at least 1 when ρ > 0."""
         return math.ceil(self.rho * self.groups - 1e-9)
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """What one step runs: groups per pool with the replica of every request, and the bulk cutoff quota."""
-
-    step: int
-    tail: tuple[GroupRef, ...]
-    bulk: tuple[GroupRef, ...]
-    placement: dict[int, tuple[int, ...]]  # uid → replica of each of its G requests
-    tail_replicas: tuple[int, ...]
-    bulk_replicas: tuple[int, ...]
-    bulk_quota: int  # the bulk pool is cut once this many of its groups are complete
-    warmup: bool
-    stream_after: StreamState
-    requeue_after: tuple[GroupRef, ...]  # waiting at the front of the queue after this step's draws
-
-    @property
-    def q(self) -> int:
-        """Isolated groups this step."""
-        return len(self.tail)
-
-    @property
-    def m(self) -> int:
-        """Tail replicas this step."""
-        return len(self.tail_replicas)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupOutcome:
-    """One group's result: completion time if done, else the progress it had at the cutoff."""
-
-    ref: GroupRef
-    pool: Pool
-    status: GroupStatus
-    finish_s: float | None
-    lengths: tuple[int, ...]  # tokens per request: full lengths when done, generated so far when aborted
-    finished_members: int
-
-    @property
-    def tokens(self) -> int:
-        """Tokens this group generated in the step."""
-        return sum(self.lengths)
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What an executor reports: every planned group's outcome, T_tail, T_bulk (cutoff) and the makespan."""
-
-    step: int
-    outcomes: tuple[GroupOutcome, ...]
-    tail_s: float
-    bulk_s: float
-    makespan_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +78,10 @@ class RouterState:
     consumed: int = 0
 
 
-class InvariantError(RuntimeError):
-    """An executor broke the step contract (a group lost, duplicated, or the batch not N complete groups)."""
+def pool_split(replicas: int, m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The router's pool convention (§3.1): the last m replica ids form the tail pool, the rest the bulk pool.
+    Everything else (executors, launchers, reports) reads the pools from `StepPlan`, never from m."""
+    return tuple(range(replicas - m, replicas)), tuple(range(replicas - m))
 
 
 def _place(
@@ -216,8 +153,7 @@ class Router:
         tail = (forced + rest)[:q_eff]
         back = (forced + rest)[q_eff:]
         bulk, stream, left = self._draw(state, back, n - q_eff + e)
-        tail_reps = tuple(range(r - m, r))
-        bulk_reps = tuple(range(r - m))
+        tail_reps, bulk_reps = pool_split(r, m)
         placement = _place(tail, tail_reps, g, disp) | _place(bulk, bulk_reps, g, disp)
         return StepPlan(
             state.step, tuple(tail), tuple(bulk), placement, tail_reps, bulk_reps, n - q_eff, False, stream, left
@@ -246,8 +182,10 @@ class Router:
         if any(o.status is not GroupStatus.DONE for o in result.outcomes if o.pool is Pool.TAIL):
             raise InvariantError(f"step {plan.step}: a tail-pool group was not completed")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
-        # least progress first: most earlier cuts, fewest finished members, fewest generated tokens
-        cut.sort(key=lambda o: (-o.ref.cuts, o.finished_members, o.tokens, o.ref.uid))
+        ranked = RANKINGS[cfg.ranking](cut)
+        if sorted(o.ref.uid for o in ranked) != sorted(o.ref.uid for o in cut):
+            raise InvariantError(f"step {plan.step}: ranking '{cfg.ranking}' did not return a permutation of the cut")
+        cut = ranked
         candidates = tuple(replace(o.ref, cuts=o.ref.cuts + 1) for o in cut)
         consumed = state.consumed + len(done)
         pending = {ref.uid for ref in (*candidates, *plan.requeue_after)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.curves import TpotCurve
+from tailsieve.model.curves import TpotCurve
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

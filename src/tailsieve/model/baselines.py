@@ -18,9 +18,9 @@ from typing import ClassVar, TypeVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import lane_makespans, makespan
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import lane_makespans, makespan
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import TailSieveError
-from tailsieve.makespan import as_lengths, lane_makespans, marginal_tpot
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import as_lengths, lane_makespans, marginal_tpot
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

@@ -12,10 +12,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.sim import SKIP_STEPS, PolicyRun, SimConfig, check_policy, run_policy
-from tailsieve.speculative import MAX_TOKENS, PoolSpec, SpecConfig
+from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig
+from tailsieve.simulation.runs import SimConfig, check_policy, run_policy
 from tailsieve.workloads import Workload
 
 DEFAULT_BUDGETS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.analysis import (
+from tailsieve.analysis.length_stats import (
     LengthStats,
     VarianceShares,
     between_within_shares,
@@ -17,9 +17,9 @@ from tailsieve.analysis import (
     variance_decomposition,
 )
 from tailsieve.errors import ConfigError
-from tailsieve.synthetic import SyntheticModel
-from tailsieve.traces import Trace
 from tailsieve.workloads import Workload
+from tailsieve.workloads.synthetic import SyntheticModel
+from tailsieve.workloads.traces import Trace
 
 DESIGN_PROMPTS, DESIGN_CHECKPOINTS, DESIGN_SAMPLES = 64, 8, 8  # App. B: I = 64, S checkpoints, R = 8
 STATS_PROMPTS = 2048  # synthetic `stats` sample: this many prompts × R samples, prompt i at step i·spacing

@@ -8,7 +8,6 @@ with a prompt-dependent probability a response runs away to the cap and is trunc
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -17,7 +16,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.tailstrength import tail_transform
+from tailsieve.hashing import stable_hash
+from tailsieve.model.tailstrength import tail_transform
 
 # Stream tags keep the effects' random streams disjoint.
 _TAG_PROMPT, _TAG_CKPT, _TAG_INTER, _TAG_SAMPLE = 11, 12, 13, 14
@@ -35,11 +35,6 @@ PAPER_TARGETS: dict[str, float] = {
     "checkpoint": 0.022,
     "interaction": 0.069,
 }
-
-
-def stable_hash(text: str) -> int:
-    """A 64-bit hash of a prompt id that is the same in every process (unlike `hash()`)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def _words(h: int) -> list[int]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.makespan import as_lengths
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import as_lengths
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

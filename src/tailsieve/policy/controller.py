@@ -21,10 +21,10 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.curves import TpotCurve
 from tailsieve.errors import ConfigError
-from tailsieve.predictor import Predictor
-from tailsieve.router import RouterConfig
+from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.router import RouterConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,2 @@
+"""Analysis and reports: pure statistics over runs (length bias, KS, wasted share), App. B workload statistics,
+and the one report (summary rows, JSON) that `simulate` and `rollout` print."""

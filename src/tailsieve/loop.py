@@ -1,0 +1,214 @@
+"""The step loop (§3.1–3.2), written once: plan → execute → observe → observation → controller update → record.
+
+```
+LoopState ──► StepLoop.plan ──► StepPlan ──► executor.execute (SimExecutor | EngineExecutor) ──► StepResult
+                                                                                                   │
+LoopState' ◄── StepLoop.complete: Router.observe, StepObservation, Controller.update, StepRecord ◄──┘
+```
+
+`StepLoop` binds one `Router` and one controller; it is the only caller of `Router.observe` and
+`Controller.update`, so the simulator, real rollouts and the tests run the same step. It holds no mutable state:
+`LoopState` (router state, controller state) goes in and comes out. An executor is anything with
+`execute(plan) -> StepResult` (`Executor`), or the awaitable form (`AsyncExecutor`, real engines). A pool hook
+(`PoolHook`: the launcher, or the simulator's restart model) receives each plan's pools before it runs and
+returns the seconds spent restarting replicas, which count in the step's makespan and teach the controller the
+price of a pool move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.router import Router, RouterConfig, RouterState
+from tailsieve.policy.step import GroupOutcome, GroupStatus, InvariantError, StepPlan, StepResult
+
+SKIP_STEPS = 2  # summaries skip the warm-up and the first steady step (§4.2 evaluates the steady state)
+
+
+class Executor(Protocol):
+    """Runs one plan to its result (the simulator; a test's scripted executor)."""
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Every planned group's outcome, T_tail, T_bulk (the cutoff) and the makespan."""
+        ...
+
+
+class AsyncExecutor(Protocol):
+    """The awaitable form (real engines)."""
+
+    def execute(self, plan: StepPlan) -> Awaitable[StepResult]:
+        """As `Executor.execute`."""
+        ...
+
+
+PoolHook = Callable[[StepPlan], float]  # pools of the coming step in, restart seconds out
+AsyncPoolHook = Callable[[StepPlan], Awaitable[float]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """Per-step measurements reported by `simulate --json` and `rollout` (build with keyword arguments)."""
+
+    step: int
+    makespan_s: float  # restart seconds included
+    tail_s: float
+    bulk_s: float
+    q: int
+    m: int
+    candidates: int
+    wasted_tokens: int
+    batch_mean_length: float
+    warmup: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """A policy's whole run: step records and the consumed batches (lengths, prompt ids) for App. E bias."""
+
+    policy: str
+    steps: tuple[StepRecord, ...]
+    batch_lengths: tuple[NDArray[np.int64], ...] = field(repr=False)
+    consumed_uids: tuple[int, ...] = field(repr=False)
+    batch_prompts: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
+
+    def mean_step_s(self, skip: int = SKIP_STEPS) -> float:
+        """Mean makespan over all steps but the first `skip` (warm-up and first steady step)."""
+        xs = [s.makespan_s for s in self.steps[skip:]] or [s.makespan_s for s in self.steps]
+        return float(np.mean(xs))
+
+    @property
+    def final_q(self) -> int:
+        """q of the last executed step."""
+        return self.steps[-1].q if self.steps else 0
+
+    @property
+    def final_m(self) -> int:
+        """m of the last executed step."""
+        return self.steps[-1].m if self.steps else 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoopState:
+    """Everything a policy carries between steps (saved and restored by real runs)."""
+
+    router: RouterState
+    control: ControlState
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """One completed step: its plan and result, the state after it, what the controller saw, the record."""
+
+    plan: StepPlan
+    result: StepResult  # an executor may return a richer subclass (engines: samples, re-dispatches)
+    state: LoopState
+    observation: StepObservation
+    record: StepRecord
+    consumed: tuple[GroupOutcome, ...]  # the N complete groups in plan order (tail pool first)
+    restart_s: float = 0.0
+
+    @property
+    def batch(self) -> NDArray[np.int64]:
+        """(N, G) lengths of the consumed groups."""
+        return self.observation.consumed_lengths
+
+
+def make_controller(
+    name: str, router: RouterConfig, *, bulk_curve: TpotCurve, tail_curve: TpotCurve | None = None,
+    config: ControllerConfig | None = None, q: int | None = None, m: int | None = None, kv_s_per_token: float = 0.0,
+) -> Controller:
+    """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves and KV term (§3.2);
+    the simulator and real rollouts build theirs here, so both give it the same cost model."""
+    return CONTROLLERS[name](router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
+                             kv_s_per_token=kv_s_per_token)
+
+
+class StepLoop:
+    """One policy's step loop over a `Router` and a controller (see the module docstring)."""
+
+    def __init__(self, router: Router, controller: Controller) -> None:
+        self.router = router
+        self.controller = controller
+
+    def initial(self) -> LoopState:
+        """State before the first step."""
+        return LoopState(self.router.initial_state(), self.controller.initial())
+
+    def plan(self, state: LoopState) -> StepPlan:
+        """§3.1: the next step's plan at the controller's (q, m)."""
+        return self.router.plan(state.router, state.control.q, state.control.m)
+
+    def complete(self, state: LoopState, plan: StepPlan, result: StepResult, restart_s: float = 0.0) -> StepOutput:
+        """Check the step contract (`Router.observe`), show the controller the step, record it."""
+        rstate = self.router.observe(state.router, plan, result)
+        done = tuple(o for o in result.outcomes if o.status is GroupStatus.DONE)
+        batch = np.array([o.lengths for o in done], dtype=np.int64).reshape(len(done), self.router.config.group_size)
+        wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
+        obs = StepObservation(
+            step=plan.step, q=plan.q, m=plan.m, warmup=plan.warmup, candidates=len(rstate.candidates),
+            tail_s=result.tail_s, bulk_s=result.bulk_s, consumed_lengths=batch, restart_s=restart_s,
+        )
+        cstate = self.controller.update(state.control, obs)
+        record = StepRecord(
+            step=plan.step, makespan_s=restart_s + result.makespan_s, tail_s=result.tail_s, bulk_s=result.bulk_s,
+            q=plan.q, m=plan.m, candidates=len(rstate.candidates), wasted_tokens=int(wasted),
+            batch_mean_length=float(batch.mean()) if batch.size else 0.0, warmup=plan.warmup, note=cstate.note,
+        )
+        return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
+
+    def step(self, state: LoopState, executor: Executor, pools: PoolHook | None = None) -> StepOutput:
+        """Plan, give the pool hook the plan's pools, execute, complete."""
+        plan = self.plan(state)
+        restart_s = 0.0 if pools is None else float(pools(plan))
+        return self.complete(state, plan, executor.execute(plan), restart_s)
+
+    async def astep(self, state: LoopState, executor: AsyncExecutor, pools: AsyncPoolHook | None = None) -> StepOutput:
+        """`step` for awaitable executors and pool hooks (real engines, launchers)."""
+        plan = self.plan(state)
+        restart_s = 0.0 if pools is None else float(await pools(plan))
+        return self.complete(state, plan, await executor.execute(plan), restart_s)
+
+
+class RunLog:
+    """Accumulates a run's records and consumed batches; holds exactly-once consumption across the whole run."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.records: list[StepRecord] = []
+        self.lengths: list[NDArray[np.int64]] = []
+        self.uids: list[int] = []
+        self.prompts: list[tuple[str, ...]] = []
+        self._seen: set[int] = set()
+
+    def add(self, record: StepRecord, lengths: NDArray[np.int64], uids: list[int], prompts: tuple[str, ...]) -> None:
+        """One step's record and consumed batch; InvariantError if a prompt draw is consumed a second time."""
+        if self._seen.intersection(uids) or len(set(uids)) != len(uids):
+            raise InvariantError(f"step {record.step}: a prompt draw was consumed twice")
+        self._seen.update(uids)
+        self.records.append(record)
+        self.lengths.append(lengths)
+        self.uids.extend(uids)
+        self.prompts.append(prompts)
+
+    def add_output(self, out: StepOutput) -> None:
+        """`add` for a step the loop completed."""
+        self.add(out.record, out.batch, [o.ref.uid for o in out.consumed], tuple(o.ref.prompt_id for o in out.consumed))
+
+    def check_final(self, state: RouterState) -> None:
+        """No draw lost or duplicated overall: consumed + waiting = drawn, and none both (InvariantError)."""
+        pending = {r.uid for r in (*state.candidates, *state.requeue)}
+        drawn = state.stream.position if state.stream else 0
+        if pending & self._seen or len(pending) + len(self._seen) != drawn:
+            raise InvariantError("prompt draws lost or duplicated across steps")
+
+    def run(self) -> PolicyRun:
+        """The run so far."""
+        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts))

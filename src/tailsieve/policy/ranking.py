@@ -1,0 +1,41 @@
+"""Candidate ranking (§3.1, §2.3): which groups cut at the cutoff are the likeliest tails of the next generation.
+
+A ranking is one pure function from the cut groups' outcomes to the same outcomes, most likely tail first; the
+router isolates the first q of them next step. Rankings are chosen by name (`RouterConfig.ranking`) from
+`RANKINGS`, filled by the `@ranking(name)` decorator; a new tail signal is a new function here, not an edit of the
+router. The router checks that a ranking returns a permutation of its input (`Router.observe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tailsieve.policy.step import GroupOutcome
+
+Ranking = Callable[[Sequence[GroupOutcome]], list[GroupOutcome]]
+
+RANKINGS: dict[str, Ranking] = {}
+DEFAULT_RANKING = "least-progress"
+
+
+def ranking(name: str) -> Callable[[Ranking], Ranking]:
+    """Function decorator adding a ranking to the registry under `name`."""
+
+    def deco(fn: Ranking) -> Ranking:
+        RANKINGS[name] = fn
+        return fn
+
+    return deco
+
+
+@ranking("least-progress")
+def least_progress(cut: Sequence[GroupOutcome]) -> list[GroupOutcome]:
+    """The paper's partial-rollout signal: most earlier cuts, fewest finished members, fewest generated tokens
+    (ties: earlier in the prompt stream)."""
+    return sorted(cut, key=lambda o: (-o.ref.cuts, o.finished_members, o.tokens, o.ref.uid))
+
+
+@ranking("stream-order")
+def stream_order(cut: Sequence[GroupOutcome]) -> list[GroupOutcome]:
+    """No tail signal: candidates in prompt-stream order (a control for measuring what the signal is worth)."""
+    return sorted(cut, key=lambda o: o.ref.uid)

@@ -1,0 +1,90 @@
+"""The step contract (§3.1) shared by the router, the controller's observations and every executor: group
+references, the plan of one step, each group's outcome and the step's result. Frozen values only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tailsieve.policy.stream import StreamState
+
+
+class Pool(StrEnum):
+    """Which logical pool a group runs in."""
+
+    TAIL = "tail"
+    BULK = "bulk"
+
+
+class GroupStatus(StrEnum):
+    """Outcome of one group in one step."""
+
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """A routing unit: one prompt group, identified by its position `uid` in the prompt stream."""
+
+    uid: int
+    prompt_id: str
+    cuts: int = 0  # times this group was cut (aborted) at a cutoff so far
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step runs: groups per pool with the replica of every request, and the bulk cutoff quota."""
+
+    step: int
+    tail: tuple[GroupRef, ...]
+    bulk: tuple[GroupRef, ...]
+    placement: dict[int, tuple[int, ...]]  # uid → replica of each of its G requests
+    tail_replicas: tuple[int, ...]
+    bulk_replicas: tuple[int, ...]
+    bulk_quota: int  # the bulk pool is cut once this many of its groups are complete
+    warmup: bool
+    stream_after: StreamState
+    requeue_after: tuple[GroupRef, ...]  # waiting at the front of the queue after this step's draws
+
+    @property
+    def q(self) -> int:
+        """Isolated groups this step."""
+        return len(self.tail)
+
+    @property
+    def m(self) -> int:
+        """Tail replicas this step."""
+        return len(self.tail_replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOutcome:
+    """One group's result: completion time if done, else the progress it had at the cutoff."""
+
+    ref: GroupRef
+    pool: Pool
+    status: GroupStatus
+    finish_s: float | None
+    lengths: tuple[int, ...]  # tokens per request: full lengths when done, generated so far when aborted
+    finished_members: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this group generated in the step."""
+        return sum(self.lengths)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What an executor reports: every planned group's outcome, T_tail, T_bulk (cutoff) and the makespan."""
+
+    step: int
+    outcomes: tuple[GroupOutcome, ...]
+    tail_s: float
+    bulk_s: float
+    makespan_s: float
+
+
+class InvariantError(RuntimeError):
+    """An executor broke the step contract (a group lost, duplicated, or the batch not N complete groups)."""

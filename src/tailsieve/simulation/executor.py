@@ -1,0 +1,116 @@
+"""`SimExecutor` (mechanism, virtual time): runs a `StepPlan` on simulated replicas and reports a `StepResult`.
+
+It draws each group's lengths from the workload (generation a of prompt p: fresh draws every time a prompt is
+regenerated, common random numbers across policies), runs every replica with `replica.run_replica` (the plan's
+tail replicas on the tail curve, §3.4), completes the tail pool, cuts the bulk pool at its quota-th group
+completion (ties: earlier in the stream) and reports each aborted group's progress at the cutoff.
+`SimRestarts` is the simulator's pool hook: a step whose pools differ from the last step's pays `restart_s`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.router import RouterConfig
+from tailsieve.policy.step import GroupOutcome, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.simulation.replica import ReplicaConfig, ReplicaRun, run_replica
+from tailsieve.workloads import Workload
+
+
+class SimExecutor:
+    """Executes plans in virtual time; owns the per-prompt generation counters (common random numbers)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        curve: TpotCurve,
+        router: RouterConfig,
+        replica: ReplicaConfig | None = None,
+        *,
+        tail_curve: TpotCurve | None = None,
+    ) -> None:
+        self.workload = workload
+        self.curve = curve  # bulk replicas (every replica in uniform and warm-up steps)
+        self.tail_curve = curve if tail_curve is None else tail_curve  # the plan's tail replicas (§3.4)
+        self.router = router
+        self.replica = replica or ReplicaConfig()
+        self.generation: dict[str, int] = defaultdict(int)
+        self.last_lengths: NDArray[np.int64] = np.zeros((0, router.group_size), dtype=np.int64)  # last step, plan order
+
+    def draw(self, prompt_id: str, step: int) -> NDArray[np.int64]:
+        """Lengths of the next generation of a prompt (a counts every generation of p in this run)."""
+        a = self.generation[prompt_id]
+        self.generation[prompt_id] = a + 1
+        return self.workload.lengths(prompt_id, a, step, self.router.group_size)
+
+    def prompt_tokens(self, prompt_ids: Sequence[str]) -> NDArray[np.int64] | None:
+        """Prompt tokens per id when the prefill option is on (0 where the trace does not record them)."""
+        if self.replica.prefill_ms_per_token <= 0:
+            return None
+        return np.array([self.workload.prompt_tokens(p) or 0 for p in prompt_ids], dtype=np.int64)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step: tail pool to completion, bulk pool cut after `bulk_quota` complete groups."""
+        groups = (*plan.tail, *plan.bulk)
+        q = len(plan.tail)
+        lengths = np.stack([self.draw(ref.prompt_id, plan.step) for ref in groups])  # (n, G) in plan order
+        self.last_lengths = lengths
+        place = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64)
+        flat_len, flat_rep = lengths.ravel(), place.ravel()
+        ptoks = self.prompt_tokens([ref.prompt_id for ref in groups])
+        flat_ptok = None if ptoks is None else np.repeat(ptoks, lengths.shape[1])
+        by_rep = np.argsort(flat_rep, kind="stable")  # requests grouped by replica, plan order inside each
+        bounds = np.flatnonzero(np.diff(flat_rep[by_rep])) + 1
+        finish = np.zeros(flat_len.size)
+        runs: list[tuple[ReplicaRun, NDArray[np.intp]]] = []
+        tail_reps = set(plan.tail_replicas)
+        for idx in np.split(by_rep, bounds):
+            curve = self.tail_curve if int(flat_rep[idx[0]]) in tail_reps else self.curve
+            run = run_replica(flat_len[idx], curve, self.replica, None if flat_ptok is None else flat_ptok[idx])
+            finish[idx] = run.finish_s
+            runs.append((run, idx))
+        fin = finish.reshape(lengths.shape)
+        done_at = fin.max(axis=1)
+        tail_s = float(done_at[:q].max()) if q else 0.0
+        bulk_uid = np.array([ref.uid for ref in plan.bulk], dtype=np.int64)
+        order = np.lexsort((bulk_uid, done_at[q:]))  # completion order, ties by stream position
+        quota = min(plan.bulk_quota, order.size)
+        kept = np.zeros(len(groups), dtype=bool)
+        kept[:q] = True
+        kept[q + order[:quota]] = True
+        bulk_s = float(done_at[q + order[quota - 1]]) if quota > 0 else 0.0
+        at_cut = flat_len.copy()
+        for run, idx in runs:
+            at_cut[idx] = run.tokens_at(bulk_s)
+        cut_tokens = cast(list[list[int]], at_cut.reshape(lengths.shape).tolist())
+        full: list[list[int]] = lengths.tolist()
+        finished: list[int] = (fin <= bulk_s).sum(axis=1).tolist()
+        g = lengths.shape[1]
+        outcomes = tuple(
+            GroupOutcome(ref, Pool.TAIL if i < q else Pool.BULK, GroupStatus.DONE, float(done_at[i]), tuple(full[i]), g)
+            if kept[i]
+            else GroupOutcome(ref, Pool.BULK, GroupStatus.ABORTED, None, tuple(cut_tokens[i]), finished[i])
+            for i, ref in enumerate(groups)
+        )
+        return StepResult(plan.step, outcomes, tail_s, bulk_s, max(tail_s, bulk_s))
+
+
+class SimRestarts:
+    """The simulator's pool hook: `restart_s` seconds whenever a plan's tail pool differs from the last step's (the
+    moved replicas restart in parallel); the first step starts from every replica bulk, as a launcher does."""
+
+    def __init__(self, restart_s: float) -> None:
+        self.restart_s = restart_s
+        self.tail: tuple[int, ...] = ()
+
+    def __call__(self, plan: StepPlan) -> float:
+        """Restart seconds before `plan` runs."""
+        moved = plan.tail_replicas != self.tail
+        self.tail = plan.tail_replicas
+        return self.restart_s if moved else 0.0

@@ -1,0 +1,161 @@
+"""Simulated policy runs: `run_policy` / `run_policies` drive the step loop (`tailsieve.loop`) with `SimExecutor`.
+
+The router and controller are the same objects a real-engine run uses; only the executor differs. The known-length
+oracles (App. A.2) are applied per step to the batches a `uniform` run consumed: same prompts, same draws, exact
+makespans. Per-pool speculative decoding (§3.4, `SimConfig.spec`) gives tail replicas the tail curve and the others
+the bulk curve (docs/speculative.md). Details: docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tailsieve.errors import ConfigError
+from tailsieve.loop import SKIP_STEPS, PolicyRun, RunLog, StepLoop, StepRecord, make_controller
+from tailsieve.model.baselines import GroupBatch, get_policy
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import PoolSpec
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.router import Router, RouterConfig, pool_split
+from tailsieve.simulation.executor import SimExecutor, SimRestarts
+from tailsieve.simulation.replica import ReplicaConfig, run_replica
+from tailsieve.workloads import Workload
+
+__all__ = ["ORACLES", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StepRecord", "check_policy",
+           "policy_names", "run_policies", "run_policy"]
+
+ORACLES: tuple[str, ...] = ("uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")  # App. A.2, known lengths
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run: step shape, replica options, controller constants, static (q, m), seeds, speculation."""
+
+    router: RouterConfig = field(default_factory=RouterConfig)
+    replica: ReplicaConfig = field(default_factory=ReplicaConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    steps: int = 20
+    q: int | None = None
+    m: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculative decoding (§3.4); off by default
+    restart_s: float = 0.0  # seconds a step pays when m changed (a launcher restarting the moved replicas)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
+            raise ConfigError(f"restart_s must be >= 0 and finite, got {self.restart_s}")
+
+
+OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every simulated step
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every policy `run_policy` knows: uniform, the oracles, then the other controllers (`simulate --policy all`)."""
+    ordered = ("uniform", *ORACLES, "static", "tailsieve-fixed", "tailsieve", "tailsieve-paper")
+    return tuple(dict.fromkeys((*ordered, *CONTROLLERS)))
+
+
+def check_policy(name: str, replicas: int) -> None:
+    """ConfigError for an unknown policy (listing the valid ones) or one that needs a tail pool with R < 2."""
+    if name not in CONTROLLERS and name not in ORACLES:
+        raise ConfigError(f"unknown policy '{name}' (valid: {', '.join(policy_names())}, or all)")
+    needs_two = (name in CONTROLLERS and name != "uniform") or get_policy(name).min_replicas > 1
+    if needs_two and replicas < 2:
+        raise ConfigError(f"policy {name} needs at least 2 replicas (a tail and a bulk pool), got R={replicas}")
+
+
+def run_policy(
+    name: str,
+    workload: Workload,
+    curve: TpotCurve,
+    config: SimConfig,
+    *,
+    reference: PolicyRun | None = None,
+    on_step: OnStep | None = None,
+) -> PolicyRun:
+    """Simulate `config.steps` steps of one policy; an oracle replays `reference` (a `uniform` run, made if None)."""
+    check_policy(name, config.router.replicas)
+    if name in ORACLES:
+        if reference is None or reference.policy != "uniform" or len(reference.steps) != config.steps:
+            reference = _run_controller("uniform", workload, curve, config, None)
+        return _run_oracle(name, reference, workload, curve, config, on_step)
+    return _run_controller(name, workload, curve, config, on_step)
+
+
+def run_policies(
+    names: Sequence[str], workload: Workload, curve: TpotCurve, config: SimConfig, *, on_step: OnStep | None = None
+) -> dict[str, PolicyRun]:
+    """Several policies on the same prompt stream and draws; `uniform` always runs (first) as the reference."""
+    names = list(dict.fromkeys(["uniform", *names]))
+    for name in names:
+        check_policy(name, config.router.replicas)
+    uniform = run_policy("uniform", workload, curve, config, on_step=on_step)
+    out = {"uniform": uniform}
+    for name in names[1:]:
+        out[name] = run_policy(name, workload, curve, config, reference=uniform, on_step=on_step)
+    return out
+
+
+def _run_controller(
+    name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None
+) -> PolicyRun:
+    """The step loop on `SimExecutor`; exactly-once consumption is checked every step and over the run."""
+    rc = config.router
+    tail_curve, bulk_curve = config.spec.curves(curve)
+    controller = make_controller(name, rc, bulk_curve=bulk_curve, tail_curve=tail_curve, config=config.controller,
+                                 q=config.q, m=config.m, kv_s_per_token=config.replica.kv_ms_per_1k_tokens / 1e6)
+    loop = StepLoop(Router(rc, workload.prompts, shuffle=config.shuffle, seed=config.seed), controller)
+    executor = SimExecutor(workload, bulk_curve, rc, config.replica, tail_curve=tail_curve)
+    restarts = SimRestarts(config.restart_s)
+    log = RunLog(name)
+    state = loop.initial()
+    for i in range(config.steps):
+        out = loop.step(state, executor, restarts)
+        state = out.state
+        log.add_output(out)
+        if on_step is not None:
+            on_step(name, i + 1)
+    log.check_final(state.router)
+    return log.run()
+
+
+def _run_oracle(
+    name: str, ref: PolicyRun, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None
+) -> PolicyRun:
+    """A known-length baseline applied per step to uniform's batches (same prompts, same draws): exact makespans.
+
+    With speculation on, every replica runs the bulk pool's configuration (the per-pool split is TailSieve's)."""
+    policy = get_policy(name)
+    r = config.router.replicas
+    curve = config.spec.bulk.curve(curve)
+    ex = SimExecutor(workload, curve, config.router, config.replica)
+    records: list[StepRecord] = []
+    for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
+        a = policy.assign(GroupBatch(lens), r, curve)
+        spans = np.asarray(a.replica_makespans_s, dtype=np.float64)
+        if not config.replica.all_admit:  # the same replica model as the simulator (request order: batch order)
+            ptoks = ex.prompt_tokens(ref.batch_prompts[i]) if ref.batch_prompts else None
+            flat_p = None if ptoks is None else np.repeat(ptoks, lens.shape[1])
+            flat_l, flat_r = lens.ravel(), a.replica.ravel()
+            spans = np.array([
+                run_replica(flat_l[flat_r == k], curve, config.replica,
+                            None if flat_p is None else flat_p[flat_r == k]).makespan
+                for k in range(r)
+            ])
+        q, m = int(a.info.get("q", 0)), int(a.info.get("m", a.info.get("dedicated", 0)))
+        tail_reps, bulk_reps = pool_split(r, m)
+        tail_s = float(spans[list(tail_reps)].max()) if m > 0 else 0.0
+        bulk_s = float(spans[list(bulk_reps)].max())
+        note = " ".join(f"{k}={v}" for k, v in a.info.items() if k in ("q", "m", "dedicated", "isolated_requests"))
+        records.append(StepRecord(step=rec.step, makespan_s=max(tail_s, bulk_s), tail_s=tail_s, bulk_s=bulk_s, q=q, m=m,
+                                  candidates=0, wasted_tokens=0, batch_mean_length=rec.batch_mean_length, note=note))
+        if on_step is not None:
+            on_step(name, i + 1)
+    return PolicyRun(name, tuple(records), ref.batch_lengths, ref.consumed_uids, ref.batch_prompts)
