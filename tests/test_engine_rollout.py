@@ -20,7 +20,7 @@ from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState, control_from_json, control_to_json
 from tailsieve.errors import ConfigError
 from tailsieve.policy.controller import ControllerConfig, ControlState
-from tailsieve.policy.step import GroupStatus, Pool
+from tailsieve.policy.step import GroupStatus, Pool, StepPlan
 from tailsieve.workloads import load_workload
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(40))
@@ -149,21 +149,42 @@ def test_restore_rejects_another_run_shape(servers: list[FakeServer]) -> None:
         config(policy="seer-oracle")
 
 
-def test_restarts_reported_by_assign_reach_the_controller(servers: list[FakeServer]) -> None:
-    """A launcher's `assign(m)` returns the restart seconds of a pool move: they count in the step and the
-    controller learns the price of a move from them."""
-    calls: list[int] = []
+def test_restarts_reported_by_the_pool_hook_reach_the_controller(servers: list[FakeServer]) -> None:
+    """A launcher's pool hook receives each plan's explicit pools and returns the restart seconds of a pool move:
+    they count in the step and the controller learns the price of a move from them."""
+    calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
-    def assign(m: int) -> float:
-        calls.append(m)
-        return 3.0 if len(calls) > 1 and calls[-2] != m else 0.0
+    def pools(plan: StepPlan) -> float:
+        calls.append((plan.tail_replicas, plan.bulk_replicas))
+        return 3.0 if len(calls) > 1 and calls[-2] != calls[-1] else 0.0
 
     async def go() -> tuple[list[Batch], float]:
         cfg = config(policy="tailsieve", q=None, m=None, controller=ControllerConfig(m0=1))
-        async with Rollout([s.url for s in servers], cfg, PROMPTS, assign=assign) as r:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS, pools=pools) as r:
             out = [await r.step() for _ in range(3)]
             return out, r.cstate.move_cost_s
 
     batches, learnt = asyncio.run(go())
-    assert calls[:2] == [0, 1] and [b.restart_s for b in batches][:2] == [0.0, 3.0]
+    assert calls[:2] == [((), (0, 1)), ((1,), (0,))]  # warm-up on every replica, then replica 1 is the tail pool
+    assert [b.restart_s for b in batches][:2] == [0.0, 3.0]
     assert batches[1].record.makespan_s >= 3.0 and learnt == 3.0
+
+
+def test_deprecated_assign_by_m_still_moves_pools(servers: list[FakeServer]) -> None:
+    """0.1's `Rollout(assign=f(m))` keeps working (with a DeprecationWarning): it is called with each plan's m."""
+    calls: list[int] = []
+
+    def assign(m: int) -> float:
+        calls.append(m)
+        return 0.0
+
+    async def go() -> None:
+        cfg = config(policy="tailsieve", q=None, m=None, controller=ControllerConfig(m0=1))
+        with pytest.warns(DeprecationWarning, match="pools=f\\(plan\\)"):
+            r = Rollout([s.url for s in servers], cfg, PROMPTS, assign=assign)
+        async with r:
+            for _ in range(2):
+                await r.step()
+
+    asyncio.run(go())
+    assert calls == [0, 1]

@@ -4,6 +4,7 @@ over hundreds of simulated steps with random N, G, R, ρ, dispatch and policies.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -13,8 +14,10 @@ from hypothesis import strategies as st
 
 from conftest import make_curve
 from tailsieve.errors import ConfigError
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, StepObservation
-from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
+from tailsieve.loop import StepLoop
+from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.ranking import RANKINGS, ranking
+from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState, pool_split
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, InvariantError, Pool, StepPlan, StepResult
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.replica import ReplicaConfig
@@ -176,32 +179,48 @@ def test_observe_rejects_broken_results() -> None:
     bad(outs, replace(plan, requeue_after=(plan.bulk[0],)))  # a group both run and waiting
 
 
+class Scripted(Controller):
+    """A test controller (not registered): (q, m) from a fixed schedule, one entry per step; m clamped to R − 1."""
+
+    def __init__(self, rc: RouterConfig, controls: list[tuple[int, int]]) -> None:
+        super().__init__(rc, CURVE)
+        self.controls = controls
+
+    def _at(self, step: int) -> ControlState:
+        q, m = self.controls[step % len(self.controls)]
+        return ControlState(q=q, m=min(m, self.router.replicas - 1))
+
+    def initial(self) -> ControlState:
+        """The schedule's first entry."""
+        return self._at(0)
+
+    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
+        """The schedule's entry for the next step."""
+        return self._at(obs.step + 1)
+
+
 def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, int]], replica: ReplicaConfig) -> None:
-    """Run the loop by hand and check every step's batch and exactly-once consumption independently."""
-    router, ex = Router(rc, WL.prompts), SimExecutor(WL, CURVE, rc, replica)
-    state = router.initial_state()
-    ctl = CONTROLLERS["tailsieve"](rc, CURVE, ControllerConfig(m0=min(1, rc.replicas - 1))) if policy else None
-    cstate = ctl.initial() if ctl else None
+    """Run the shared step loop and check every step's batch and exactly-once consumption independently."""
+    ctl = (CONTROLLERS["tailsieve"](rc, CURVE, ControllerConfig(m0=min(1, rc.replicas - 1))) if policy
+           else Scripted(rc, controls))
+    loop, ex = StepLoop(Router(rc, WL.prompts), ctl), SimExecutor(WL, CURVE, rc, replica)
+    state = loop.initial()
     consumed: Counter[int] = Counter()
-    for i in range(steps):
-        q, m = (cstate.q, cstate.m) if cstate else controls[i % len(controls)]
-        plan = router.plan(state, q, min(m, rc.replicas - 1))
-        res = ex.execute(plan)
-        state = router.observe(state, plan, res)
-        done = [o for o in res.outcomes if o.status is GroupStatus.DONE]
+    for _ in range(steps):
+        out = loop.step(state, ex)
+        state = out.state
+        done = [o for o in out.result.outcomes if o.status is GroupStatus.DONE]
+        assert [o.ref.uid for o in done] == [o.ref.uid for o in out.consumed]
         assert len(done) == rc.groups and all(len(o.lengths) == rc.group_size for o in done)
         assert all(o.finished_members == rc.group_size for o in done)
+        assert out.batch.shape == (rc.groups, rc.group_size) and out.record.q == out.plan.q
         consumed.update(o.ref.uid for o in done)
-        if ctl and cstate:
-            batch = np.array([o.lengths for o in done], dtype=np.int64)
-            obs = StepObservation(plan.step, plan.q, plan.m, plan.warmup, len(state.candidates), res.tail_s,
-                                  res.bulk_s, batch)
-            cstate = ctl.update(cstate, obs)
+    rstate = state.router
     assert max(consumed.values()) == 1  # none duplicated
-    pending = [r.uid for r in (*state.candidates, *state.requeue)]
+    pending = [r.uid for r in (*rstate.candidates, *rstate.requeue)]
     assert len(pending) == len(set(pending)) and not set(pending) & set(consumed)
-    assert set(consumed) | set(pending) == set(range(state.stream.position if state.stream else 0))  # none lost
-    assert sum(consumed.values()) == rc.groups * steps == state.consumed
+    assert set(consumed) | set(pending) == set(range(rstate.stream.position if rstate.stream else 0))  # none lost
+    assert sum(consumed.values()) == rc.groups * steps == rstate.consumed
 
 
 @settings(max_examples=60, deadline=None)
@@ -225,3 +244,41 @@ def test_three_hundred_steps_of_random_splits() -> None:
     drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25), 300, "", controls, ReplicaConfig())
     drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25, dispatch=Dispatch.GROUP), 120, "tailsieve",
           controls, ReplicaConfig())
+
+
+def test_rankings_are_named_and_replaceable() -> None:
+    """Candidate ranking is chosen by name; a registered function replaces it; a non-permutation is refused."""
+    with pytest.raises(ConfigError, match="unknown candidate ranking 'nope'.*least-progress"):
+        RouterConfig(ranking="nope")
+    rc = RouterConfig(groups=8, group_size=2, replicas=3, rho=0.5)
+    default = warm(rc)[2].candidates
+    by_stream = warm(replace(rc, ranking="stream-order"))[2].candidates
+    assert sorted(r.uid for r in default) == [r.uid for r in by_stream]  # same cut groups, stream order
+    expected = sorted(default, key=lambda r: r.uid)
+    assert list(by_stream) == expected
+
+    @ranking("test-reverse")
+    def reverse(cut: Sequence[GroupOutcome]) -> list[GroupOutcome]:
+        return sorted(cut, key=lambda o: -o.ref.uid)
+
+    @ranking("test-drops-one")
+    def drops(cut: Sequence[GroupOutcome]) -> list[GroupOutcome]:
+        return list(cut)[1:]
+
+    try:
+        assert [r.uid for r in warm(replace(rc, ranking="test-reverse"))[2].candidates] == sorted(
+            (r.uid for r in default), reverse=True)
+        with pytest.raises(InvariantError, match="permutation"):
+            warm(replace(rc, ranking="test-drops-one"))
+    finally:
+        del RANKINGS["test-reverse"], RANKINGS["test-drops-one"]
+
+
+def test_pool_split_is_the_plans_pools() -> None:
+    assert pool_split(5, 2) == ((3, 4), (0, 1, 2)) and pool_split(3, 0) == ((), (0, 1, 2))
+    router = Router(RouterConfig(groups=6, group_size=2, replicas=5), WL.prompts)
+    state = warm(RouterConfig(groups=6, group_size=2, replicas=5))[2]
+    plan = router.plan(state, 2, 2)
+    assert (plan.tail_replicas, plan.bulk_replicas) == pool_split(5, 2)
+    assert {r for ref in plan.tail for r in plan.placement[ref.uid]} <= set(plan.tail_replicas)
+    assert {r for ref in plan.bulk for r in plan.placement[ref.uid]} <= set(plan.bulk_replicas)

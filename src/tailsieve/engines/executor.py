@@ -1,5 +1,9 @@
 """`EngineExecutor`: runs a `StepPlan` on real replicas and reports the same `StepResult` as `SimExecutor`.
 
+It is an `AsyncExecutor` of the step loop (`tailsieve.loop`): `await executor.execute(plan)` returns an
+`ExecutedStep`, a `StepResult` that also carries every member's sample. What to send for each group (prompt,
+per-member seeds and max_tokens) comes from the `spec` function given at construction.
+
 Every planned group's requests go to the replicas the plan names (one request per member, or one per group and
 replica with `n` = its members there). The tail pool runs to completion; the bulk pool is cut when `bulk_quota`
 of its groups are complete: the rest are cancelled (the connection closes, which aborts them on the server) and
@@ -14,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import cast
 
 from tailsieve.engines.client import (
     Completion,
@@ -69,27 +74,88 @@ class _Job:
     end: float = 0.0
 
 
+GroupSpecFn = Callable[[GroupRef, StepPlan], GroupSpec]  # what to send for a group of a plan
+
+
 @dataclass(frozen=True, slots=True)
-class ExecutedStep:
+class ExecutedStep(StepResult):
     """A step's `StepResult` plus every member's sample (None where unfinished) and fault counts."""
 
-    result: StepResult
     samples: dict[int, tuple[Sample | None, ...]]
     redispatched: int
     started_at: float  # wall clock (time.time()) at dispatch
 
+    @property
+    def result(self) -> StepResult:
+        """The plain `StepResult` (0.1 API: `ExecutedStep.result`)."""
+        return StepResult(self.step, self.outcomes, self.tail_s, self.bulk_s, self.makespan_s)
+
+
+class _Step:
+    """The mutable bookkeeping of one executing step (owned by one `EngineExecutor.execute` call)."""
+
+    def __init__(self, plan: StepPlan, specs: dict[int, GroupSpec], g: int, replicas: int) -> None:
+        self.plan = plan
+        self.specs = specs
+        self.pool_of = {r.uid: Pool.TAIL for r in plan.tail} | {r.uid: Pool.BULK for r in plan.bulk}
+        self.pool_reps = {Pool.TAIL: plan.tail_replicas, Pool.BULK: plan.bulk_replicas}
+        groups = (*plan.tail, *plan.bulk)
+        self.samples: dict[int, list[Sample | None]] = {r.uid: [None] * g for r in groups}
+        self.progress: dict[int, list[int]] = {r.uid: [0] * g for r in groups}
+        self.done_at: dict[int, float] = {}
+        self.load = [0] * replicas
+        self.pending: dict[asyncio.Task[Completion], _Job] = {}
+        self.redispatched = 0
+        self.cut = plan.bulk_quota <= 0
+        self.bulk_done: list[int] = []
+        self.bulk_s = 0.0
+        self.tail_left = {r.uid for r in plan.tail}
+        self.started_at = time.time()
+        self.t0 = time.perf_counter()
+
+    def snapshot(self, job: _Job) -> None:
+        """Copy a job's streamed progress into its group's members."""
+        for k, j in enumerate(job.members):
+            if k < len(job.progress):
+                self.progress[job.uid][j] = job.progress[k]
+
+    def release(self, task: asyncio.Task[Completion]) -> _Job:
+        """Forget a task (its replica's load drops by its members)."""
+        job = self.pending.pop(task)
+        self.load[job.replica] -= len(job.members)
+        return job
+
+    def busy(self) -> bool:
+        """Work left that the step waits for: tail groups, or the bulk pool before its cutoff."""
+        return bool(self.pending) and bool(self.tail_left or not self.cut)
+
+    def outcomes(self, g: int) -> tuple[GroupOutcome, ...]:
+        """Every planned group's outcome, plan order: tail groups and kept bulk groups DONE, the rest ABORTED."""
+        kept = set(self.bulk_done)
+        out: list[GroupOutcome] = []
+        for ref in (*self.plan.tail, *self.plan.bulk):
+            pool, got = self.pool_of[ref.uid], self.samples[ref.uid]
+            if pool is Pool.TAIL or ref.uid in kept:
+                lengths = tuple(s.tokens for s in got if s is not None)
+                out.append(GroupOutcome(ref, pool, GroupStatus.DONE, self.done_at[ref.uid], lengths, g))
+            else:
+                lengths = tuple(s.tokens if s is not None else self.progress[ref.uid][j] for j, s in enumerate(got))
+                out.append(GroupOutcome(ref, pool, GroupStatus.ABORTED, None, lengths, sum(s is not None for s in got)))
+        return tuple(out)
+
 
 class EngineExecutor:
-    """Executes plans against `Replicas`; `spec(ref)` supplies each group's prompt, seeds and max_tokens."""
+    """Executes plans against `Replicas`; `spec(ref, plan)` supplies each group's prompt, seeds and max_tokens."""
 
     def __init__(self, replicas: Replicas, model: str, params: SamplingParams, group_size: int,
-                 mode: RequestMode = RequestMode.SPLIT) -> None:
+                 mode: RequestMode = RequestMode.SPLIT, *, spec: GroupSpecFn | None = None) -> None:
         self.replicas = replicas
         self.client: EngineClient = replicas.client
         self.model = model
         self.params = params
         self.g = group_size
         self.mode = mode
+        self.spec = spec
 
     def _jobs(self, ref: GroupRef, pool: Pool, placement: tuple[int, ...], spec: GroupSpec) -> list[_Job]:
         if self.mode is RequestMode.SPLIT:
@@ -113,119 +179,99 @@ class EngineExecutor:
         finally:
             job.end = time.perf_counter()
 
-    async def execute(self, plan: StepPlan, spec: Callable[[GroupRef], GroupSpec]) -> ExecutedStep:
-        """Run one step (see the module docstring); raises `EngineError` when no replica can take the work."""
-        g = self.g
-        groups = (*plan.tail, *plan.bulk)
-        pool_of = {r.uid: Pool.TAIL for r in plan.tail} | {r.uid: Pool.BULK for r in plan.bulk}
-        pool_reps = {Pool.TAIL: plan.tail_replicas, Pool.BULK: plan.bulk_replicas}
-        specs = {r.uid: spec(r) for r in groups}
-        samples: dict[int, list[Sample | None]] = {r.uid: [None] * g for r in groups}
-        progress: dict[int, list[int]] = {r.uid: [0] * g for r in groups}
-        done_at: dict[int, float] = {}
-        load = [0] * len(self.replicas)
-        pending: dict[asyncio.Task[Completion], _Job] = {}
-        redispatched = 0
-        started_at = time.time()
-        t0 = time.perf_counter()
-
-        async def launch(job: _Job) -> None:
-            target = self.replicas.pick(job.planned, pool_reps[job.pool], load)
-            if target is None and await self.replicas.wait_any(self.replicas.policy.no_healthy_wait_s):
-                target = self.replicas.pick(job.planned, pool_reps[job.pool], load)
-            if target is None:
-                raise NoHealthyReplica(f"no healthy replica among {len(self.replicas)} "
-                                       f"({', '.join(e.url for e in self.replicas.endpoints)})")
-            job.replica = target
-            load[target] += len(job.members)
-            task = asyncio.get_running_loop().create_task(self._run(job, self._request(job, specs[job.uid], plan.step)))
-            pending[task] = job
-
-        def snapshot(job: _Job) -> None:
-            for k, j in enumerate(job.members):
-                if k < len(job.progress):
-                    progress[job.uid][j] = job.progress[k]
-
-        cut = plan.bulk_quota <= 0
-        bulk_done: list[int] = []
-        bulk_s = 0.0
-        tail_left = {r.uid for r in plan.tail}
+    async def execute(self, plan: StepPlan, spec: Callable[[GroupRef], GroupSpec] | None = None) -> ExecutedStep:
+        """Run one step (see the module docstring); raises `EngineError` when no replica can take the work.
+        `spec` overrides the constructor's spec function for this call (0.1 API: `execute(plan, spec)`)."""
+        if spec is None and self.spec is None:
+            raise EngineError("EngineExecutor needs a spec function (constructor `spec=` or `execute(plan, spec)`)")
+        fn = spec if spec is not None else (lambda ref: cast(GroupSpecFn, self.spec)(ref, plan))
+        st = _Step(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
         try:
-            for ref in groups:
-                if pool_of[ref.uid] is Pool.BULK and cut:
-                    continue
-                for job in self._jobs(ref, pool_of[ref.uid], plan.placement[ref.uid], specs[ref.uid]):
-                    await launch(job)
-            while pending and (tail_left or not cut):
-                finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(finished, key=lambda t: pending[t].end):
-                    job = pending.pop(task)
-                    load[job.replica] -= len(job.members)
-                    if task.cancelled():
-                        continue
-                    exc = task.exception()
-                    if isinstance(exc, ReplicaFault):
-                        snapshot(job)
-                        self.replicas.mark_down(job.replica, exc.kind, str(exc))
-                        moved = [job]
-                        for other_task, other in list(pending.items()):
-                            if other.replica == job.replica and not other_task.done():
-                                other_task.cancel()
-                                snapshot(other)
-                                pending.pop(other_task)
-                                load[other.replica] -= len(other.members)
-                                moved.append(other)
-                        for m in moved:
-                            if m.pool is Pool.BULK and cut:
-                                continue
-                            if m.attempt >= self.replicas.policy.retries:
-                                raise EngineError(f"prompt group {m.uid} failed {m.attempt + 1} times; last: {exc}")
-                            redispatched += 1
-                            await launch(_Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1))
-                        continue
-                    if exc is not None:
-                        raise exc
-                    now = job.end - t0
-                    comp = task.result()
-                    for k, j in enumerate(job.members):
-                        ch = comp.choices[k] if k < len(comp.choices) else None
-                        if ch is None:
-                            raise EngineError(f"{self.replicas.endpoints[job.replica].url}: {len(comp.choices)} "
-                                              f"choices returned, {len(job.members)} requested")
-                        samples[job.uid][j] = Sample(ch.text, ch.tokens, ch.finish_reason, ch.token_ids, job.replica,
-                                                     now, job.attempt + 1)
-                        progress[job.uid][j] = ch.tokens
-                    if job.uid in done_at or any(s is None for s in samples[job.uid]):
-                        continue
-                    done_at[job.uid] = now
-                    if job.pool is Pool.TAIL:
-                        tail_left.discard(job.uid)
-                    elif not cut:
-                        bulk_done.append(job.uid)
-                        if len(bulk_done) >= plan.bulk_quota:
-                            cut, bulk_s = True, now
-                            for other_task, other in pending.items():
-                                if other.pool is Pool.BULK:
-                                    snapshot(other)
-                                    other_task.cancel()
+            for ref in (*plan.tail, *plan.bulk):
+                if st.pool_of[ref.uid] is Pool.TAIL or not st.cut:
+                    for job in self._jobs(ref, st.pool_of[ref.uid], plan.placement[ref.uid], st.specs[ref.uid]):
+                        await self._launch(st, job)
+            while st.busy():
+                finished, _ = await asyncio.wait(st.pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(finished, key=lambda t: st.pending[t].end):
+                    await self._settle(st, task)
         finally:
-            for task, job in pending.items():
-                snapshot(job)
+            for task, job in st.pending.items():
+                st.snapshot(job)
                 task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        tail_s = max((done_at[r.uid] for r in plan.tail), default=0.0)
-        kept = set(bulk_done)
-        outcomes: list[GroupOutcome] = []
-        for ref in groups:
-            pool = pool_of[ref.uid]
-            got = samples[ref.uid]
-            if pool is Pool.TAIL or ref.uid in kept:
-                lengths = tuple(s.tokens for s in got if s is not None)
-                outcomes.append(GroupOutcome(ref, pool, GroupStatus.DONE, done_at[ref.uid], lengths, g))
-            else:
-                lengths = tuple(s.tokens if s is not None else progress[ref.uid][j] for j, s in enumerate(got))
-                fin = sum(s is not None for s in got)
-                outcomes.append(GroupOutcome(ref, pool, GroupStatus.ABORTED, None, lengths, fin))
-        result = StepResult(plan.step, tuple(outcomes), tail_s, bulk_s, max(tail_s, bulk_s))
-        return ExecutedStep(result, {u: tuple(s) for u, s in samples.items()}, redispatched, started_at)
+            if st.pending:
+                await asyncio.gather(*st.pending, return_exceptions=True)
+        tail_s = max((st.done_at[r.uid] for r in plan.tail), default=0.0)
+        return ExecutedStep(plan.step, st.outcomes(self.g), tail_s, st.bulk_s, max(tail_s, st.bulk_s),
+                            {u: tuple(s) for u, s in st.samples.items()}, st.redispatched, st.started_at)
+
+    async def _launch(self, st: _Step, job: _Job) -> None:
+        """Send a job to its planned replica, or a healthy one of its pool (same pool first), waiting a while when
+        none is healthy."""
+        target = self.replicas.pick(job.planned, st.pool_reps[job.pool], st.load)
+        if target is None and await self.replicas.wait_any(self.replicas.policy.no_healthy_wait_s):
+            target = self.replicas.pick(job.planned, st.pool_reps[job.pool], st.load)
+        if target is None:
+            raise NoHealthyReplica(f"no healthy replica among {len(self.replicas)} "
+                                   f"({', '.join(e.url for e in self.replicas.endpoints)})")
+        job.replica = target
+        st.load[target] += len(job.members)
+        req = self._request(job, st.specs[job.uid], st.plan.step)
+        st.pending[asyncio.get_running_loop().create_task(self._run(job, req))] = job
+
+    async def _settle(self, st: _Step, task: asyncio.Task[Completion]) -> None:
+        """One finished request: a replica fault moves its replica's work, a completion records its samples."""
+        job = st.release(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, ReplicaFault):
+            await self._fail_over(st, job, exc)
+        elif exc is not None:
+            raise exc
+        else:
+            self._record(st, job, task.result())
+
+    async def _fail_over(self, st: _Step, job: _Job, exc: ReplicaFault) -> None:
+        """Mark the replica down and re-dispatch its unfinished requests (the cut bulk pool's are dropped)."""
+        st.snapshot(job)
+        self.replicas.mark_down(job.replica, exc.kind, str(exc))
+        moved = [job]
+        for other_task, other in list(st.pending.items()):
+            if other.replica == job.replica and not other_task.done():
+                other_task.cancel()
+                st.snapshot(other)
+                st.release(other_task)
+                moved.append(other)
+        for m in moved:
+            if m.pool is Pool.BULK and st.cut:
+                continue
+            if m.attempt >= self.replicas.policy.retries:
+                raise EngineError(f"prompt group {m.uid} failed {m.attempt + 1} times; last: {exc}")
+            st.redispatched += 1
+            await self._launch(st, _Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1))
+
+    def _record(self, st: _Step, job: _Job, comp: Completion) -> None:
+        """Store a completed request's samples; a group complete in the bulk pool may trigger the cutoff."""
+        now = job.end - st.t0
+        for k, j in enumerate(job.members):
+            ch = comp.choices[k] if k < len(comp.choices) else None
+            if ch is None:
+                raise EngineError(f"{self.replicas.endpoints[job.replica].url}: {len(comp.choices)} "
+                                  f"choices returned, {len(job.members)} requested")
+            st.samples[job.uid][j] = Sample(ch.text, ch.tokens, ch.finish_reason, ch.token_ids, job.replica, now,
+                                            job.attempt + 1)
+            st.progress[job.uid][j] = ch.tokens
+        if job.uid in st.done_at or any(s is None for s in st.samples[job.uid]):
+            return
+        st.done_at[job.uid] = now
+        if job.pool is Pool.TAIL:
+            st.tail_left.discard(job.uid)
+        elif not st.cut:
+            st.bulk_done.append(job.uid)
+            if len(st.bulk_done) >= st.plan.bulk_quota:
+                st.cut, st.bulk_s = True, now
+                for other_task, other in st.pending.items():
+                    if other.pool is Pool.BULK:
+                        st.snapshot(other)
+                        other_task.cancel()

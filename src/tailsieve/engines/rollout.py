@@ -4,19 +4,21 @@ Each step plans with the same `Router` and controller as the simulator, executes
 `EngineExecutor`, feeds the controller the same `StepObservation`, and returns N complete groups. `r.state()` /
 `r.save(path)` capture router, controller and generation counters; `Rollout(..., state=path)` resumes from them.
 Per-pool speculation (§3.4): the controller gets the tail pool's curve (`tail_curve`, or `spec` derived from
-`curve`). `Rollout(..., assign=launcher.assign)` lets a replica launcher move replicas between pools before each
-step; the restart seconds it returns are added to the step's makespan (docs/launch.md).
+`curve`). The step itself is the shared step loop (`tailsieve.loop.StepLoop.astep`) with `EngineExecutor`.
+`Rollout(..., pools=launcher.pool_hook)` gives a replica launcher each plan's pools before the step runs; the
+restart seconds it returns are added to the step's makespan (docs/launch.md). The 0.1 form `assign=f(m)` still
+works and warns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, cast
 
 from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
 from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
@@ -25,12 +27,13 @@ from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_pro
 from tailsieve.engines.state import RolloutState
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
-from tailsieve.loop import StepRecord
+from tailsieve.loop import LoopState, PoolHook, StepLoop, StepRecord, make_controller
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import PoolSpec
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
-from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool
+from tailsieve.policy.step import GroupOutcome, GroupRef, Pool, StepPlan
 from tailsieve.workloads import Workload
 
 
@@ -61,6 +64,8 @@ class RolloutConfig:
     faults: FaultPolicy = field(default_factory=FaultPolicy)
     api_key_env: str | None = "TAILSIEVE_API_KEY"
     model: str | None = None  # None: the first model the first healthy endpoint serves
+    ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`)
+    kv_ms_per_1k: float = 0.0  # the replicas' KV-traffic term for the controller's predictor, when measured
 
     def __post_init__(self) -> None:
         if self.policy not in CONTROLLERS:
@@ -68,13 +73,15 @@ class RolloutConfig:
                               "the oracles need known lengths and exist only in `simulate`)")
         if not self.length_scale > 0:
             raise ConfigError(f"length_scale must be > 0, got {self.length_scale}")
+        if not (math.isfinite(self.kv_ms_per_1k) and self.kv_ms_per_1k >= 0):
+            raise ConfigError(f"kv_ms_per_1k must be finite and >= 0, got {self.kv_ms_per_1k}")
 
     def router(self, replicas: int) -> RouterConfig:
         """The router configuration for `replicas` endpoints."""
         if self.policy != "uniform" and replicas < 2:
             raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
         return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
-                            dispatch=self.dispatch)
+                            dispatch=self.dispatch, ranking=self.ranking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +130,7 @@ class Rollout:
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
                  prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None,
-                 assign: Callable[[int], float] | None = None) -> None:
+                 pools: PoolHook | None = None, assign: Callable[[int], float] | None = None) -> None:
         self.endpoints = tuple(e if isinstance(e, Endpoint) else Endpoint.parse(e) for e in endpoints)
         if not self.endpoints:
             raise ConfigError("no endpoints given")
@@ -135,11 +142,19 @@ class Rollout:
         self.tail_curve, self.curve = config.spec.curves(load_curve(config.curve))
         if config.tail_curve is not None:
             self.tail_curve = load_curve(config.tail_curve)
-        self.assign = assign
+        if assign is not None:
+            warnings.warn("Rollout(assign=f(m)) is deprecated: pass pools=f(plan) (a launcher's pool_hook), which "
+                          "receives the plan's tail and bulk replica ids", DeprecationWarning, stacklevel=2)
+            if pools is None:
+                pools = pools_from_assign(assign)
+        self.pools = pools
         self.router = Router(self.rc, [p.prompt_id for p in self.prompts], shuffle=config.shuffle,
                              seed=config.seed or 0)
-        self.controller = CONTROLLERS[config.policy](self.rc, self.curve, config.controller, q=config.q, m=config.m,
-                                                     tail_curve=self.tail_curve)
+        self.controller = make_controller(config.policy, self.rc, bulk_curve=self.curve, tail_curve=self.tail_curve,
+                                          config=config.controller, q=config.q, m=config.m,
+                                          kv_s_per_token=config.kv_ms_per_1k / 1e6)
+        self.loop = StepLoop(self.router, self.controller)
+        self._drawn: tuple[int, dict[int, int], dict[str, int]] | None = None  # (step, uid → generation, counters)
         self._by_id = {p.prompt_id: p for p in self.prompts}
         self._rendered: dict[str, str | Messages] = {}
         self._replay_id = self._replay_map()
@@ -187,6 +202,7 @@ class Rollout:
         if diff:
             raise ConfigError(f"saved rollout state does not match this run ({', '.join(diff)} differ)")
         self.rstate, self.cstate, self.generation = state.router, state.control, dict(state.generation)
+        self._drawn = None
 
     async def __aenter__(self) -> Rollout:
         await self.open()
@@ -205,7 +221,7 @@ class Rollout:
             await self.close()
             raise
         self.executor = EngineExecutor(self.replicas, model, self._params(), self.rc.group_size,
-                                       self.config.request_mode)
+                                       self.config.request_mode, spec=self._group_spec)
 
     async def _resolve_model(self, replicas: Replicas) -> str:
         await replicas.check_all()
@@ -249,33 +265,44 @@ class Rollout:
             lens = tuple(max(1, round(int(x) * cfg.length_scale)) for x in raw)
         return GroupSpec(self._prompt(ref.prompt_id), seeds, lens)
 
+    def _generations(self, plan: StepPlan) -> tuple[dict[int, int], dict[str, int]]:
+        """The generation each planned group regenerates (per prompt, counting every earlier one) and the counters
+        after the step; computed once per plan and committed only when the step succeeds."""
+        if self._drawn is None or self._drawn[0] != plan.step:
+            gen = dict(self.generation)
+            drawn: dict[int, int] = {}
+            for ref in (*plan.tail, *plan.bulk):
+                drawn[ref.uid] = gen.get(ref.prompt_id, 0)
+                gen[ref.prompt_id] = drawn[ref.uid] + 1
+            self._drawn = (plan.step, drawn, gen)
+        return self._drawn[1], self._drawn[2]
+
+    def _group_spec(self, ref: GroupRef, plan: StepPlan) -> GroupSpec:
+        """The executor's spec function: prompt, per-member seeds and (replay) max_tokens of a planned group."""
+        return self._spec(ref, self._generations(plan)[0][ref.uid], plan.step)
+
+    async def _pool_move(self, plan: StepPlan) -> float:
+        """The pool hook (a launcher moving replicas), off the event loop; its restart seconds."""
+        return 0.0 if self.pools is None else float(await asyncio.to_thread(self.pools, plan))
+
     async def step(self) -> Batch:
         """Run one step and return its N complete groups; state advances only when the step succeeds."""
         if self.executor is None or self.replicas is None:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
-        plan = self.router.plan(self.rstate, self.cstate.q, self.cstate.m)
-        restart_s = 0.0 if self.assign is None else float(await asyncio.to_thread(self.assign, plan.m))
-        gen = dict(self.generation)
-        drawn: dict[int, int] = {}
-        for ref in (*plan.tail, *plan.bulk):
-            drawn[ref.uid] = gen.get(ref.prompt_id, 0)
-            gen[ref.prompt_id] = drawn[ref.uid] + 1
-        ex: ExecutedStep = await self.executor.execute(plan, lambda r: self._spec(r, drawn[r.uid], plan.step))
-        result = ex.result
-        rstate = self.router.observe(self.rstate, plan, result)
-        done = [o for o in result.outcomes if o.status is GroupStatus.DONE]
-        batch = np.array([o.lengths for o in done], dtype=np.int64)
-        wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
-        obs = StepObservation(plan.step, plan.q, plan.m, plan.warmup, len(rstate.candidates), result.tail_s,
-                              result.bulk_s, batch, restart_s)
-        cstate = self.controller.update(self.cstate, obs)
-        record = StepRecord(plan.step, restart_s + result.makespan_s, result.tail_s, result.bulk_s, plan.q, plan.m,
-                            len(rstate.candidates), int(wasted), float(batch.mean()), plan.warmup, cstate.note)
-        self.rstate, self.cstate, self.generation = rstate, cstate, gen
+        out = await self.loop.astep(LoopState(self.rstate, self.cstate), self.executor, self._pool_move)
+        ex = cast(ExecutedStep, out.result)
+        self.rstate, self.cstate = out.state.router, out.state.control
+        self.generation = self._generations(out.plan)[1]
         groups = tuple(
             GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
                         tuple(s for s in ex.samples[o.ref.uid] if s is not None))
-            for o in done
+            for o in out.consumed
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
-        return Batch(plan.step, groups, record, result.outcomes, ex.redispatched, ex.started_at, down, restart_s)
+        return Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
+                     out.restart_s)
+
+
+def pools_from_assign(assign: Callable[[int], float]) -> PoolHook:
+    """Adapter for the deprecated `assign(m)` launcher call."""
+    return lambda plan: assign(plan.m)

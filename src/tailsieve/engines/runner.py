@@ -24,10 +24,10 @@ import numpy as np
 from tailsieve.analysis.metrics import length_bias, wasted_share
 from tailsieve.engines.client import Endpoint
 from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_assign
 from tailsieve.engines.state import RolloutState, write_json_atomic
 from tailsieve.errors import ConfigError
-from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
+from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
 
 OnStep = Callable[[str, Batch], None]
 
@@ -150,11 +150,12 @@ def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = S
 async def run_policies_real(
     endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
-    on_step: OnStep | None = None, assign: Callable[[int], float] | None = None,
+    on_step: OnStep | None = None, pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
     live_meta: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, PolicyRun]:
     """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
-    `assign(m)`: a launcher's pool move before each step (its restart seconds count in the step); `live_meta()`:
+    `pools(plan)`: a launcher's pool move before each step (its restart seconds count in the step; the deprecated
+    `assign(m)` still works); `live_meta()`:
     report keys read again at every write (the launcher's replicas and restart counts)."""
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
@@ -172,8 +173,10 @@ async def run_policies_real(
             states[name] = None
     doc_meta = dict(meta or {}) | {"policies_order": list(configs), "steps": steps}
     async with AsyncExitStack() as stack:
+        if assign is not None and pools is None:
+            pools = pools_from_assign(assign)
         rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name],
-                                                                  assign=assign))
+                                                                  pools=pools))
                     for name, cfg in configs.items()}
         for _ in range(steps):
             for name, r in rollouts.items():

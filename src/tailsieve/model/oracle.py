@@ -209,15 +209,7 @@ def _search(
         big = math.ldexp(1.0, math.frexp(float(an.max()) + 1.0)[1])
         order = np.argsort(cc * big + an, kind="stable")
         cc, an, bn, bound, par, on_b = cc[order], an[order], bn[order], bound[order], par[order], on_b[order]
-        # Pareto filter: along each run B does not increase, so the entry most likely to dominate another is the
-        # latest earlier entry of the other run with the same c. The test compares true values: drops are sound.
-        idx = np.arange(cc.size)
-        last_b = np.maximum.accumulate(np.where(on_b, idx, -1))
-        last_a = np.maximum.accumulate(np.where(on_b, -1, idx))
-        other = np.where(on_b, np.roll(last_a, 1), np.roll(last_b, 1))
-        other[0] = -1
-        o = np.maximum(other, 0)
-        keep = np.flatnonzero((other < 0) | (cc[o] != cc) | (an[o] > an) | (bn[o] > bn))
+        keep = _pareto_keep(cc, an, bn, on_b)
         if width is not None and keep.size > width:
             part = np.argpartition(bound[keep], width)
             dropped = min(dropped, float(bound[keep[part[width:]]].min()))
@@ -234,12 +226,30 @@ def _search(
             raise _Exhausted(min(float(bound[keep].min()), dropped), hard)
     final = np.maximum(a, b)
     j = int(np.argmin(final))
-    value = float(final[j])
+    return _Pass(float(final[j]), _backtrack(parents, on_b_kept, j), truncated)
+
+
+def _pareto_keep(cc: NDArray[np.int64], an: FloatArray, bn: FloatArray, on_b: BoolArray) -> NDArray[np.intp]:
+    """Indices of the states (sorted by (c, A)) that survive the Pareto filter. Along each run B does not increase,
+    so the entry most likely to dominate another is the latest earlier entry of the other run with the same c.
+    The test compares true values: drops are sound."""
+    idx = np.arange(cc.size)
+    last_b = np.maximum.accumulate(np.where(on_b, idx, -1))
+    last_a = np.maximum.accumulate(np.where(on_b, -1, idx))
+    other = np.where(on_b, np.roll(last_a, 1), np.roll(last_b, 1))
+    other[0] = -1
+    o = np.maximum(other, 0)
+    return np.flatnonzero((other < 0) | (cc[o] != cc) | (an[o] > an) | (bn[o] > bn))
+
+
+def _backtrack(parents: list[NDArray[np.int32]], on_b_kept: list[BoolArray], j: int) -> LaneArray:
+    """Lanes of final state j, in descending-length order, following the parent pointers back to request 0."""
+    n = len(parents)
     lanes = np.zeros(n, dtype=np.int8)
     for i in range(n - 1, 0, -1):
         lanes[i] = on_b_kept[i][j]
         j = int(parents[i][j])
-    return _Pass(value, lanes, truncated)
+    return lanes
 
 
 def _by_count(

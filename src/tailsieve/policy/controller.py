@@ -1,7 +1,8 @@
 """Hierarchical controller (§3.2, App. C.1–C.2), pure: a frozen state and a step observation in, a new state out.
 
 Registry `CONTROLLERS` (name → class, filled by `@register`): `uniform`, `static`, `tailsieve-fixed`,
-`tailsieve` and `tailsieve-paper`. Each has one required method, `update`; `initial` has a default.
+`tailsieve` and `tailsieve-paper`. Each has one required method, `update`; `initial` and the outer loop's hooks
+(`split_q`, `q_after_move`) have defaults, so a variant overrides a hook instead of the base checking its name.
 
 `tailsieve-paper` follows the paper literally: the inner loop moves q toward q* = N·r̄_tail/(r̄_bulk + r̄_tail)
 from EMA-smoothed pool rates. That rule has a fixed point wherever the two pools finish together, and the tail
@@ -226,11 +227,7 @@ class Controller:
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
             if mc == m:
                 continue
-            qc, tc = (
-                self.best_q(state, pred, mc)
-                if self.name != "tailsieve-paper"
-                else (max(q, 1), self._calibrated(state, pred, max(q, 1), mc))
-            )
+            qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
                 continue
             options.append((tc, qc, mc))
@@ -241,12 +238,7 @@ class Controller:
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
         step = int(np.sign(best_m - m))
         new_m = m + step
-        if new_m == 0:
-            new_q = 0
-        elif self.name == "tailsieve-paper":
-            new_q = max(q, 1)
-        else:
-            new_q = best_q if new_m == best_m else self.best_q(state, pred, new_m)[0]
+        new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         return replace(
             state,
             m=new_m,
@@ -259,6 +251,16 @@ class Controller:
             rate_bulk=math.nan,
             note=f"m {m}->{new_m}",
         )
+
+    # hooks of the outer loop (C.2); defaults: the predictive choice of q ----------------------------------------
+    def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
+        """The q a candidate split with m tail replicas would run, and its calibrated T̂(q, m)."""
+        return self.best_q(state, pred, m)
+
+    def q_after_move(self, state: ControlState, pred: Predictor, new_m: int, best: int | None) -> int:
+        """q after the outer loop moves one replica to `new_m` > 0 (`best`: the candidate split's q, when the move
+        reaches that split)."""
+        return best if best is not None else self.best_q(state, pred, new_m)[0]
 
     def feasible(self, state: ControlState, pred: Predictor, q: int, m: int, mc: int, deadline: float) -> bool:
         """C.2 deadline feasibility at the current predicted barrier: the pool gaining a replica must absorb at least
@@ -365,6 +367,15 @@ class TailSieveFixedController(TailSieveController):
 @register("tailsieve-paper")
 class TailSievePaperController(TailSieveController):
     """The paper's literal rules: rate-balance inner loop (§3.2), outer loop over m with q held (C.2)."""
+
+    def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
+        """C.2 literally: a candidate split keeps the current q."""
+        q = max(state.q, 1)
+        return q, self._calibrated(state, pred, q, m)
+
+    def q_after_move(self, state: ControlState, pred: Predictor, new_m: int, best: int | None) -> int:
+        """C.2 literally: q is held across a move of m."""
+        return max(state.q, 1)
 
     def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
         """q* = N·r̄_tail/(r̄_bulk + r̄_tail) from EMA rates r_bulk = (N−q)/T_bulk, r_tail = q/T_tail."""
