@@ -192,3 +192,31 @@ def test_lane_finish_times_with_kv_traffic_equal_the_replica_event_loop(kv_ms_pe
     kv = CONTROLLERS["tailsieve"](c.router, CURVE, kv_s_per_token=kv_ms_per_1k / 1e6)
     slower = kv.predictor(s).makespan(1, 1) >= c.predictor(s).makespan(1, 1)
     assert slower and (kv.predictor(s).makespan(1, 1) > c.predictor(s).makespan(1, 1)) == (kv_ms_per_1k > 0)
+
+
+def test_outer_loop_hooks_decide_q_of_a_split_without_name_checks() -> None:
+    """A variant overrides `split_q` / `q_after_move` instead of the base checking its name: the paper's variant
+    keeps q through a move, the predictive one takes the split's best q, and a subclass's hook is what runs."""
+    s = ControlState(q=1, m=6, history=(history(),), tail_history=(history()[:2],))
+    paper, predictive = make("tailsieve-paper", q0=1, m0=6, m_gain=0.0), make("tailsieve", q0=1, m0=6, m_gain=0.0)
+    pred = predictive.predictor(s)
+    assert paper.split_q(s, pred, 5) == (1, paper._calibrated(s, pred, 1, 5))
+    assert predictive.split_q(s, pred, 5) == predictive.best_q(s, pred, 5)
+    assert paper.q_after_move(s, pred, 5, 4) == 1 and predictive.q_after_move(s, pred, 5, 4) == 4
+    assert predictive.q_after_move(s, pred, 5, None) == predictive.best_q(s, pred, 5)[0]
+
+    seen: list[int] = []
+
+    class Pinned(type(predictive)):  # type: ignore[misc]
+        """Every candidate split runs q = 3."""
+
+        def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
+            seen.append(m)
+            return 3, self._calibrated(state, pred, 3, m)
+
+        def q_after_move(self, state: ControlState, pred: Predictor, new_m: int, best: int | None) -> int:
+            return 3
+
+    pinned = Pinned(predictive.router, CURVE, ControllerConfig(q0=1, m0=6, m_gain=0.0))
+    out = pinned.outer(s, pred)
+    assert sorted(seen) == [4, 5, 7] and (out.m, out.q) == (5, 3)  # the predictive choice would be q = 2
