@@ -174,6 +174,7 @@ def test_restart_s_is_charged_exactly_when_m_changes() -> None:
         small_config(restart_s=-1.0)
 
 
+@pytest.mark.slow
 def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> None:
     """synthetic-math with a 120 s restart per pool move: the controller that learns the price beats one that
     ignores it (a horizon so long that any gain repays any restart)."""
