@@ -129,8 +129,3 @@ def render(rec: PromptRecord, template: Template) -> str | Messages:
     doc = rec.field("docstring") or "(as stated in the problem)"
     user = CODE_USER.format(question=rec.text.strip(), function_declaration=sig, docstring=doc)
     return (("system", CODE_SYSTEM), ("user", user))
-
-
-def as_text(prompt: str | Messages) -> str:
-    """A chat prompt flattened for /v1/completions (system text, blank line, user text)."""
-    return prompt if isinstance(prompt, str) else "\n\n".join(c for _, c in prompt)
