@@ -3,6 +3,8 @@
 - `length_bias`: the responses a policy consumed against those `uniform` consumed on the same prompt stream, over
   the summary window (all steps but the first `SKIP_STEPS`): ratio of means and the exact two-sample KS distance.
 - `wasted_share`: tokens of aborted (cut) groups over all tokens generated, same window.
+- `summarize`: one `PolicySummary` per run (mean step, speedup, final q/m, wasted share, bias, step spread), which
+  `tailsieve.analysis.report` turns into the JSON and the table of `simulate` and `rollout`.
 The partial-rollout capture rate (§2.3) runs the simulator and lives in `tailsieve.simulation.capture`.
 Definitions and the window are documented in docs/simulate.md.
 """
@@ -10,13 +12,12 @@ Definitions and the window are documented in docs/simulate.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
 
@@ -54,7 +55,7 @@ def length_bias(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS)
         raise ValueError("length bias needs consumed batches in both runs")
     ref_mean = float(y.mean())
     ratio = float(x.mean()) / ref_mean if ref_mean > 0 else math.nan
-    return LengthBias(ratio, ks_distance(x, y), int(x.size), int(y.size))
+    return LengthBias(mean_ratio=ratio, ks=ks_distance(x, y), responses=int(x.size), reference_responses=int(y.size))
 
 
 def wasted_share(run: PolicyRun, *, skip: int = SKIP_STEPS) -> float:
@@ -68,27 +69,42 @@ def wasted_share(run: PolicyRun, *, skip: int = SKIP_STEPS) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PolicySummary:
-    """One row of the Table-1-style comparison."""
+    """One policy's row of the comparison (`simulate` and `rollout`; serialized by `tailsieve.analysis.report`)."""
 
     policy: str
     mean_step_s: float
-    speedup: float  # uniform's mean_step_s / this policy's (same stream, same draws)
+    speedup: float | None  # uniform's mean_step_s / this policy's (same stream, same draws); None without uniform
     final_q: int
     final_m: int
     wasted_share: float
-    bias: LengthBias
+    bias: LengthBias | None  # against uniform; None without uniform
+    step_s_std: float  # spread of the step makespans over the window (population std, min, max)
+    step_s_min: float
+    step_s_max: float
+    oracle: bool = False  # knows realized lengths (simulator baselines, App. A.2)
 
 
-def summarize(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS) -> dict[str, PolicySummary]:
-    """Summaries of every run against `runs["uniform"]` (all over the same window)."""
-    if "uniform" not in runs:
-        raise ConfigError("summaries need the uniform run as the reference")
-    base = runs["uniform"].mean_step_s(skip)
+def step_times(run: PolicyRun, *, skip: int = SKIP_STEPS) -> NDArray[np.float64]:
+    """The step makespans of the summary window (all steps when the run is not longer than the window)."""
+    steps = run.steps[skip:] or run.steps
+    return np.array([s.makespan_s for s in steps], dtype=np.float64)
+
+
+def summarize(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
+              oracles: Collection[str] = ()) -> dict[str, PolicySummary]:
+    """Summaries of every run with steps, against `runs["uniform"]` when it ran (speedup, bias None otherwise)."""
+    ref = runs.get("uniform")
+    ref = ref if ref is not None and ref.steps else None
+    base = ref.mean_step_s(skip) if ref is not None else None
     out: dict[str, PolicySummary] = {}
     for name, run in runs.items():
-        mean = run.mean_step_s(skip)
+        if not run.steps:
+            continue
+        mean, times = run.mean_step_s(skip), step_times(run, skip=skip)
         out[name] = PolicySummary(
-            name, mean, base / mean if mean > 0 else math.nan, run.final_q, run.final_m,
-            wasted_share(run, skip=skip), length_bias(run, runs["uniform"], skip=skip),
+            policy=name, mean_step_s=mean, speedup=base / mean if base is not None and mean > 0 else None,
+            final_q=run.final_q, final_m=run.final_m, wasted_share=wasted_share(run, skip=skip),
+            bias=None if ref is None else length_bias(run, ref, skip=skip), step_s_std=float(times.std()),
+            step_s_min=float(times.min()), step_s_max=float(times.max()), oracle=name in oracles,
         )
     return out

@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from tailsieve.analysis.report import summarize, summary_table
 from tailsieve.cli._common import console
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.client import Api, Endpoint, SamplingParams, ServerKind
@@ -229,28 +229,9 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
 
 
 def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
-    """The columns of `simulate`'s comparison table (speedup, bias: against uniform when it ran)."""
-    from tailsieve.analysis.metrics import length_bias, wasted_share
-
-    table = Table(title=title)
-    for i, col in enumerate(("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens",
-                             "length ratio", "KS")):
-        table.add_column(col, justify="left" if i == 0 else "right")
-    uni = runs.get("uniform")
-    base = uni.mean_step_s() if uni is not None and uni.steps else None
-    for name, r in runs.items():
-        if not r.steps:
-            continue
-        mean = r.mean_step_s()
-        speed = f"{base / mean:.3f}×" if base and mean > 0 else "-"
-        ratio = ks = "-"
-        if uni is not None and uni.steps:
-            b = length_bias(r, uni)
-            ratio, ks = f"{b.mean_ratio:.3f}", f"{b.ks:.3f}"
-        table.add_row(name, f"{mean:.2f}", speed, str(r.final_q), str(r.final_m),
-                      f"{100 * wasted_share(r):.1f}%", ratio, ks)
+    """`simulate`'s comparison table (`tailsieve.analysis.report`; speedup, bias: against uniform when it ran)."""
     con = console()
-    con.print(table)
+    con.print(summary_table(summarize(runs), title=title))
     con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
               "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
               "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform.")

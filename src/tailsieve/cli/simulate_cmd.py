@@ -1,38 +1,32 @@
 """`tailsieve simulate`: every policy on one simulated prompt stream, Table-1-style (§4.2), with App. E bias and
 the §2.3 capture rates. Defaults: the bundled KodCode R1 trace replayed in `resample` mode, h100-llama3-8b, R = 8,
 N = 64 groups of G = 8, 30 steps. Definitions: docs/simulate.md. Per-pool speculative decoding (§3.4: `--tail-spec`,
-`--bulk-spec`, `--config`) and the matched-budget table (§4.3: `--spec`): docs/speculative.md.
+`--bulk-spec`, `--config`) and the matched-budget table (§4.3: `--spec`): docs/speculative.md. The comparison table
+and the JSON come from `tailsieve.analysis.report` (shared with `rollout`); the flags' handling from `sim_args`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tailsieve.analysis.metrics import PolicySummary, summarize
+from tailsieve.analysis.report import report_json, summary_table
 from tailsieve.cli._common import console, plot_path, print_json
+from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
+from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
-from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
-from tailsieve.policy.controller import ControllerConfig
-from tailsieve.policy.router import Dispatch, RouterConfig
+from tailsieve.policy.router import Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
-from tailsieve.simulation.replica import ReplicaConfig
-from tailsieve.simulation.runs import ORACLES, SimConfig, check_policy, policy_names, run_policies
-from tailsieve.workloads import ReplayMode, Workload, load_workload
+from tailsieve.simulation.runs import ORACLES, policy_names, run_policies
 
-DEFAULT_REPLAY = ReplayMode.RESAMPLE
 CAPTURE_STEPS = 10
 
 
@@ -92,103 +86,11 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
     return error
 
 
-def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
-    """Policy names in canonical order (uniform first); 'all' or nothing means every policy."""
-    names = [n.strip() for v in values or ["all"] for n in v.split(",") if n.strip()]
-    if not names:
-        raise ConfigError(f"--policy is empty; valid: {', '.join(policy_names())}, or all")
-    chosen = list(policy_names()) if "all" in names else names
-    for name in chosen:
-        check_policy(name, replicas)
-    order = {n: i for i, n in enumerate(policy_names())}
-    return sorted(dict.fromkeys(["uniform", *chosen]), key=lambda n: order[n])
-
-
-def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
-    """Validate the numeric flags (one-line errors naming the flag) and build the run configuration."""
-    for flag, value in (("--replicas", args.replicas), ("--groups", args.groups), ("--group-size", args.group_size),
-                        ("--steps", args.steps)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
-    if (args.q is not None or args.m is not None) and "static" not in policies:
-        raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
-    if args.q is not None and args.q < 0:
-        raise ConfigError(f"--q must be >= 0, got {args.q}")
-    for flag, m in (("--m", args.m), ("--m0", args.m0)):
-        if m is not None and not 0 <= m < args.replicas:
-            raise ConfigError(f"{flag} must lie in 0..{args.replicas - 1} (R={args.replicas}), got {m}")
-    if args.q0 is not None and args.q0 < 0:
-        raise ConfigError(f"--q0 must be >= 0, got {args.q0}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if not (args.restart_s >= 0 and math.isfinite(args.restart_s)):
-        raise ConfigError(f"--restart-s must be >= 0 and finite, got {args.restart_s}")
-    try:
-        dispatch = Dispatch(args.dispatch)
-    except ValueError:
-        raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
-    router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
-                          dispatch=dispatch)
-    replica = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=args.kv_ms_per_1k,
-                            prefill_ms_per_token=args.prefill_ms_per_token)
-    ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
-    return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
-                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s)
-
-
-def pool_spec(args: argparse.Namespace) -> PoolSpec:
-    """Per-pool speculation: the --config file's [spec] tables, then --tail-spec / --bulk-spec on top."""
-    pools = load_config_file(Path(args.config)) if args.config else PoolSpec()
-    if args.tail_spec is not None:
-        pools = replace(pools, tail=parse_spec(args.tail_spec, "--tail-spec"))
-    if args.bulk_spec is not None:
-        pools = replace(pools, bulk=parse_spec(args.bulk_spec, "--bulk-spec"))
-    return pools
-
-
-def load_inputs(args: argparse.Namespace) -> Workload:
-    """The workload under the validated --replay mode."""
-    try:
-        mode = ReplayMode(args.replay)
-    except ValueError:
-        mode = ReplayMode.SYNTHETIC
-    if mode is ReplayMode.SYNTHETIC:
-        raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
-    return load_workload(args.workload, mode=mode, seed=args.seed)
-
-
-@contextmanager
-def progress_bar(total: int, enabled: bool) -> Iterator[Callable[[str, int], None]]:
-    """A rich progress bar on stderr (never stdout); yields the per-step callback."""
-    con = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=con, transient=True, disable=not enabled)
-    task = bar.add_task("simulating", total=total)
-    with bar:
-        yield lambda name, _i: bar.update(task, advance=1, description=name)
-
-
-def policy_json(run: PolicyRun, s: PolicySummary) -> dict[str, Any]:
-    """One policy's entry of the --json document."""
-    return {
-        "mean_step_s": s.mean_step_s, "speedup": s.speedup, "final_q": s.final_q, "final_m": s.final_m,
-        "wasted_share": s.wasted_share, "bias": {"mean_ratio": s.bias.mean_ratio, "ks": s.bias.ks},
-        "oracle": run.policy in ORACLES,
-        "steps": [{"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q,
-                   "m": r.m, "candidates": r.candidates, "wasted_tokens": r.wasted_tokens,
-                   "batch_mean_length": r.batch_mean_length, "warmup": r.warmup, "note": r.note}
-                  for r in run.steps],
-    }
-
 
 def run(args: argparse.Namespace) -> int:
     """Simulate the chosen policies and print the comparison (or JSON)."""
     plot = plot_path(args.plot) if args.plot else None
     if args.spec is not None:
-        from tailsieve.cli.simulate_spec import run_spec
-
         return run_spec(args, plot)
     if args.spec_budgets is not None:
         raise ConfigError("--spec-budgets belongs to the matched-budget table; add --spec METHOD")
@@ -202,21 +104,18 @@ def run(args: argparse.Namespace) -> int:
         capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
-    summaries = summarize(runs)
     replay = "synthetic" if workload.is_synthetic else args.replay
     if plot is not None:
         save_plot(runs, plot, f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}")
     if args.json:
-        print_json({
+        print_json(report_json(runs, {
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
             "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
             "extra": config.router.extra, "dispatch": config.router.dispatch.value, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
-            "policies": {name: policy_json(runs[name], summaries[name]) for name in runs},
-            "capture": [_capture_json(c) for c in capture],
-        })
+        }, oracles=ORACLES) | {"capture": [_capture_json(c) for c in capture]})
         return 0
-    print_tables(summaries, capture, title=(
+    print_tables(summarize(runs, oracles=ORACLES), capture, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
@@ -236,15 +135,7 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
 def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str) -> None:
     """The comparison table, the capture table and the notes."""
     con = console()
-    table = Table(title=title)
-    for i, col in enumerate(("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens",
-                             "length ratio", "KS")):
-        table.add_column(col, justify="left" if i == 0 else "right")
-    for name, s in summaries.items():
-        star = "*" if name in ORACLES else ""
-        table.add_row(f"{name}{star}", f"{s.mean_step_s:.2f}", f"{s.speedup:.3f}×", str(s.final_q), str(s.final_m),
-                      f"{100 * s.wasted_share:.1f}%", f"{s.bias.mean_ratio:.3f}", f"{s.bias.ks:.3f}")
-    con.print(table)
+    con.print(summary_table(summaries, title=title))
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):

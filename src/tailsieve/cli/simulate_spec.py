@@ -11,7 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from tailsieve.cli._common import console, print_json
-from tailsieve.cli.simulate_cmd import build_config, load_inputs, progress_bar
+from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.curves import load_curve

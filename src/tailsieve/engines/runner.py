@@ -12,7 +12,6 @@ Every file is complete after each step, so an error or interrupt loses nothing a
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tailsieve.analysis.metrics import length_bias, wasted_share
+from tailsieve.analysis.report import report_json
 from tailsieve.engines.client import Endpoint
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_assign
@@ -40,13 +39,6 @@ def batch_lines(batch: Batch) -> list[dict[str, Any]]:
                           "token_ids": None if s.token_ids is None else list(s.token_ids), "replica": s.replica,
                           "attempts": s.attempts} for s in g.samples]}
             for g in batch.groups]
-
-
-def record_json(r: StepRecord) -> dict[str, Any]:
-    """A step record with the keys of `simulate --json`."""
-    return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
-            "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
-            "warmup": r.warmup, "note": r.note}
 
 
 class PolicyOutput:
@@ -121,30 +113,11 @@ class PolicyOutput:
         return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts))
 
 
-def _nan_none(x: float) -> float | None:
-    return None if math.isnan(x) else x
-
-
 def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS,
            extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """The report document: `meta` plus "policies" with the per-policy keys of `simulate --json` (+ `extra`)."""
-    base = runs["uniform"].mean_step_s(skip) if "uniform" in runs and runs["uniform"].steps else None
-    out: dict[str, Any] = {}
-    for name, run in runs.items():
-        if not run.steps:
-            continue
-        mean = run.mean_step_s(skip)
-        bias = None
-        if "uniform" in runs and runs["uniform"].steps:
-            b = length_bias(run, runs["uniform"], skip=skip)
-            bias = {"mean_ratio": _nan_none(b.mean_ratio), "ks": b.ks}
-        times = np.array([s.makespan_s for s in run.steps[skip:]] or [s.makespan_s for s in run.steps])
-        out[name] = {"mean_step_s": mean, "speedup": base / mean if base and mean > 0 else None,
-                     "final_q": run.final_q, "final_m": run.final_m, "wasted_share": wasted_share(run, skip=skip),
-                     "bias": bias, "oracle": False, "step_s_std": float(times.std()),
-                     "step_s_min": float(times.min()), "step_s_max": float(times.max()),
-                     "steps": [record_json(r) for r in run.steps]} | dict((extra or {}).get(name, {}))
-    return dict(meta) | {"window_skip": skip, "policies": out}
+    """The report document (`tailsieve.analysis.report.report_json`, as `simulate --json`): `meta` plus "policies"
+    with the per-policy keys of `simulate --json` (+ `extra`, e.g. restart_s)."""
+    return report_json(runs, meta, skip=skip, extra=extra)
 
 
 async def run_policies_real(

@@ -1,0 +1,76 @@
+"""The one run report of `tailsieve simulate` and `tailsieve rollout`: per-policy summaries (`summarize`, from
+`tailsieve.analysis.metrics`), the JSON document (`report_json`; one policy `policy_json`, one step `record_json`)
+and the comparison table (`summary_table`). Both commands use these, so their keys and columns are the same;
+each adds its own extras (rollout's `restart_s`) through `extra` / `extra_columns`. Printing is the CLI's.
+
+Per-policy keys: mean_step_s, speedup, final_q, final_m, wasted_share, bias {mean_ratio, ks}, oracle, step_s_std,
+step_s_min, step_s_max, steps [...]. `speedup` and `bias` are null without a uniform run (docs/simulate.md,
+docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from rich.table import Table
+
+from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
+from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
+
+__all__ = ["COLUMNS", "PolicySummary", "policy_json", "record_json", "report_json", "summarize", "summary_table"]
+
+COLUMNS = ("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens", "length ratio", "KS")
+MISSING = "-"  # table cell of a value that needs uniform when uniform did not run
+
+
+def record_json(r: StepRecord) -> dict[str, Any]:
+    """One step record as JSON (the `steps` entries of `simulate --json` and report.json)."""
+    return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
+            "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
+            "warmup": r.warmup, "note": r.note}
+
+
+def _bias_json(b: LengthBias | None) -> dict[str, Any] | None:
+    if b is None:
+        return None
+    return {"mean_ratio": None if math.isnan(b.mean_ratio) else b.mean_ratio, "ks": b.ks}
+
+
+def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One policy's entry of "policies": its summary, step spread, step records, then `extra` keys."""
+    return {
+        "mean_step_s": s.mean_step_s, "speedup": s.speedup, "final_q": s.final_q, "final_m": s.final_m,
+        "wasted_share": s.wasted_share, "bias": _bias_json(s.bias), "oracle": s.oracle,
+        "step_s_std": s.step_s_std, "step_s_min": s.step_s_min, "step_s_max": s.step_s_max,
+        "steps": [record_json(r) for r in run.steps],
+    } | dict(extra or {})
+
+
+def report_json(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], *, skip: int = SKIP_STEPS,
+                oracles: Collection[str] = (), extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """`meta` + "window_skip" (kept where `meta` has it) + "policies": `policy_json` of every run with steps."""
+    summaries = summarize(runs, skip=skip, oracles=oracles)
+    policies = {name: policy_json(runs[name], s, (extra or {}).get(name)) for name, s in summaries.items()}
+    return dict(meta) | {"window_skip": skip, "policies": policies}
+
+
+def _cells(s: PolicySummary) -> tuple[str, ...]:
+    speedup = MISSING if s.speedup is None else f"{s.speedup:.3f}×"
+    ratio, ks = (MISSING, MISSING) if s.bias is None else (f"{s.bias.mean_ratio:.3f}", f"{s.bias.ks:.3f}")
+    return (f"{s.policy}{'*' if s.oracle else ''}", f"{s.mean_step_s:.2f}", speedup, str(s.final_q), str(s.final_m),
+            f"{100 * s.wasted_share:.1f}%", ratio, ks)
+
+
+def summary_table(summaries: Mapping[str, PolicySummary], *, title: str,
+                  extra_columns: Mapping[str, Mapping[str, str]] | None = None) -> Table:
+    """The comparison table (`COLUMNS`, oracles starred, "-" where uniform is missing); `extra_columns` maps a
+    header to each policy's cell and is appended on the right."""
+    table = Table(title=title)
+    extra = extra_columns or {}
+    for i, col in enumerate((*COLUMNS, *extra)):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for name, s in summaries.items():
+        table.add_row(*_cells(s), *(cells.get(name, MISSING) for cells in extra.values()))
+    return table

@@ -1,0 +1,104 @@
+"""Argument handling shared by `tailsieve simulate` and its `--spec` table (`simulate_cmd`, `simulate_spec` both
+import it; it imports neither): policy names, the validated run configuration, per-pool speculation, the workload
+and the stderr progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tailsieve.errors import ConfigError
+from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.policy.controller import ControllerConfig
+from tailsieve.policy.router import Dispatch, RouterConfig
+from tailsieve.simulation.replica import ReplicaConfig
+from tailsieve.simulation.runs import SimConfig, check_policy, policy_names
+from tailsieve.workloads import ReplayMode, Workload, load_workload
+
+DEFAULT_REPLAY = ReplayMode.RESAMPLE
+
+
+def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
+    """Policy names in canonical order (uniform first); 'all' or nothing means every policy."""
+    names = [n.strip() for v in values or ["all"] for n in v.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--policy is empty; valid: {', '.join(policy_names())}, or all")
+    chosen = list(policy_names()) if "all" in names else names
+    for name in chosen:
+        check_policy(name, replicas)
+    order = {n: i for i, n in enumerate(policy_names())}
+    return sorted(dict.fromkeys(["uniform", *chosen]), key=lambda n: order[n])
+
+
+def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
+    """Validate the numeric flags (one-line errors naming the flag) and build the run configuration."""
+    for flag, value in (("--replicas", args.replicas), ("--groups", args.groups), ("--group-size", args.group_size),
+                        ("--steps", args.steps)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
+    if (args.q is not None or args.m is not None) and "static" not in policies:
+        raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
+    if args.q is not None and args.q < 0:
+        raise ConfigError(f"--q must be >= 0, got {args.q}")
+    for flag, m in (("--m", args.m), ("--m0", args.m0)):
+        if m is not None and not 0 <= m < args.replicas:
+            raise ConfigError(f"{flag} must lie in 0..{args.replicas - 1} (R={args.replicas}), got {m}")
+    if args.q0 is not None and args.q0 < 0:
+        raise ConfigError(f"--q0 must be >= 0, got {args.q0}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if not (args.restart_s >= 0 and math.isfinite(args.restart_s)):
+        raise ConfigError(f"--restart-s must be >= 0 and finite, got {args.restart_s}")
+    try:
+        dispatch = Dispatch(args.dispatch)
+    except ValueError:
+        raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
+    router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
+                          dispatch=dispatch)
+    replica = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=args.kv_ms_per_1k,
+                            prefill_ms_per_token=args.prefill_ms_per_token)
+    ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
+    return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
+                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s)
+
+
+def pool_spec(args: argparse.Namespace) -> PoolSpec:
+    """Per-pool speculation: the --config file's [spec] tables, then --tail-spec / --bulk-spec on top."""
+    pools = load_config_file(Path(args.config)) if args.config else PoolSpec()
+    if args.tail_spec is not None:
+        pools = replace(pools, tail=parse_spec(args.tail_spec, "--tail-spec"))
+    if args.bulk_spec is not None:
+        pools = replace(pools, bulk=parse_spec(args.bulk_spec, "--bulk-spec"))
+    return pools
+
+
+def load_inputs(args: argparse.Namespace) -> Workload:
+    """The workload under the validated --replay mode."""
+    try:
+        mode = ReplayMode(args.replay)
+    except ValueError:
+        mode = ReplayMode.SYNTHETIC
+    if mode is ReplayMode.SYNTHETIC:
+        raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
+    return load_workload(args.workload, mode=mode, seed=args.seed)
+
+
+@contextmanager
+def progress_bar(total: int, enabled: bool) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar on stderr (never stdout); yields the per-step callback."""
+    con = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=con, transient=True, disable=not enabled)
+    task = bar.add_task("simulating", total=total)
+    with bar:
+        yield lambda name, _i: bar.update(task, advance=1, description=name)
+
