@@ -150,3 +150,15 @@ def test_matched_budget_table(capsys: pytest.CaptureFixture[str], tmp_path: Path
     cap = capsys.readouterr()
     assert "Matched-budget speculation" in cap.out and "best budget: uniform d=" in cap.out and cap.err == ""
     assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ranking_is_chosen_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    default = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1")
+    by_stream = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--ranking", "stream-order")
+    assert default["ranking"] == "least-progress" and by_stream["ranking"] == "stream-order"
+    # the uniform reference never isolates, so only the two-pool run can differ
+    assert by_stream["policies"]["uniform"] == default["policies"]["uniform"]
+    assert main(["simulate", *SMALL, "--ranking", "nope"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("tailsieve simulate: error: unknown candidate ranking 'nope' (valid: least-progress, "
+                   "stream-order)")

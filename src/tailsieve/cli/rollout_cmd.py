@@ -32,6 +32,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import Dispatch
 from tailsieve.workloads import load_workload
 
@@ -70,6 +71,8 @@ def register(sub: Any) -> None:
     p.add_argument("--q0", type=int, help="adaptive controllers: initial q")
     p.add_argument("--m0", type=int, help="adaptive controllers: initial m")
     p.add_argument("--dispatch", default="request", choices=[d.value for d in Dispatch], help="round-robin unit")
+    p.add_argument("--ranking", default=DEFAULT_RANKING, choices=list(RANKINGS),
+                   help="candidate ranking (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=1024, help="response length cap (default: %(default)s)")
     p.add_argument("--paper-sampling", action="store_true",
                    help="Table A.1: temperature 0.7, top-p 0.8, top-k 20, presence 1.5, stop <END>")
@@ -138,7 +141,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
-                             dispatch=Dispatch(args.dispatch), policy=n, curve=args.curve,
+                             dispatch=Dispatch(args.dispatch), ranking=args.ranking, policy=n, curve=args.curve,
                              tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
                              m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
@@ -199,7 +202,8 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
     meta = {"endpoints": [e.url for e in endpoints], "prompts": args.prompts, "replicas": len(endpoints),
             "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
             "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
-            "dispatch": args.dispatch, "seed": None if args.no_seed else args.seed, "tail_curve": args.tail_curve,
+            "dispatch": args.dispatch,
+            "ranking": args.ranking, "seed": None if args.no_seed else args.seed, "tail_curve": args.tail_curve,
             "spec": next(iter(configs.values())).spec.to_json(),
             "launch": None if launcher is None else launcher.describe()}
     con = Console(stderr=True)

@@ -63,7 +63,7 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
     except ValueError:
         raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
-                          dispatch=dispatch)
+                          dispatch=dispatch, ranking=args.ranking)
     replica = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=args.kv_ms_per_1k,
                             prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})

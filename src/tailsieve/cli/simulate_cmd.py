@@ -23,6 +23,7 @@ from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
+from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, policy_names, run_policies
@@ -53,6 +54,8 @@ def register(sub: Any) -> None:
     p.add_argument("--m", type=int, help="static: tail replicas m (0 = uniform)")
     p.add_argument("--q0", type=int, help="adaptive controllers: initial q (default: ControllerConfig.q0)")
     p.add_argument("--m0", type=int, help="adaptive controllers: initial m (default: ControllerConfig.m0)")
+    p.add_argument("--ranking", default=DEFAULT_RANKING,
+                   help=f"candidate ranking: {', '.join(RANKINGS)} (default: %(default)s; docs/architecture.md)")
     p.add_argument("--dispatch", default=Dispatch.REQUEST.value,
                    help="round-robin unit inside a pool: request (§3.1, default) or group")
     p.add_argument("--seed", type=int, default=0, help="seed of resampling / synthetic draws and --shuffle")
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(report_json(runs, {
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
             "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
-            "extra": config.router.extra, "dispatch": config.router.dispatch.value, "seed": args.seed,
+            "extra": config.router.extra, "dispatch": config.router.dispatch.value,
+            "ranking": config.router.ranking, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
         }, oracles=ORACLES) | {"capture": [_capture_json(c) for c in capture]})
         return 0
@@ -119,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
+        + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
