@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import plot_path, print_json, print_table
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, ServerKind
+from tailsieve.engines.backends import backend_names
+from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient
 from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint, total_spec
 from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
@@ -43,7 +44,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="curve JSON to write")
     p.add_argument("--plot", help="also save τ(b) and throughput to this .png/.pdf/.svg")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    p.add_argument("--kind", default="vllm", choices=[k.value for k in ServerKind], help="server kind")
+    p.add_argument("--kind", default="vllm", choices=backend_names(),
+                   help="server kind: a registered engine backend (default: %(default)s)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (τ then includes prefill)")
     p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
     p.add_argument("--json", action="store_true", help="print the curve JSON instead of a table")
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.plain_curve is None) != (args.method is None):
         raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
     plain = load_curve(args.plain_curve) if args.plain_curve else None
-    endpoint = Endpoint.parse(args.endpoint, ServerKind(args.kind))
+    endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None)
     con = Console(stderr=True)
     bar = Progress(TextColumn("profiling {task.description:<10}"), BarColumn(), MofNCompleteColumn(),

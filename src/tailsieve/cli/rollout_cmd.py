@@ -20,7 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.analysis.report import summarize, summary_table
 from tailsieve.cli._common import console
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
-from tailsieve.engines.client import Api, Endpoint, SamplingParams, ServerKind
+from tailsieve.engines.backends import backend_names
+from tailsieve.engines.client import Api, Endpoint, SamplingParams
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import load_launch_config
@@ -85,7 +86,8 @@ def register(sub: Any) -> None:
                    help="completions or chat (auto: chat for --template code, else completions)")
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
                    help="split: one request per sample; n: one request per group and replica with n samples")
-    p.add_argument("--kind", default="vllm", choices=[k.value for k in ServerKind], help="server kind")
+    p.add_argument("--kind", default="vllm", choices=backend_names(),
+                   help="server kind: a registered engine backend (default: %(default)s)")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming (aborted groups then report 0 tokens)")
     p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")
@@ -153,7 +155,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
 
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
-    kind = ServerKind(args.kind)
+    kind = args.kind
     launcher: Launcher | None = None
     out = Path(args.out)
     if args.launch:

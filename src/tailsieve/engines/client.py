@@ -1,16 +1,22 @@
 """Async client for OpenAI-compatible servers (vLLM, SGLang): `/v1/completions` and `/v1/chat/completions`.
 
+The server flavour lives in the endpoint's backend (`engines/backends.py`, looked up by `Endpoint.kind`): the
+path, extra body fields, the abort of a cancelled request, health paths, and the mapping of its responses onto the
+OpenAI format parsed here. The client itself has no per-flavour branches.
+
 One `complete()` call is one HTTP request (a whole GRPO group with `n = G`, or one member). Streaming (default)
 reports tokens generated so far into a caller-owned `progress` list, so a request cancelled at the cutoff still
-says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM; for
-SGLang the client also posts `/abort_request`. Failures are classified: `ReplicaFault` (refused connection, 5xx,
-stall past the read timeout, dropped connection: the replica's fault) or `RequestRejected` (4xx: the request's).
+says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM, and
+runs the backend's abort hook in the background (SGLang posts `/abort_request`). Failures are classified:
+`ReplicaFault` (refused connection, 5xx, stall past the read timeout, dropped connection: the replica's fault) or
+`RequestRejected` (4xx: the request's).
 The API key is read from an environment variable, sent as a bearer token, and never logged or repr'd.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -20,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from tailsieve.engines.backends import EngineBackend, get_backend
 from tailsieve.engines.types import (
     DEFAULT_API_KEY_ENV,
     Api,
@@ -74,6 +81,7 @@ class EngineClient:
         self.__key = os.environ.get(env) if env else None
         self._session: aiohttp.ClientSession | None = None
         self._aborts: set[asyncio.Task[None]] = set()
+        self._backends: dict[str, EngineBackend] = {}
 
     def __repr__(self) -> str:
         return f"EngineClient({self.options!r}, api_key={'set' if self.__key else 'unset'})"
@@ -113,8 +121,16 @@ class EngineClient:
         return aiohttp.ClientTimeout(total=None, connect=o.connect_timeout_s, sock_connect=o.connect_timeout_s,
                                      sock_read=o.stall_timeout_s)
 
+    def backend(self, endpoint: Endpoint) -> EngineBackend:
+        """The backend named by `endpoint.kind` (one instance per name and client); unknown: `UnknownBackend`."""
+        name = str(endpoint.kind)
+        found = self._backends.get(name)
+        if found is None:
+            found = self._backends[name] = get_backend(name)
+        return found
+
     def body(self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams) -> dict[str, Any]:
-        """The JSON body of one request."""
+        """The JSON body of one request: the generic OpenAI body plus the backend's fields."""
         body: dict[str, Any] = {"model": model, **params.body(), "n": req.n}
         if self.options.api is Api.CHAT:
             if isinstance(req.prompt, str):
@@ -129,21 +145,16 @@ class EngineClient:
             body["max_tokens"] = req.max_tokens
         if self.options.stream:
             body["stream"] = True
-            opts: dict[str, Any] = {"include_usage": True}
-            if endpoint.kind is ServerKind.VLLM:
-                opts["continuous_usage_stats"] = True
-            body["stream_options"] = opts
-        if endpoint.kind is ServerKind.VLLM and self.options.return_token_ids:
-            body["return_token_ids"] = True
-        if endpoint.kind is ServerKind.SGLANG:
-            body["rid"] = req.rid
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.backend(endpoint).extra_body(body, req, self.options))
         return body
 
     async def complete(
         self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams, progress: list[int] | None = None
     ) -> Completion:
         """Send one request and wait for all its choices; `progress[i]` tracks choice i's tokens while streaming."""
-        path = "/v1/chat/completions" if self.options.api is Api.CHAT else "/v1/completions"
+        backend = self.backend(endpoint)
+        path = backend.path(self.options)
         body = self.body(endpoint, model, req, params)
         t0 = time.perf_counter()
         try:
@@ -152,11 +163,10 @@ class EngineClient:
                 if resp.status >= 400:
                     await _raise_status(endpoint, resp)
                 if self.options.stream:
-                    return await self._read_stream(resp, req, body, t0, progress)
-                data = await resp.json(content_type=None)
+                    return await self._read_stream(resp, backend, req, t0, progress)
+                data = backend.response(await resp.json(content_type=None), req)
         except asyncio.CancelledError:
-            if endpoint.kind is ServerKind.SGLANG:
-                self._abort_sglang(endpoint, req.rid)
+            self._abort(backend, endpoint, req)
             raise
         except (ReplicaFault, RequestRejected):
             raise
@@ -170,7 +180,7 @@ class EngineClient:
         return _parse_full(data, body, time.perf_counter() - t0)
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, req: Request, body: dict[str, Any], t0: float, progress: list[int] | None
+        self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, t0: float, progress: list[int] | None
     ) -> Completion:
         accs = [_Acc() for _ in range(req.n)]
         prog = progress if progress is not None else [0] * req.n
@@ -186,7 +196,7 @@ class EngineClient:
             if payload == b"[DONE]":
                 done = True
                 break
-            chunk = json.loads(payload)
+            chunk = backend.chunk(json.loads(payload), req)
             if chunk.get("error"):
                 _raise_stream_error(resp, chunk["error"])
             usage = chunk.get("usage") or {}
@@ -223,22 +233,22 @@ class EngineClient:
                     for i, a in enumerate(accs))
         return Completion(out, prompt_tokens, time.perf_counter() - t0, ttft)
 
-    def _abort_sglang(self, endpoint: Endpoint, rid: str) -> None:
+    def _abort(self, backend: EngineBackend, endpoint: Endpoint, req: Request) -> None:
+        """Run the backend's abort hook in the background (awaited briefly by `close`); its failures are ignored."""
+        if type(backend).abort is EngineBackend.abort:
+            return  # the no-op default: closing the connection is the abort, no task needed
+
         async def send() -> None:
-            try:
-                async with self.session.post(endpoint.url + "/abort_request", json={"rid": rid},
-                                             timeout=aiohttp.ClientTimeout(total=2.0)):
-                    pass
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                await backend.abort(self.session, endpoint, req)
 
         task = asyncio.get_running_loop().create_task(send())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
     async def health(self, endpoint: Endpoint, timeout_s: float = 2.0) -> bool:
-        """True when GET /health (or /v1/models) answers 200 within `timeout_s`."""
-        for path in ("/health", "/v1/models"):
+        """True when the backend's first health path that exists (GET /health, else /v1/models) answers 200."""
+        for path in self.backend(endpoint).health_paths:
             try:
                 async with self.session.get(endpoint.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                     if r.status == 200:

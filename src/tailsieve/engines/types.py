@@ -20,7 +20,8 @@ class Api(StrEnum):
 
 
 class ServerKind(StrEnum):
-    """Server flavour: decides extra request fields and how an abort is sent."""
+    """The built-in server flavours; each value names a backend in `engines/backends.py` (which decides the path,
+    extra request fields and how an abort is sent). `Endpoint.kind` also takes any other registered backend name."""
 
     VLLM = "vllm"
     SGLANG = "sglang"
@@ -59,14 +60,19 @@ class NoHealthyReplica(EngineError):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One replica: base URL (without /v1), server kind, served model name (None: ask /v1/models)."""
+    """One replica: base URL (without /v1), server kind (a registered backend name; built-ins become `ServerKind`),
+    served model name (None: ask /v1/models)."""
 
     url: str
-    kind: ServerKind = ServerKind.VLLM
+    kind: ServerKind | str = ServerKind.VLLM
     model: str | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ServerKind) and self.kind in ServerKind.__members__.values():
+            object.__setattr__(self, "kind", ServerKind(self.kind))
+
     @classmethod
-    def parse(cls, text: str, kind: ServerKind = ServerKind.VLLM) -> Endpoint:
+    def parse(cls, text: str, kind: ServerKind | str = ServerKind.VLLM) -> Endpoint:
         """`http://host:port` (a trailing `/v1` or `/` is dropped)."""
         url = text.strip().rstrip("/")
         url = url.removesuffix("/v1")

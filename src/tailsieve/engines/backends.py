@@ -1,0 +1,118 @@
+"""Engine backends: the one place that knows a server flavour, behind `EngineClient`.
+
+A backend names the request path, adds its own body fields to the generic OpenAI body, says how a cancelled
+request is aborted on the server, which paths answer a health probe, and (optionally) maps its server's responses
+onto the OpenAI format the client parses. Every hook has a default (the plain OpenAI behaviour), so a backend
+overrides only what differs. Backends are chosen by name (`Endpoint.kind`, `--kind`) from `BACKENDS`, which
+`@register_backend(name)` fills: `vllm`, `sglang` and `openai` are built in. See docs/engines.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import aiohttp
+
+from tailsieve.engines.types import Api, ClientOptions, Endpoint, EngineError, Request
+from tailsieve.errors import ConfigError
+
+__all__ = ["BACKENDS", "EngineBackend", "OpenAIBackend", "SGLangBackend", "UnknownBackend", "VLLMBackend",
+           "backend_names", "get_backend", "register_backend"]
+
+
+class EngineBackend:
+    """One server flavour. Every hook defaults to the plain OpenAI-compatible behaviour; override what differs.
+
+    One instance serves every request of an `EngineClient`, concurrently: keep per-request state keyed by `req.rid`.
+    """
+
+    name: ClassVar[str] = ""
+    health_paths: ClassVar[tuple[str, ...]] = ("/health", "/v1/models")  # 200: up; 404: try the next; else down
+
+    def path(self, options: ClientOptions) -> str:
+        """The request path, appended to the endpoint's base URL."""
+        return "/v1/chat/completions" if options.api is Api.CHAT else "/v1/completions"
+
+    def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
+        """Fields added to (or replacing ones in) the generic OpenAI body; none by default."""
+        return {}
+
+    async def abort(self, session: aiohttp.ClientSession, endpoint: Endpoint, req: Request) -> None:
+        """Abort a cancelled request on the server; by default nothing (closing the connection is enough)."""
+
+    def response(self, data: Any, req: Request) -> Any:
+        """A non-streamed response in OpenAI form (`{"choices": [...], "usage": {...}}`); unchanged by default."""
+        return data
+
+    def chunk(self, chunk: dict[str, Any], req: Request) -> dict[str, Any]:
+        """One streamed `data:` event in OpenAI chunk form; unchanged by default."""
+        return chunk
+
+
+BACKENDS: dict[str, type[EngineBackend]] = {}
+
+
+class UnknownBackend(ConfigError, EngineError):
+    """An endpoint or `--kind` names no registered backend."""
+
+
+def register_backend(name: str) -> Callable[[type[EngineBackend]], type[EngineBackend]]:
+    """Class decorator adding a backend to `BACKENDS` under `name` (a later registration replaces an earlier one)."""
+
+    def deco(cls: type[EngineBackend]) -> type[EngineBackend]:
+        cls.name = name
+        BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def backend_names() -> list[str]:
+    """Registered backend names, sorted (the `--kind` choices)."""
+    return sorted(BACKENDS)
+
+
+def get_backend(name: str) -> EngineBackend:
+    """A new instance of the backend registered as `name`; an unknown name is a one-line `UnknownBackend`."""
+    cls = BACKENDS.get(str(name))
+    if cls is None:
+        raise UnknownBackend(f"unknown engine backend {str(name)!r}; registered: {', '.join(backend_names())}")
+    return cls()
+
+
+@register_backend("openai")
+class OpenAIBackend(EngineBackend):
+    """A generic OpenAI-compatible server: the plain body; closing the connection is the only abort."""
+
+
+@register_backend("vllm")
+class VLLMBackend(EngineBackend):
+    """vLLM's OpenAI server: per-chunk usage while streaming and the generated token ids (`return_token_ids`)."""
+
+    def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
+        """`continuous_usage_stats` inside `stream_options`, and `return_token_ids` unless the options turn it off."""
+        out: dict[str, Any] = {}
+        stream_options = body.get("stream_options")
+        if isinstance(stream_options, Mapping):
+            out["stream_options"] = {**stream_options, "continuous_usage_stats": True}
+        if options.return_token_ids:
+            out["return_token_ids"] = True
+        return out
+
+
+@register_backend("sglang")
+class SGLangBackend(EngineBackend):
+    """SGLang's OpenAI server: the request id travels as `rid`, and a cancelled request is aborted explicitly."""
+
+    abort_timeout_s: ClassVar[float] = 2.0
+
+    def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
+        """`rid`: the id `/abort_request` names."""
+        return {"rid": req.rid}
+
+    async def abort(self, session: aiohttp.ClientSession, endpoint: Endpoint, req: Request) -> None:
+        """POST `/abort_request {"rid": ...}` (SGLang may keep generating after the connection closes)."""
+        async with session.post(endpoint.url + "/abort_request", json={"rid": req.rid},
+                                timeout=aiohttp.ClientTimeout(total=self.abort_timeout_s)):
+            pass
