@@ -1,6 +1,7 @@
 """Real engines: an async OpenAI-compatible client, the engine executor, health/faults, the `Rollout` API,
 profiling, prompt templates, state save/restore and local vLLM (CPU) servers. See docs/engines.md."""
 
+from tailsieve.engines.backends import BACKENDS, EngineBackend, get_backend, register_backend
 from tailsieve.engines.client import (
     Api,
     ClientOptions,
@@ -20,10 +21,12 @@ from tailsieve.engines.rollout import Batch, GroupResult, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState
 
 __all__ = [
+    "BACKENDS",
     "Api",
     "Batch",
     "ClientOptions",
     "Endpoint",
+    "EngineBackend",
     "EngineClient",
     "EngineError",
     "EngineExecutor",
@@ -42,7 +45,9 @@ __all__ = [
     "SamplingParams",
     "ServerKind",
     "Template",
+    "get_backend",
     "load_prompts",
     "paper_sampling",
+    "register_backend",
     "render",
 ]
