@@ -59,66 +59,58 @@ class FakeServer:
         self.headers.append(dict(request.headers))
         self.started += 1
         mode = self._mode()
-        if mode == "500":
-            return web.json_response({"error": {"message": "engine dead"}}, status=500)
-        if mode == "400":
-            return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
-        if mode == "401":
-            return web.json_response({"error": "Unauthorized"}, status=401)
-        if mode == "stall":
-            await asyncio.sleep(3600)
+        refusal = await _refusal(mode)
+        if refusal is not None:
+            return refusal
         n = int(body.get("n", 1))
         cap = int(body.get("max_tokens", 16))
         prompt = json.dumps(body.get("prompt", body.get("messages")))
-        seed = body.get("seed")
-        lengths = [cap if body.get("ignore_eos") else fake_length(prompt, seed, i, cap) for i in range(n)]
-        chat = "messages" in body
+        lengths = [cap if body.get("ignore_eos") else fake_length(prompt, body.get("seed"), i, cap) for i in range(n)]
         self.running += n
-        live = n
+        live = [n]
         try:
             if body.get("stream"):
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-                await resp.prepare(request)
-                for t in range(max(lengths)):
-                    await asyncio.sleep(self.tpot_s * (1 + self.slope * (self.running - 1)))
-                    if mode == "drop" and t == 2:
-                        assert request.transport is not None
-                        request.transport.close()
-                        return resp
-                    for i, ln in enumerate(lengths):
-                        if t >= ln:
-                            continue
-                        fin = "length" if t == ln - 1 and ln == cap else ("stop" if t == ln - 1 else None)
-                        if fin is not None:
-                            self.running -= 1
-                            live -= 1
-                        ch: dict[str, Any] = {"index": i, "finish_reason": fin, "token_ids": [t % 97]}
-                        if chat:
-                            ch["delta"] = {"content": "x"}
-                        else:
-                            ch["text"] = "x"
-                        await resp.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
-                usage = {"prompt_tokens": 3, "completion_tokens": sum(lengths)}
-                await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
-                await resp.write(b"data: [DONE]\n\n")
-                self.finished += 1
-                return resp
+                return await self._stream(request, mode, lengths, cap, "messages" in body, live)
             await asyncio.sleep(self.tpot_s * max(lengths) * (1 + self.slope * (self.running - 1)))
             if mode == "drop":
                 assert request.transport is not None
                 request.transport.close()
                 return web.Response()
-            choices = [{"index": i, "finish_reason": "length" if ln == cap else "stop",
-                        **({"message": {"content": "x" * ln}} if chat else {"text": "x" * ln}),
-                        "token_ids": [0] * ln} for i, ln in enumerate(lengths)]
             self.finished += 1
-            return web.json_response({"choices": choices,
-                                      "usage": {"prompt_tokens": 3, "completion_tokens": sum(lengths)}})
+            return web.json_response(_full_reply(lengths, cap, "messages" in body))
         except asyncio.CancelledError:
             self.aborted += 1
             raise
         finally:
-            self.running -= live
+            self.running -= live[0]
+
+    async def _stream(self, request: web.Request, mode: str, lengths: list[int], cap: int, chat: bool,
+                      live: list[int]) -> web.StreamResponse:
+        """One token chunk per running choice per tick (concurrency-dependent delay); `live[0]` counts the
+        choices still running."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for t in range(max(lengths)):
+            await asyncio.sleep(self.tpot_s * (1 + self.slope * (self.running - 1)))
+            if mode == "drop" and t == 2:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            for i, ln in enumerate(lengths):
+                if t >= ln:
+                    continue
+                fin = "length" if t == ln - 1 and ln == cap else ("stop" if t == ln - 1 else None)
+                if fin is not None:
+                    self.running -= 1
+                    live[0] -= 1
+                ch: dict[str, Any] = {"index": i, "finish_reason": fin, "token_ids": [t % 97]}
+                ch |= {"delta": {"content": "x"}} if chat else {"text": "x"}
+                await resp.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
+        usage = {"prompt_tokens": 3, "completion_tokens": sum(lengths)}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        self.finished += 1
+        return resp
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "fake"}]})
@@ -183,3 +175,24 @@ class FakeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def _refusal(mode: str) -> web.Response | None:
+    """The reply of a failing mode (500, 400, 401; stall never replies), or None to serve normally."""
+    if mode == "500":
+        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+    if mode == "400":
+        return web.json_response({"error": {"message": "max_tokens is too large"}}, status=400)
+    if mode == "401":
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    if mode == "stall":
+        await asyncio.sleep(3600)
+    return None
+
+
+def _full_reply(lengths: list[int], cap: int, chat: bool) -> dict[str, Any]:
+    """A non-streamed reply: every choice with its token ids and finish reason, and the usage."""
+    choices = [{"index": i, "finish_reason": "length" if ln == cap else "stop",
+                **({"message": {"content": "x" * ln}} if chat else {"text": "x" * ln}),
+                "token_ids": [0] * ln} for i, ln in enumerate(lengths)]
+    return {"choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": sum(lengths)}}

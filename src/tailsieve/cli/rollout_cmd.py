@@ -74,14 +74,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dispatch", default="request", choices=[d.value for d in Dispatch], help="round-robin unit")
     p.add_argument("--ranking", default=DEFAULT_RANKING, choices=list(RANKINGS),
                    help="candidate ranking (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="response length cap (default: %(default)s)")
-    p.add_argument("--paper-sampling", action="store_true",
-                   help="Table A.1: temperature 0.7, top-p 0.8, top-k 20, presence 1.5, stop <END>")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
@@ -99,6 +92,18 @@ def register(sub: Any) -> None:
     p.add_argument("--give-up-after", type=float, default=10.0,
                    help="seconds to wait for a replica to come back when none is healthy (default: %(default)s)")
     p.set_defaults(func=run)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The sampling flags (App. A.1 names)."""
+    p.add_argument("--max-tokens", type=int, default=1024, help="response length cap (default: %(default)s)")
+    p.add_argument("--paper-sampling", action="store_true",
+                   help="Table A.1: temperature 0.7, top-p 0.8, top-k 20, presence 1.5, stop <END>")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
 
 
 def pool_spec(args: argparse.Namespace, base: PoolSpec | None = None) -> PoolSpec:
