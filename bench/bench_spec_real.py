@@ -1,5 +1,6 @@
 """Real `ngram` speculation on the tail pool (issue 6, closing note): two vLLM CPU replicas on the tiny local Llama,
-started by `Launcher` (replica 0 bulk without speculation, replica 1 tail with ngram, d = 3, prompt_lookup_max 4).
+started by `LocalLauncher` (replica 0 bulk without speculation, replica 1 tail with ngram, d = 3,
+prompt_lookup_max 4).
 
 (a) `profile` of both replicas at temperature 0 and 1: τ(b), acceptance (vllm:spec_decode_* counters), the fitted
     α, γ, and the speculative model's τ_spec(b) = τ(b(d+1))/ā predicted from the plain curve, against the measured one.
@@ -26,7 +27,7 @@ from typing import Any
 from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
-from tailsieve.engines.launcher import Launcher
+from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.local import build_tiny_model
 from tailsieve.engines.profile import ProfilePoint, profile_endpoint, total_spec
 from tailsieve.engines.prompts import load_prompts
@@ -55,7 +56,7 @@ def predicted(base: TpotCurve, m: SpecMeasure, batch: int) -> float:
     return float(base.table(batch * (d + 1))[batch * (d + 1)]) * 1e3 / m.expected_tokens
 
 
-def part_a(la: Launcher, args: argparse.Namespace) -> dict[str, Any]:
+def part_a(la: LocalLauncher, args: argparse.Namespace) -> dict[str, Any]:
     """Profiles of the plain and the ngram replica at each temperature."""
     plain_url, spec_url = la.endpoints
     out: dict[str, Any] = {}
@@ -84,7 +85,7 @@ def part_a(la: Launcher, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def part_b(la: Launcher, args: argparse.Namespace, temp: float) -> dict[str, Any]:
+def part_b(la: LocalLauncher, args: argparse.Namespace, temp: float) -> dict[str, Any]:
     """Static q/m=1 with the tail replica speculating (A) or not (B), interleaved A B B A …"""
     prompts = load_prompts(SHARED / "data" / "prompts" / "kodcode_demo_232.jsonl")
     cfg = RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho, policy="static", q=args.q,
@@ -162,7 +163,7 @@ def main() -> None:
     cfg = LaunchConfig(model=str(model), replicas=2, places=cores, memory=2, served_model_name="tiny",
                        tail_replicas=1, tail=NGRAM, args=("--max-model-len", "4096", "--max-num-seqs", "256"),
                        startup_timeout_s=300)
-    la = Launcher(cfg, scratch / "launch")
+    la = LocalLauncher(cfg, scratch / "launch")
     doc: dict[str, Any] = {"args": dict(vars(args)), "ngram": NGRAM.speculative_config()}
     t0 = time.perf_counter()
     try:

@@ -1,6 +1,7 @@
-"""`Launcher` and `tailsieve launch` with fake server processes (tests/fake_vllm_proc.py): commands and placement per
-pool, config-file tables and their errors, start-up failures (crash, port in use, timeout), pool moves that restart
-only when flags differ, SIGTERM → SIGKILL, the CLI's files, stdout and signals, and `rollout --launch`."""
+"""`LocalLauncher` and `tailsieve launch` with fake server processes (tests/fake_vllm_proc.py): commands and placement
+per pool, config-file tables and their errors, start-up failures (crash, port in use, timeout), pool moves that restart
+only when flags differ, SIGTERM → SIGKILL, the CLI's files, stdout and signals, and `rollout --launch`. The launcher
+interface itself (explicit tail ids, the pool hook, the registry): tests/test_launcher_seam.py."""
 
 from __future__ import annotations
 
@@ -160,15 +161,17 @@ def test_start_assign_and_stop(running: Launcher, record: Path) -> None:
     assert {r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in rows} == {"0", "1"}
     assert all(r["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" for r in rows) and la.m == 0
     pids = [r.proc.pid for r in la.replicas if r.proc]
-    t = la.assign(1)  # replica 1 moves to the tail pool: its flags differ → restarted (only it)
+    t = la.assign([1])  # replica 1 moves to the tail pool: its flags differ → restarted (only it)
     assert t > 0 and la.m == 1 and la.replicas[1].restarts == 1 and la.replicas[0].restarts == 0
     assert la.replicas[0].proc and la.replicas[0].proc.pid == pids[0] and gone(pids[1])
     last = json.loads(record.read_text().splitlines()[-1])
     assert "--speculative-config" in last["argv"] and last["port"] == la.replicas[1].port
-    assert la.assign(1) == 0.0 and la.restart_s_total == pytest.approx(t)
-    assert la.assign(0) > 0 and la.replicas[1].pool is Pool.BULK
-    with pytest.raises(LaunchError, match=r"m must lie in \[0, 1\]"):
-        la.assign(2)
+    assert la.assign((1,)) == 0.0 and la.restart_s_total == pytest.approx(t)
+    assert la.assign([]) > 0 and la.replicas[1].pool is Pool.BULK
+    with pytest.raises(LaunchError, match=r"tail pool of 2 replica\(s\) leaves no bulk replica \(at most 1 of 2\)"):
+        la.assign([0, 1])
+    with pytest.raises(LaunchError, match=r"tail replica 2 is not a replica id in \[0, 1\]"):
+        la.assign([2])
     alive = [r.proc.pid for r in la.replicas if r.proc]
     tmp = Path(rows[0]["env"]["TMPDIR"])  # short: vLLM's ZMQ IPC paths must stay under 107 characters
     assert len(str(tmp)) < 60 and tmp.is_dir()
@@ -179,7 +182,7 @@ def test_start_assign_and_stop(running: Launcher, record: Path) -> None:
 def test_identical_pools_never_restart(model: Path, tmp_path: Path, record: Path) -> None:
     with Launcher(fake_cfg(model), tmp_path / "logs") as la:
         pid = la.replicas[1].proc.pid if la.replicas[1].proc else 0
-        assert la.config.restart_free and la.assign(1) == 0.0 and la.m == 1
+        assert la.config.restart_free and la.assign([1]) == 0.0 and la.m == 1
         assert la.replicas[1].proc and la.replicas[1].proc.pid == pid
     assert gone(pid)
 

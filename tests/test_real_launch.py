@@ -1,4 +1,4 @@
-"""`Launcher` with two REAL vLLM CPU servers (tiny local Llama): the tail replica runs `ngram` speculation (its
+"""`LocalLauncher` with two REAL vLLM CPU servers (tiny local Llama): the tail replica runs `ngram` speculation (its
 acceptance seen on /metrics and by `profile`), a real rollout moves it to the bulk pool and back (two restarts,
 counted in the steps), and every process is gone afterwards. About 2 minutes."""
 
@@ -16,7 +16,7 @@ import pytest
 from tailsieve.cli import main
 from tailsieve.engines.client import SamplingParams
 from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
-from tailsieve.engines.launcher import Launcher, LaunchError
+from tailsieve.engines.launchers import LaunchError, LocalLauncher
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.spec_measure import SpecCounters
@@ -61,7 +61,7 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
                        tail_replicas=1, args=("--max-model-len", "4096", "--max-num-seqs", "64"),
                        tail=PoolEngine(NGRAM, (("prompt_lookup_max", 4), ("prompt_lookup_min", 2))),
                        startup_timeout_s=300, grace_s=20)
-    la = Launcher(cfg, tmp_path / "launch")
+    la = LocalLauncher(cfg, tmp_path / "launch")
     pids: list[int] = []
     try:
         try:
@@ -95,7 +95,7 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
                            sampling=SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))
 
         async def go() -> list[Batch]:
-            async with Rollout(la.endpoints, rc, PROMPTS, assign=la.assign) as r:
+            async with Rollout(la.endpoints, rc, PROMPTS, pools=la.pool_hook) as r:
                 return [await r.step(), await r.step()]
 
         warm, steady = asyncio.run(go())

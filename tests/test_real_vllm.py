@@ -13,7 +13,7 @@ import pytest
 from tailsieve.cli import main
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.local import LocalServer
+from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState
@@ -30,8 +30,8 @@ PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then retu
 
 
 @pytest.fixture(scope="module")
-def pair(vllm_pair: list[LocalServer]) -> list[LocalServer]:  # noqa: F811
-    """The two servers of this module (the last test kills the first one)."""
+def pair(vllm_pair: LocalLauncher) -> LocalLauncher:  # noqa: F811
+    """The two replicas of this module (the last test kills the first one)."""
     return vllm_pair
 
 
@@ -55,8 +55,8 @@ async def running(urls: list[str]) -> list[float]:
         return [(await c.metrics(Endpoint(u))).get("vllm:num_requests_running", -1.0) for u in urls]
 
 
-def test_tailsieve_step_cutoff_really_aborts(pair: list[LocalServer], workload) -> None:  # type: ignore[no-untyped-def]
-    urls = [s.url for s in pair]
+def test_tailsieve_step_cutoff_really_aborts(pair: LocalLauncher, workload) -> None:  # type: ignore[no-untyped-def]
+    urls = pair.endpoints
     seen: list[list[float]] = []
 
     async def go() -> tuple[list[Batch], list[float]]:
@@ -89,32 +89,32 @@ def test_tailsieve_step_cutoff_really_aborts(pair: list[LocalServer], workload) 
     assert len(steady.groups) == 6 and steady.record.tail_s > 0 and steady.record.bulk_s > 0
 
 
-def test_many_seeded_requests_at_once(pair: list[LocalServer]) -> None:
+def test_many_seeded_requests_at_once(pair: LocalLauncher) -> None:
     long_prompt = " ".join(["the model sums integers and returns the answer"] * 6)
 
     async def go() -> list[int]:
         async with EngineClient(ClientOptions(stream=False)) as c:
-            ep = Endpoint(pair[0].url)
+            ep = Endpoint(pair.endpoints[0])
             comps = await asyncio.gather(*(
                 c.complete(ep, "tiny", Request(f"s{i}", f"{i} {long_prompt}", seed=i, max_tokens=4),
                            SamplingParams(ignore_eos=True)) for i in range(136)))
             return [ch.tokens for comp in comps for ch in comp.choices]
 
     assert asyncio.run(go()) == [4] * 136  # > 2048 prefill tokens in one go: no chunked-prefill seed crash
-    assert pair[0].healthy()
+    assert pair.healthy(0)
 
 
-def test_profile_cli(pair: list[LocalServer], tmp_path: Path) -> None:
+def test_profile_cli(pair: LocalLauncher, tmp_path: Path) -> None:
     out = tmp_path / "curve.json"
-    assert main(["profile", "--endpoint", pair[1].url, "--batches", "1,4,16", "--max-tokens", "48",
+    assert main(["profile", "--endpoint", pair.endpoints[1], "--batches", "1,4,16", "--max-tokens", "48",
                  "--out", str(out)]) == 0
     curve = load_curve(str(out))
     assert curve.batch == (1, 4, 16) and all(0 < t < 1000 for t in curve.tpot_ms)
     assert json.loads(out.read_text())["points"][2]["tokens_per_s"] > 0
 
 
-def test_save_restore_against_real_servers(pair: list[LocalServer], workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    urls = [s.url for s in pair]
+def test_save_restore_against_real_servers(pair: LocalLauncher, workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    urls = pair.endpoints
     c = cfg(workload, groups=4, group_size=2, rho=0.5)
     path = tmp_path / "state.json"
 
@@ -137,8 +137,8 @@ def test_save_restore_against_real_servers(pair: list[LocalServer], workload, tm
     assert sorted(consumed + pending) == list(range(final.router.stream.position))
 
 
-def test_server_killed_mid_step_still_delivers_n_groups(pair: list[LocalServer], workload) -> None:  # type: ignore[no-untyped-def]
-    urls = [s.url for s in pair]
+def test_server_killed_mid_step_still_delivers_n_groups(pair: LocalLauncher, workload) -> None:  # type: ignore[no-untyped-def]
+    urls = pair.endpoints
     c = cfg(workload, policy="uniform", replay=None, groups=6, group_size=4,
             sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
 
@@ -147,7 +147,7 @@ def test_server_killed_mid_step_still_delivers_n_groups(pair: list[LocalServer],
             step = asyncio.create_task(r.step())
             await asyncio.sleep(1.0)
             assert (await running(urls))[0] > 0
-            await asyncio.get_running_loop().run_in_executor(None, pair[0].kill)
+            await asyncio.get_running_loop().run_in_executor(None, pair.kill, 0)
             return await step
 
     batch = asyncio.run(go())

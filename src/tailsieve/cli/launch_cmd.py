@@ -19,7 +19,7 @@ from rich.table import Table
 
 from tailsieve.cli._common import fmt, nonneg_int, positive_int
 from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, launch_from_mapping
-from tailsieve.engines.launcher import Launcher, LaunchError, server_error
+from tailsieve.engines.launchers import DEFAULT_LAUNCHER, LaunchError, ReplicaLauncher, make_launcher
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
@@ -123,7 +123,7 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt(launcher: Launcher | None = None) -> Iterator[None]:
+def sigterm_as_interrupt(launcher: ReplicaLauncher | None = None) -> Iterator[None]:
     """SIGTERM, SIGHUP and SIGINT raise KeyboardInterrupt so `finally` blocks stop the servers; first they tell
     `launcher` to give up any start-up it is waiting on (a restart in a worker thread would otherwise hold up the
     event loop's shutdown)."""
@@ -150,14 +150,11 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     check_model(cfg.model)
-    launcher = Launcher(cfg, out)
+    launcher = make_launcher(DEFAULT_LAUNCHER, cfg, out)
     err = Console(stderr=True, width=max(120, Console(stderr=True).width))
     if args.dry_run:
-        for rep in launcher.replicas:
-            env = {k: v for k, v in launcher.env(rep).items() if k.startswith(("VLLM_CPU", "CUDA_VISIBLE", "HF_"))}
-            print(f"# replica {rep.index} ({rep.pool.value}) {rep.url}  env: "
-                  + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
-            print(shlex.join(launcher.command(rep)))
+        for line in launcher.dry_run():
+            print(line)
         return 0
     out.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt(launcher):
@@ -177,27 +174,26 @@ def run(args: argparse.Namespace) -> int:
             write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": True})
 
 
-def serve(launcher: Launcher, out: Path, duration: float | None, err: Console) -> int:
+def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Console) -> int:
     """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
     line = ",".join(launcher.endpoints)
     (out / "endpoints.txt").write_text(line + "\n", encoding="utf-8")
-    write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": False})
-    table = Table(title=f"{len(launcher.replicas)} replica(s) of {launcher.config.model}")
+    doc = launcher.describe()
+    write_json_atomic(out / "launch.json", doc | {"stopped": False})
+    table = Table(title=f"{len(launcher.endpoints)} replica(s) of {launcher.config.model}")
     for i, col in enumerate(("replica", "pool", "url", "cores/gpus", "pid", "start-up s", "pool flags")):
         table.add_column(col, justify="left" if i in (1, 2, 6) else "right")
-    for r in launcher.replicas:
-        table.add_row(str(r.index), r.pool.value, r.url, r.place or "-", str(r.proc.pid if r.proc else "-"),
-                      fmt(r.boot_s), " ".join(r.engine.flags()) or "-")
+    for r in doc["replicas"]:
+        table.add_row(str(r["index"]), r["pool"], r.get("url", "-"), r.get("place") or "-",
+                      str(r.get("pid") or "-"), fmt(r["boot_s"]), " ".join(r["flags"]) or "-")
     err.print(table)
     print(line, flush=True)
     err.print(f"endpoints in {out / 'endpoints.txt'} (rollout --endpoints $(cat {out / 'endpoints.txt'})); "
               "Ctrl-C stops every replica")
     end = None if duration is None else time.monotonic() + duration
     while end is None or time.monotonic() < end:
-        dead = launcher.dead()
-        if dead:
-            rep = dead[0]
-            raise LaunchError(f"replica {rep.index} (port {rep.port}) exited: {server_error(rep.log)} (log: {rep.log})")
+        lost = launcher.failure()
+        if lost is not None:
+            raise LaunchError(lost)
         time.sleep(0.5 if end is None else max(0.0, min(0.5, end - time.monotonic())))
     return 0
-

@@ -25,7 +25,7 @@ from tailsieve.engines.client import Api, Endpoint, SamplingParams
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import load_launch_config
-from tailsieve.engines.launcher import Launcher
+from tailsieve.engines.launchers import DEFAULT_LAUNCHER, ReplicaLauncher, make_launcher
 from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
 from tailsieve.engines.rollout import Batch, RolloutConfig
 from tailsieve.engines.runner import run_policies_real
@@ -161,13 +161,13 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
     kind = args.kind
-    launcher: Launcher | None = None
+    launcher: ReplicaLauncher | None = None
     out = Path(args.out)
     if args.launch:
         if args.endpoints:
             raise ConfigError("give --endpoints or --launch, not both")
         launch_path = Path(args.launch)
-        launcher = Launcher(load_launch_config(launch_path), out / "launch")
+        launcher = make_launcher(DEFAULT_LAUNCHER, load_launch_config(launch_path), out / "launch")
         configs = build_configs(args, pool_spec(args, load_config_file(launch_path)))
         endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]
     elif not args.endpoints:
@@ -195,17 +195,17 @@ def run(args: argparse.Namespace) -> int:
             launcher.stop()
 
 
-def with_move_price(configs: dict[str, RolloutConfig], launcher: Launcher) -> dict[str, RolloutConfig]:
+def with_move_price(configs: dict[str, RolloutConfig], launcher: ReplicaLauncher) -> dict[str, RolloutConfig]:
     """The controllers' prior price of a pool move: the slowest replica start-up just measured, when the pools'
     flags differ (a move restarts the replica); the measured restarts refine it as the run goes."""
     if launcher.config.restart_free:
         return configs
-    boot = max((rep.boot_s for rep in launcher.replicas), default=0.0)
+    boot = max((rep.boot_s for rep in launcher.slots), default=0.0)
     return {n: replace(c, controller=replace(c.controller, move_cost_s=boot)) for n, c in configs.items()}
 
 
 def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints: list[Endpoint],
-         prompts: tuple[PromptRecord, ...], out: Path, launcher: Launcher | None) -> int:
+         prompts: tuple[PromptRecord, ...], out: Path, launcher: ReplicaLauncher | None) -> int:
     meta = {"endpoints": [e.url for e in endpoints], "prompts": args.prompts, "replicas": len(endpoints),
             "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
             "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
@@ -230,7 +230,7 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
     with bar:
         runs = asyncio.run(run_policies_real(endpoints, prompts, configs, args.steps, out, resume=args.resume,
                                              meta=meta, on_step=tick,
-                                             assign=None if launcher is None else launcher.assign,
+                                             pools=None if launcher is None else launcher.pool_hook,
                                              live_meta=None if launcher is None else (
                                                  lambda: {"launch": launcher.describe()})))
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "

@@ -1,0 +1,28 @@
+"""Replica launchers behind one interface (`ReplicaLauncher`, docs/launch.md): `local` (process groups on this
+machine). A new launcher (e.g. Ray: one actor per replica) is a module here whose class is decorated with
+`@register_launcher(NAME)` and imported below; `make_launcher(NAME, config, log_dir)` then builds it."""
+
+from tailsieve.engines.launchers.base import (
+    DEFAULT_LAUNCHER,
+    LAUNCHERS,
+    LaunchError,
+    ReplicaLauncher,
+    ReplicaSlot,
+    initial_pools,
+    make_launcher,
+    register_launcher,
+)
+from tailsieve.engines.launchers.local import LocalLauncher, Replica
+
+__all__ = [
+    "DEFAULT_LAUNCHER",
+    "LAUNCHERS",
+    "LaunchError",
+    "LocalLauncher",
+    "Replica",
+    "ReplicaLauncher",
+    "ReplicaSlot",
+    "initial_pools",
+    "make_launcher",
+    "register_launcher",
+]

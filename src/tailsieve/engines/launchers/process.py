@@ -1,0 +1,123 @@
+"""Process, port and health helpers of launchers that run replicas as local process groups: free ports, the
+server's own error line from its log, `/health`, and SIGTERM → SIGKILL of whole process groups."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b(:.*)?$")
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on (host, port) and it can be bound."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(host: str, taken: set[int] | None = None) -> int:
+    """An unused TCP port on `host` that is not in `taken`."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            p = int(s.getsockname()[1])
+        if p not in (taken or set()):
+            return p
+
+
+def wait_port(host: str, port: int, timeout_s: float) -> bool:
+    """Wait until (host, port) can be bound again; False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not port_free(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
+    """GET `url`/health answers 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
+            return int(r.status) == 200
+    except OSError:
+        return False
+
+
+def server_error(log: Path, chars: int = 300) -> str:
+    """The server's own error from its log: the last exception line (plus a pydantic detail line), else the
+    last non-empty line."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_LINE.match(lines[i].strip()) and "Warning" not in lines[i]:
+            msg = lines[i].strip()
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            if "validation error" in msg and nxt.startswith("  ") and nxt.strip():
+                msg += ": " + nxt.strip().split(" [type=")[0]
+            return msg[:chars]
+    tail = [ln.strip() for ln in lines if ln.strip()]
+    return tail[-1][:chars] if tail else "(empty log)"
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of the process group `pgid` is still there."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def terminate(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM each process group, wait up to `grace_s` for all of them (leaders and children), SIGKILL the rest."""
+    for p in procs:
+        if p.poll() is None or group_alive(p.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.poll()
+        if not any(group_alive(p.pid) for p in procs):
+            break
+        time.sleep(0.1)
+    kill_groups(procs)
+
+
+def kill_groups(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL what is left of each process group at once and reap the leaders."""
+    for p in procs:
+        if group_alive(p.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> bool:
+    """Wait until no process of group `pgid` is left (children die with the group, but not instantly)."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -1,0 +1,122 @@
+"""The replica-launcher seam (`ReplicaLauncher`, docs/launch.md): `assign` takes explicit tail replica ids and
+restarts only the replicas whose flags change, `pool_hook(plan)` is `assign(plan.tail_replicas)` for a real router
+plan, and the registry builds launchers by name. A process-free launcher shows what a new backend implements."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tailsieve.engines.launch_config import LaunchConfig
+from tailsieve.engines.launcher import Launcher, LaunchError
+from tailsieve.engines.launchers import (
+    LAUNCHERS,
+    LocalLauncher,
+    ReplicaLauncher,
+    ReplicaSlot,
+    initial_pools,
+    make_launcher,
+    register_launcher,
+)
+from tailsieve.errors import ConfigError
+from tailsieve.policy.router import Router, RouterConfig, RouterState
+from tailsieve.policy.step import GroupRef, Pool
+from test_launch import NGRAM, fake_cfg, gone, model, record, running  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class MemLauncher(ReplicaLauncher):
+    """A launcher without processes: what a new backend (e.g. Ray) implements, recording each relaunch."""
+
+    def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
+        super().__init__(config, log_dir)
+        self._slots = [ReplicaSlot(index=i, pool=p, engine=config.engine(p is Pool.TAIL))
+                       for i, p in enumerate(initial_pools(config))]
+        self.relaunched: list[list[int]] = []
+        self.up = False
+
+    def start(self) -> MemLauncher:
+        self.up = True
+        return self
+
+    def stop(self) -> None:
+        self.up = False
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"mem://{s.index}" for s in self._slots]
+
+    def healthy(self, i: int) -> bool:
+        return self.up
+
+    @property
+    def slots(self) -> list[ReplicaSlot]:
+        return self._slots
+
+    def _relaunch(self, indices: Sequence[int]) -> None:
+        self.relaunched.append(list(indices))
+
+
+def test_assign_takes_explicit_replica_ids(model: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The tail pool is whatever ids the plan names (here replica 0, not the last one): only replicas whose flags
+    change restart, and an unchanged set restarts nothing."""
+    la = MemLauncher(fake_cfg(model, replicas=3, places=(), tail=NGRAM, tail_replicas=1), tmp_path)
+    assert la.pools == (Pool.BULK, Pool.BULK, Pool.TAIL) and la.tail_replicas == (2,)  # the router's split at start
+    with la:
+        assert la.assign([0]) >= 0.0 and la.relaunched == [[0, 2]]  # 0 joins the tail, 2 leaves it
+        assert la.assign([0]) == 0.0 and la.relaunched == [[0, 2]]
+        assert la.pools == (Pool.TAIL, Pool.BULK, Pool.BULK) and la.m == 1 and la.health() == [True] * 3
+        la.assign([0, 1])
+        assert la.relaunched[-1] == [1] and [s.restarts for s in la.slots] == [1, 1, 1]
+        assert la.restart([2], [Pool.TAIL]) >= 0.0 and la.relaunched[-1] == [2] and la.tail_replicas == (0, 1, 2)
+        doc = la.describe()
+        assert doc["tail_ids"] == [0, 1, 2] and doc["replicas"][2]["flags"] == list(NGRAM.flags())
+    assert not la.up
+    with pytest.raises(LaunchError, match=r"tail replicas repeat an id: \[0, 0\]"):
+        la.assign([0, 0])
+
+
+def test_assign_restarts_exactly_the_named_replica(model: Path, tmp_path: Path, record: Path) -> None:  # noqa: F811
+    cfg = fake_cfg(model, replicas=3, places=("0", "1", "1"), tail=NGRAM)
+    with Launcher(cfg, tmp_path / "logs") as la:
+        pids = [r.proc.pid for r in la.replicas if r.proc]
+        assert la.assign([0]) > 0 and [r.restarts for r in la.replicas] == [1, 0, 0]
+        assert [r.proc.pid for r in la.replicas if r.proc][1:] == pids[1:] and gone(pids[0])
+        last = json.loads(record.read_text().splitlines()[-1])
+        assert "--speculative-config" in last["argv"] and last["port"] == la.replicas[0].port
+        assert la.assign([0]) == 0.0 and [r.restarts for r in la.replicas] == [1, 0, 0]
+        assert la.pools == (Pool.TAIL, Pool.BULK, Pool.BULK) and la.healthy(0) and la.failure() is None
+
+
+def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) -> None:  # noqa: F811
+    la = running
+    router = Router(RouterConfig(groups=2, group_size=2, replicas=2, rho=0.5), [f"p{i}" for i in range(8)])
+    state: RouterState = replace(router.initial_state(), candidates=(GroupRef(7, "p7", 1),))
+    plan = router.plan(state, 1, 1)
+    assert plan.tail_replicas == (1,) and plan.bulk_replicas == (0,)
+    t = la.pool_hook(plan)
+    assert t > 0 and la.tail_replicas == plan.tail_replicas and la.restart_s_total == pytest.approx(t)
+    assert la.assign(plan.tail_replicas) == 0.0 == la.pool_hook(plan)
+    uniform = router.plan(state, 0, 0)
+    assert la.pool_hook(uniform) > 0 and la.tail_replicas == () and [r.restarts for r in la.replicas] == [0, 2]
+
+
+def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:  # noqa: F811
+    assert LAUNCHERS["local"] is LocalLauncher is Launcher and LocalLauncher.name == "local"
+    assert isinstance(make_launcher("local", fake_cfg(model), tmp_path), LocalLauncher)
+    with pytest.raises(ConfigError, match=r"^unknown launcher 'ray' \(valid: local\)$") as e:
+        make_launcher("ray", fake_cfg(model), tmp_path)
+    assert "\n" not in str(e.value)
+    try:
+        assert register_launcher("test-mem")(MemLauncher) is MemLauncher
+        built = make_launcher("test-mem", fake_cfg(model), tmp_path)
+        assert isinstance(built, MemLauncher) and built.name == "test-mem"
+        with pytest.raises(ValueError, match="already registered"):
+            register_launcher("local")(MemLauncher)
+    finally:
+        LAUNCHERS.pop("test-mem", None)
