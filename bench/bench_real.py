@@ -76,6 +76,41 @@ async def measure_curve(url: str, max_tokens: int) -> TpotCurve:
     return curve
 
 
+def compare(real: dict[str, PolicyRun], sim: dict[str, PolicyRun], names: list[str]) -> dict[str, Any]:
+    """Per policy: real and simulated step-time statistics, speedups over uniform, their ratio and correlation."""
+    rows: dict[str, Any] = {}
+    ref_real = stats(real["uniform"], SKIP_STEPS)["mean_s"] if "uniform" in real else None
+    ref_sim = stats(sim["uniform"], SKIP_STEPS)["mean_s"] if "uniform" in sim else None
+    for n in names:
+        r, s = stats(real[n], SKIP_STEPS), stats(sim[n], SKIP_STEPS)
+        rows[n] = {"real": r, "sim": s, "real_speedup": ref_real / r["mean_s"] if ref_real else None,
+                   "sim_speedup": ref_sim / s["mean_s"] if ref_sim else None,
+                   "sim_over_real": s["mean_s"] / r["mean_s"],
+                   "final_q": real[n].final_q, "final_m": real[n].final_m,
+                   "sim_steps": [x.makespan_s for x in sim[n].steps],
+                   "step_corr": float(np.corrcoef([x.makespan_s for x in real[n].steps[SKIP_STEPS:]],
+                                                  [x.makespan_s for x in sim[n].steps[SKIP_STEPS:]])[0, 1]),
+                   "real_steps": [x.makespan_s for x in real[n].steps], "qm": [(x.q, x.m) for x in real[n].steps]}
+    return rows
+
+
+def print_rows(rows: dict[str, Any], real_s: float, steps: int) -> None:
+    """The comparison table and the per-step real / simulated makespans."""
+    print(f"\nreal run {real_s:.0f}s; {steps} steps per policy, mean over steps {SKIP_STEPS}..{steps - 1}")
+    print(f"{'policy':10s} {'real mean s':>11s} {'± std':>7s} {'min..max':>13s} {'speedup':>8s} "
+          f"{'sim mean s':>10s} {'sim speedup':>11s} {'sim/real':>8s} {'final q,m':>9s}")
+    for n, row in rows.items():
+        r, s = row["real"], row["sim"]
+        sp = f"{row['real_speedup']:.3f}" if row["real_speedup"] else "-"
+        ssp = f"{row['sim_speedup']:.3f}" if row["sim_speedup"] else "-"
+        print(f"{n:10s} {r['mean_s']:11.2f} {r['std_s']:7.2f} {r['min_s']:6.2f}..{r['max_s']:<6.2f} {sp:>8s} "
+              f"{s['mean_s']:10.2f} {ssp:>11s} {row['sim_over_real']:8.2f} {row['final_q']:>5d},{row['final_m']}")
+    print("per step, real / simulated makespan s:")
+    for n, row in rows.items():
+        pairs = "  ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(row["real_steps"], row["sim_steps"], strict=True))
+        print(f"  {n:10s} {pairs}   (corr over steps {SKIP_STEPS}.. = {row['step_corr']:.2f})")
+
+
 def main() -> None:
     """Boot, profile, run real and simulated policies, print and save the comparison."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
@@ -123,32 +158,8 @@ def main() -> None:
                                             rho=args.rho), steps=args.steps)
     work = scaled_workload(base, args.scale)
     sim = {n: run_policy(n, work, curve, sim_cfg) for n in names}
-    rows: dict[str, Any] = {}
-    ref_real = stats(real["uniform"], SKIP_STEPS)["mean_s"] if "uniform" in real else None
-    ref_sim = stats(sim["uniform"], SKIP_STEPS)["mean_s"] if "uniform" in sim else None
-    for n in names:
-        r, s = stats(real[n], SKIP_STEPS), stats(sim[n], SKIP_STEPS)
-        rows[n] = {"real": r, "sim": s, "real_speedup": ref_real / r["mean_s"] if ref_real else None,
-                   "sim_speedup": ref_sim / s["mean_s"] if ref_sim else None,
-                   "sim_over_real": s["mean_s"] / r["mean_s"],
-                   "final_q": real[n].final_q, "final_m": real[n].final_m,
-                   "sim_steps": [x.makespan_s for x in sim[n].steps],
-                   "step_corr": float(np.corrcoef([x.makespan_s for x in real[n].steps[SKIP_STEPS:]],
-                                                  [x.makespan_s for x in sim[n].steps[SKIP_STEPS:]])[0, 1]),
-                   "real_steps": [x.makespan_s for x in real[n].steps], "qm": [(x.q, x.m) for x in real[n].steps]}
-    print(f"\nreal run {real_s:.0f}s; {args.steps} steps per policy, mean over steps {SKIP_STEPS}..{args.steps - 1}")
-    print(f"{'policy':10s} {'real mean s':>11s} {'± std':>7s} {'min..max':>13s} {'speedup':>8s} "
-          f"{'sim mean s':>10s} {'sim speedup':>11s} {'sim/real':>8s} {'final q,m':>9s}")
-    for n, row in rows.items():
-        r, s = row["real"], row["sim"]
-        sp = f"{row['real_speedup']:.3f}" if row["real_speedup"] else "-"
-        ssp = f"{row['sim_speedup']:.3f}" if row["sim_speedup"] else "-"
-        print(f"{n:10s} {r['mean_s']:11.2f} {r['std_s']:7.2f} {r['min_s']:6.2f}..{r['max_s']:<6.2f} {sp:>8s} "
-              f"{s['mean_s']:10.2f} {ssp:>11s} {row['sim_over_real']:8.2f} {row['final_q']:>5d},{row['final_m']}")
-    print("per step, real / simulated makespan s:")
-    for n, row in rows.items():
-        pairs = "  ".join(f"{a:.1f}/{b:.1f}" for a, b in zip(row["real_steps"], row["sim_steps"], strict=True))
-        print(f"  {n:10s} {pairs}   (corr over steps {SKIP_STEPS}.. = {row['step_corr']:.2f})")
+    rows = compare(real, sim, names)
+    print_rows(rows, real_s, args.steps)
     doc = {"args": vars(args), "curve": curve.to_json(), "policies": rows, "real_wall_s": real_s}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
