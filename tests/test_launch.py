@@ -216,6 +216,7 @@ def test_start_up_timeout(model: Path, tmp_path: Path, record: Path) -> None:
     assert all(r.proc is not None and gone(r.proc.pid) for r in la.replicas)
 
 
+@pytest.mark.slow
 def test_sigkill_after_grace_and_children_reaped(model: Path, tmp_path: Path, record: Path) -> None:
     cfg = fake_cfg(model, grace_s=0.5, bulk=PoolEngine(args=("--fake-ignore-term", "--fake-child")))
     la = Launcher(cfg, tmp_path).start()

@@ -24,7 +24,7 @@ from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
 from tailsieve.policy.controller import ControllerConfig
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
-pytestmark = [pytest.mark.real_server, requires_vllm, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.timeout(400)]
 
 NGRAM = SpecConfig(SpecMethod.NGRAM, 3)
 PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(16))

@@ -23,7 +23,7 @@ from tailsieve.policy.step import GroupStatus
 from tailsieve.workloads import load_workload
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
-pytestmark = [pytest.mark.real_server, requires_vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.timeout(600)]
 
 LONG = {"p2", "p5"}  # two prompts whose groups are long: they are still running at the warm-up cutoff
 PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(24))
