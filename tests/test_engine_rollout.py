@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -14,13 +14,14 @@ import pytest
 
 from engine_fake import FakeServer
 from tailsieve.engines.client import Api, SamplingParams
-from tailsieve.engines.executor import RequestMode
+from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
+from tailsieve.engines.health import Replicas
 from tailsieve.engines.prompts import PromptRecord, Template
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState, control_from_json, control_to_json
 from tailsieve.errors import ConfigError
 from tailsieve.policy.controller import ControllerConfig, ControlState
-from tailsieve.policy.step import GroupStatus, Pool, StepPlan
+from tailsieve.policy.step import GroupRef, GroupStatus, Pool, StepPlan
 from tailsieve.workloads import load_workload
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(40))
@@ -188,3 +189,26 @@ def test_deprecated_assign_by_m_still_moves_pools(servers: list[FakeServer]) -> 
 
     asyncio.run(go())
     assert calls == [0, 1]
+
+
+def test_an_adapter_replaces_the_executor_through_the_hook(servers: list[FakeServer]) -> None:
+    """`Rollout.build_executor` is the override point for adapters: the subclass's executor runs every step."""
+    plans: list[StepPlan] = []
+
+    class Counting(EngineExecutor):
+        async def execute(self, plan: StepPlan, spec: Callable[[GroupRef], GroupSpec] | None = None) -> ExecutedStep:
+            plans.append(plan)
+            return await super().execute(plan, spec)
+
+    class Instrumented(Rollout):
+        def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
+            base = super().build_executor(replicas, model)
+            return Counting(replicas, model, base.params, base.g, base.mode, spec=base.spec)
+
+    async def go() -> list[Batch]:
+        async with Instrumented([s.url for s in servers], config(policy="static", q=1, m=1), PROMPTS) as r:
+            return [await r.step() for _ in range(3)]
+
+    batches = asyncio.run(go())
+    assert [p.step for p in plans] == [b.step for b in batches] == [0, 1, 2]
+    assert all(len(b.groups) == 4 for b in batches)

@@ -220,8 +220,13 @@ class Rollout:
         except BaseException:
             await self.close()
             raise
-        self.executor = EngineExecutor(self.replicas, model, self._params(), self.rc.group_size,
-                                       self.config.request_mode, spec=self._group_spec)
+        self.executor = self.build_executor(self.replicas, model)
+
+    def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
+        """The step's executor (hook: an adapter overrides it, e.g. to instrument requests or to generate through
+        an RL framework's engines); it must return `ExecutedStep`s, whose samples become the batch."""
+        return EngineExecutor(replicas, model, self._params(), self.rc.group_size, self.config.request_mode,
+                              spec=self._group_spec)
 
     async def _resolve_model(self, replicas: Replicas) -> str:
         await replicas.check_all()
