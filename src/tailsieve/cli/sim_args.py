@@ -56,6 +56,8 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
         raise ConfigError(f"--q0 must be >= 0, got {args.q0}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if args.max_redraws < 1:
+        raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
     if not (args.restart_s >= 0 and math.isfinite(args.restart_s)):
         raise ConfigError(f"--restart-s must be >= 0 and finite, got {args.restart_s}")
     try:
@@ -63,7 +65,7 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
     except ValueError:
         raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
-                          dispatch=dispatch, ranking=args.ranking)
+                          dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
     replica = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=args.kv_ms_per_1k,
                             prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})

@@ -24,7 +24,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
-from tailsieve.policy.router import Dispatch
+from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, policy_names, run_policies
 
@@ -56,6 +56,9 @@ def register(sub: Any) -> None:
     p.add_argument("--m0", type=int, help="adaptive controllers: initial m (default: ControllerConfig.m0)")
     p.add_argument("--ranking", default=DEFAULT_RANKING,
                    help=f"candidate ranking: {', '.join(RANKINGS)} (default: %(default)s; docs/architecture.md)")
+    p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
+                   help="times a prompt's group may be cut before its next attempt must complete (default: "
+                        "%(default)s: regenerated once, App. E); larger values trade length bias for speed")
     p.add_argument("--dispatch", default=Dispatch.REQUEST.value,
                    help="round-robin unit inside a pool: request (§3.1, default) or group")
     p.add_argument("--seed", type=int, default=0, help="seed of resampling / synthetic draws and --shuffle")
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
             "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
-            "ranking": config.router.ranking, "seed": args.seed,
+            "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
         }, oracles=ORACLES) | {"capture": [_capture_json(c) for c in capture]})
         return 0
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
         + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
+        + ("" if config.router.max_redraws == DEFAULT_REDRAWS else f", max redraws {config.router.max_redraws}")
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:

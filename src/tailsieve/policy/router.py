@@ -9,6 +9,7 @@ by its stream index `uid`) is either consumed in a step's batch or waits as a ca
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -28,6 +29,9 @@ from tailsieve.policy.step import (
 from tailsieve.policy.stream import PromptStream, StreamState
 
 
+DEFAULT_REDRAWS = 1  # RouterConfig.max_redraws: an unfinished group is regenerated once (§3.1, App. E)
+
+
 class Dispatch(StrEnum):
     """Round-robin unit inside a pool: each request (§3.1) or each whole group (keeps a prompt prefix together)."""
 
@@ -37,17 +41,28 @@ class Dispatch(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
-    """Step shape: N groups of G on R replicas, over-provisioning ρ (E = ⌈ρN⌉), dispatch, starvation guard."""
+    """Step shape: N groups of G on R replicas, over-provisioning ρ (E = ⌈ρN⌉), dispatch, redraw limit.
+
+    `max_redraws` (default 1): a group is cut at most this many times; a group cut that often is pinned, i.e. its
+    next attempt runs to completion (in the tail pool, or the bulk cutoff waits for it), so a long draw is not
+    redrawn until it happens to be short (App. E). Larger values trade length bias for speed. `max_cuts` is the
+    deprecated 0.1 name of the same limit (DeprecationWarning; removed in 0.3).
+    """
 
     groups: int = 64
     group_size: int = 8
     replicas: int = 8
     rho: float = 0.1
     dispatch: Dispatch = Dispatch.REQUEST
-    max_cuts: int = 8
+    max_redraws: int = DEFAULT_REDRAWS
     ranking: str = DEFAULT_RANKING  # candidate ranking by name (`tailsieve.policy.ranking.RANKINGS`)
+    max_cuts: int | None = None  # deprecated alias of max_redraws
 
     def __post_init__(self) -> None:
+        if self.max_cuts is not None:
+            warnings.warn("RouterConfig(max_cuts=) is deprecated; use max_redraws=", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "max_redraws", self.max_cuts)
+            object.__setattr__(self, "max_cuts", None)
         if self.groups < 1:
             raise ConfigError(f"groups (N) must be >= 1, got {self.groups}")
         if self.group_size < 1:
@@ -56,10 +71,14 @@ class RouterConfig:
             raise ConfigError(f"replicas (R) must be >= 1, got {self.replicas}")
         if not (0.0 <= self.rho <= 1.0) or math.isnan(self.rho):
             raise ConfigError(f"rho must lie in [0, 1], got {self.rho}")
-        if self.max_cuts < 1:
-            raise ConfigError(f"max_cuts must be >= 1, got {self.max_cuts}")
+        if isinstance(self.max_redraws, bool) or not isinstance(self.max_redraws, int) or self.max_redraws < 1:
+            raise ConfigError(f"max_redraws must be an integer >= 1, got {self.max_redraws!r}")
         if self.ranking not in RANKINGS:
             raise ConfigError(f"unknown candidate ranking '{self.ranking}' (valid: {', '.join(RANKINGS)})")
+
+    def pinned(self, ref: GroupRef) -> bool:
+        """Whether a group was cut `max_redraws` times: its next attempt must complete."""
+        return ref.cuts >= self.max_redraws
 
     @property
     def extra(self) -> int:
@@ -112,28 +131,41 @@ class Router:
         return RouterState(stream=self._stream0)
 
     def _draw(
-        self, state: RouterState, front: Sequence[GroupRef], k: int
+        self, state: RouterState, front: Sequence[GroupRef], k: int, room: int
     ) -> tuple[list[GroupRef], StreamState, tuple[GroupRef, ...]]:
-        queue = [*front, *state.requeue]
-        taken = queue[:k]
-        left = tuple(queue[k:])
+        """The next k groups of the queue (front, requeue, then fresh draws), at most `room` of them pinned (the
+        bulk quota: more could not all be consumed); pinned groups beyond it keep their place in the queue."""
+        taken: list[GroupRef] = []
+        left: list[GroupRef] = []
+        for ref in (*front, *state.requeue):
+            pin = self.config.pinned(ref)
+            if len(taken) < k and (room > 0 or not pin):
+                taken.append(ref)
+                room -= pin
+            else:
+                left.append(ref)
         stream = PromptStream.from_state(self.prompts, state.stream or self._stream0)
         taken += [GroupRef(p.index, p.prompt_id) for p in stream.take(k - len(taken))]
-        return taken, stream.state(), left
+        return taken, stream.state(), tuple(left)
+
+    def _pins(self, bulk: Sequence[GroupRef]) -> frozenset[int]:
+        return frozenset(ref.uid for ref in bulk if self.config.pinned(ref))
 
     def warmup(self, state: RouterState, *, dispatch: Dispatch | None = None) -> StepPlan:
         """§3.1 warm-up: every replica bulk, N + E groups, cut when N are complete (the rest become candidates)."""
         cfg = self.config
-        bulk, stream, left = self._draw(state, (), cfg.groups + cfg.extra)
+        bulk, stream, left = self._draw(state, (), cfg.groups + cfg.extra, cfg.groups)
         reps = tuple(range(cfg.replicas))
         place = _place(bulk, reps, cfg.group_size, dispatch or cfg.dispatch)
-        return StepPlan(state.step, (), tuple(bulk), place, (), reps, cfg.groups, True, stream, left)
+        return StepPlan(state.step, (), tuple(bulk), place, (), reps, cfg.groups, True, stream, left, self._pins(bulk))
 
     def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None) -> StepPlan:
         """§3.1: uniform when m = 0 (or E = 0); warm-up when there are no candidates; else q candidates + fresh bulk.
 
         Uniform steps always dispatch whole groups round-robin (uniform group routing); `dispatch` applies to the
-        two-pool steps. The isolated q is clamped to [max(1, forced), min(candidates, N)].
+        two-pool steps. The isolated q is clamped to [1, min(candidates, N)]; the rest of the candidates go back to
+        the front of the queue. Pinned groups drawn into the bulk pool are listed in `plan.pinned` (at most the bulk
+        quota of them; any beyond wait at the front of the queue), so exactly N groups are consumed.
         """
         cfg = self.config
         n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
@@ -141,30 +173,29 @@ class Router:
         if not 0 <= m < max(r, 1) or (m > 0 and r < 2):
             raise ConfigError(f"tail replicas m must lie in [0, {r - 1}], got {m}")
         if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
-            bulk, stream, left = self._draw(state, state.candidates, n)
+            bulk, stream, left = self._draw(state, state.candidates, n, n)
             reps = tuple(range(r))
             place = _place(bulk, reps, g, Dispatch.GROUP)
-            return StepPlan(state.step, (), tuple(bulk), place, (), reps, n, False, stream, left)
+            return StepPlan(state.step, (), tuple(bulk), place, (), reps, n, False, stream, left, self._pins(bulk))
         if not state.candidates:
             return self.warmup(state, dispatch=disp)
-        forced = [c for c in state.candidates if c.cuts >= cfg.max_cuts]
-        rest = [c for c in state.candidates if c.cuts < cfg.max_cuts]
-        q_eff = min(max(q, len(forced), 1), len(state.candidates), n)
-        tail = (forced + rest)[:q_eff]
-        back = (forced + rest)[q_eff:]
-        bulk, stream, left = self._draw(state, back, n - q_eff + e)
+        q_eff = min(max(q, 1), len(state.candidates), n)
+        tail = state.candidates[:q_eff]
+        bulk, stream, left = self._draw(state, state.candidates[q_eff:], n - q_eff + e, n - q_eff)
         tail_reps, bulk_reps = pool_split(r, m)
         placement = _place(tail, tail_reps, g, disp) | _place(bulk, bulk_reps, g, disp)
         return StepPlan(
-            state.step, tuple(tail), tuple(bulk), placement, tail_reps, bulk_reps, n - q_eff, False, stream, left
+            state.step, tuple(tail), tuple(bulk), placement, tail_reps, bulk_reps, n - q_eff, False, stream, left,
+            self._pins(bulk),
         )
 
     def observe(self, state: RouterState, plan: StepPlan, result: StepResult) -> RouterState:
         """Check the step contract and rank next step's candidates: bulk groups unfinished at the cutoff.
 
         Contract (InvariantError otherwise): one outcome per planned group in its planned pool; exactly N DONE
-        groups, each with all G members finished; every tail group DONE; and no draw lost or duplicated overall,
-        i.e. consumed + candidates + requeued = prompts drawn from the stream.
+        groups, each with all G members finished; every tail group and every pinned bulk group DONE; no consumed
+        group cut more than `max_redraws` times; and no draw lost or duplicated overall, i.e. consumed + candidates
+        + requeued = prompts drawn from the stream.
         """
         cfg = self.config
         g = cfg.group_size
@@ -181,6 +212,10 @@ class Router:
             raise InvariantError(f"step {plan.step}: a group reported done has unfinished members")
         if any(o.status is not GroupStatus.DONE for o in result.outcomes if o.pool is Pool.TAIL):
             raise InvariantError(f"step {plan.step}: a tail-pool group was not completed")
+        if not plan.pinned <= {o.ref.uid for o in done if o.pool is Pool.BULK}:
+            raise InvariantError(f"step {plan.step}: a pinned group was not completed in the bulk pool")
+        if any(o.ref.cuts > cfg.max_redraws for o in done):
+            raise InvariantError(f"step {plan.step}: a consumed group was cut more than {cfg.max_redraws} times")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
         ranked = RANKINGS[cfg.ranking](cut)
         if sorted(o.ref.uid for o in ranked) != sorted(o.ref.uid for o in cut):

@@ -34,7 +34,8 @@ class GroupRef:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """What one step runs: groups per pool with the replica of every request, and the bulk cutoff quota."""
+    """What one step runs: groups per pool with the replica of every request, the bulk cutoff quota and the pinned
+    bulk groups (never cut: the non-pinned ones are cut at their (quota − pinned)-th completion)."""
 
     step: int
     tail: tuple[GroupRef, ...]
@@ -46,6 +47,7 @@ class StepPlan:
     warmup: bool
     stream_after: StreamState
     requeue_after: tuple[GroupRef, ...]  # waiting at the front of the queue after this step's draws
+    pinned: frozenset[int] = frozenset()  # uids of bulk groups that run to completion (cut max_redraws times)
 
     @property
     def q(self) -> int:

@@ -3,7 +3,10 @@
 It draws each group's lengths from the workload (generation a of prompt p: fresh draws every time a prompt is
 regenerated, common random numbers across policies), runs every replica with `replica.run_replica` (the plan's
 tail replicas on the tail curve, §3.4), completes the tail pool, cuts the bulk pool at its quota-th group
-completion (ties: earlier in the stream) and reports each aborted group's progress at the cutoff.
+completion (ties: earlier in the stream) and reports each aborted group's progress at the cutoff. Pinned bulk
+groups (`StepPlan.pinned`) run to completion: the others are cut at their (quota − pinned)-th completion, and the
+pinned requests then continue on their replicas without the aborted ones (`replica.resume_replica`); T_bulk is
+the last kept bulk group's finish.
 `SimRestarts` is the simulator's pool hook: a step whose pools differ from the last step's pays `restart_s`.
 """
 
@@ -18,9 +21,11 @@ from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import RouterConfig
-from tailsieve.policy.step import GroupOutcome, GroupStatus, Pool, StepPlan, StepResult
-from tailsieve.simulation.replica import ReplicaConfig, ReplicaRun, run_replica
+from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.simulation.replica import ReplicaConfig, ReplicaRun, resume_replica, run_replica
 from tailsieve.workloads import Workload
+
+_Run = tuple[ReplicaRun, NDArray[np.intp], TpotCurve, NDArray[np.int64] | None]  # run, requests, curve, prompts
 
 
 class SimExecutor:
@@ -56,41 +61,35 @@ class SimExecutor:
         return np.array([self.workload.prompt_tokens(p) or 0 for p in prompt_ids], dtype=np.int64)
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step: tail pool to completion, bulk pool cut after `bulk_quota` complete groups."""
+        """Run one step: tail pool to completion, bulk pool cut after `bulk_quota` complete groups (pinned groups
+        run to completion; the others are cut at their (quota − pinned)-th completion)."""
         groups = (*plan.tail, *plan.bulk)
         q = len(plan.tail)
         lengths = np.stack([self.draw(ref.prompt_id, plan.step) for ref in groups])  # (n, G) in plan order
         self.last_lengths = lengths
-        place = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64)
-        flat_len, flat_rep = lengths.ravel(), place.ravel()
-        ptoks = self.prompt_tokens([ref.prompt_id for ref in groups])
-        flat_ptok = None if ptoks is None else np.repeat(ptoks, lengths.shape[1])
-        by_rep = np.argsort(flat_rep, kind="stable")  # requests grouped by replica, plan order inside each
-        bounds = np.flatnonzero(np.diff(flat_rep[by_rep])) + 1
-        finish = np.zeros(flat_len.size)
-        runs: list[tuple[ReplicaRun, NDArray[np.intp]]] = []
-        tail_reps = set(plan.tail_replicas)
-        for idx in np.split(by_rep, bounds):
-            curve = self.tail_curve if int(flat_rep[idx[0]]) in tail_reps else self.curve
-            run = run_replica(flat_len[idx], curve, self.replica, None if flat_ptok is None else flat_ptok[idx])
-            finish[idx] = run.finish_s
-            runs.append((run, idx))
-        fin = finish.reshape(lengths.shape)
+        fin, runs = self._run_replicas(plan, groups, lengths)
         done_at = fin.max(axis=1)
         tail_s = float(done_at[:q].max()) if q else 0.0
         bulk_uid = np.array([ref.uid for ref in plan.bulk], dtype=np.int64)
-        order = np.lexsort((bulk_uid, done_at[q:]))  # completion order, ties by stream position
-        quota = min(plan.bulk_quota, order.size)
+        pin = np.array([ref.uid in plan.pinned for ref in plan.bulk], dtype=bool)
+        free = np.flatnonzero(~pin)
+        order = free[np.lexsort((bulk_uid[free], done_at[q + free]))]  # completion order, ties by stream position
+        quota = max(min(plan.bulk_quota - int(pin.sum()), order.size), 0)
         kept = np.zeros(len(groups), dtype=bool)
         kept[:q] = True
         kept[q + order[:quota]] = True
-        bulk_s = float(done_at[q + order[quota - 1]]) if quota > 0 else 0.0
-        at_cut = flat_len.copy()
-        for run, idx in runs:
-            at_cut[idx] = run.tokens_at(bulk_s)
+        kept[q + np.flatnonzero(pin)] = True
+        cut_s = float(done_at[q + order[quota - 1]]) if quota > 0 else 0.0
+        if pin.any():
+            fin = self._spare_pinned(fin, runs, kept, cut_s)
+            done_at = np.where(kept, fin.max(axis=1), done_at)
+        bulk_s = max(cut_s, float(done_at[q + np.flatnonzero(pin)].max())) if pin.any() else cut_s
+        at_cut = lengths.ravel().copy()
+        for run, idx, _, _ in runs:
+            at_cut[idx] = run.tokens_at(cut_s)
         cut_tokens = cast(list[list[int]], at_cut.reshape(lengths.shape).tolist())
         full: list[list[int]] = lengths.tolist()
-        finished: list[int] = (fin <= bulk_s).sum(axis=1).tolist()
+        finished: list[int] = (fin <= cut_s).sum(axis=1).tolist()
         g = lengths.shape[1]
         outcomes = tuple(
             GroupOutcome(ref, Pool.TAIL if i < q else Pool.BULK, GroupStatus.DONE, float(done_at[i]), tuple(full[i]), g)
@@ -99,6 +98,36 @@ class SimExecutor:
             for i, ref in enumerate(groups)
         )
         return StepResult(plan.step, outcomes, tail_s, bulk_s, max(tail_s, bulk_s))
+
+    def _run_replicas(self, plan: StepPlan, groups: Sequence[GroupRef], lengths: NDArray[np.int64]
+                      ) -> tuple[NDArray[np.float64], list[_Run]]:
+        """Every replica's run to completion: (n, G) finish times, and per replica its run, request indices, curve
+        and prompt tokens."""
+        place = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64)
+        flat_len, flat_rep = lengths.ravel(), place.ravel()
+        ptoks = self.prompt_tokens([ref.prompt_id for ref in groups])
+        flat_ptok = None if ptoks is None else np.repeat(ptoks, lengths.shape[1])
+        by_rep = np.argsort(flat_rep, kind="stable")  # requests grouped by replica, plan order inside each
+        bounds = np.flatnonzero(np.diff(flat_rep[by_rep])) + 1
+        finish = np.zeros(flat_len.size)
+        runs: list[_Run] = []
+        tail_reps = set(plan.tail_replicas)
+        for idx in np.split(by_rep, bounds):
+            curve = self.tail_curve if int(flat_rep[idx[0]]) in tail_reps else self.curve
+            ptok = None if flat_ptok is None else flat_ptok[idx]
+            run = run_replica(flat_len[idx], curve, self.replica, ptok)
+            finish[idx] = run.finish_s
+            runs.append((run, idx, curve, ptok))
+        return finish.reshape(lengths.shape), runs
+
+    def _spare_pinned(self, fin: NDArray[np.float64], runs: list[_Run], kept: NDArray[np.bool_], cut_s: float
+                      ) -> NDArray[np.float64]:
+        """Finish times once the cut groups leave their replicas at `cut_s` (the kept ones continue alone)."""
+        keep = np.repeat(kept, fin.shape[1])
+        out = fin.ravel().copy()
+        for run, idx, curve, ptok in runs:
+            out[idx] = resume_replica(run, keep[idx], cut_s, curve, self.replica, ptok)
+        return out.reshape(fin.shape)
 
 
 class SimRestarts:

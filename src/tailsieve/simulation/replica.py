@@ -181,3 +181,89 @@ def _event_loop(lens: IntArray, prompts: IntArray, curve: TpotCurve, cfg: Replic
     k0, t0, sn, sb, si = (np.asarray(c) for c in zip(*segs, strict=True))
     return ReplicaRun(lens, finish, start, k0.astype(np.int64), t0.astype(np.float64), sn.astype(np.int64),
                       sb.astype(np.float64), si.astype(np.float64))
+
+
+def resume_replica(
+    run: ReplicaRun,
+    keep: ArrayLike,
+    cut_s: float,
+    curve: TpotCurve,
+    config: ReplicaConfig | None = None,
+    prompt_tokens: ArrayLike | None = None,
+) -> FloatArray:
+    """Finish times of `run`'s requests when those not in `keep` are aborted at `cut_s` (a bulk cutoff that spares
+    pinned groups): the iteration in flight at `cut_s` completes, the aborted requests leave (running or queued),
+    and the kept ones continue alone, FCFS admission included. Aborted requests unfinished by then get inf."""
+    cfg = config or ReplicaConfig()
+    kept = np.asarray(keep, dtype=bool)
+    k, t = _cut_boundary(run, cut_s)
+    admitted = run.start_iter < k
+    gen = np.where(admitted, np.clip(k - run.start_iter, 0, run.lengths), 0)
+    done = admitted & (gen >= run.lengths)
+    out = run.finish_s.astype(np.float64, copy=True)
+    if (kept | done).all():  # nothing aborted here: the run stands
+        return out
+    out[~kept & ~done] = np.inf
+    live = kept & ~done
+    if not live.any():
+        return out
+    prompts = np.zeros(run.lengths.size, np.int64) if prompt_tokens is None else np.asarray(prompt_tokens, np.int64)
+    running, queue = np.flatnonzero(live & admitted), np.flatnonzero(live & ~admitted)
+    remaining = (run.lengths - gen).astype(np.int64)
+    context = (prompts + gen).astype(np.float64)
+    cont = _continue(t, running, queue, remaining, context, prompts, curve, cfg)
+    out[live] = cont[live]
+    return out
+
+
+def _iteration_end(run: ReplicaRun, k: int) -> float:
+    """Time the k-th decode iteration of `run` ends (0 for k = 0)."""
+    if k <= 0:
+        return 0.0
+    j = int(np.searchsorted(run.seg_k0, k, side="left")) - 1
+    n = k - int(run.seg_k0[j])
+    return float(run.seg_t0[j]) + n * float(run.seg_base[j]) + float(run.seg_inc[j]) * n * (n - 1) / 2.0
+
+
+def _cut_boundary(run: ReplicaRun, cut_s: float) -> tuple[int, float]:
+    """The first iteration boundary at or after `cut_s` (within rounding): iterations done there, and its time."""
+    if cut_s <= 0 or run.seg_n.size == 0:
+        return 0, 0.0
+    k = run.iterations_at(cut_s)
+    t = _iteration_end(run, k)
+    total = int(run.seg_k0[-1] + run.seg_n[-1])
+    if t >= cut_s * (1 - 1e-12) or k >= total:
+        return k, t
+    return k + 1, _iteration_end(run, k + 1)
+
+
+def _continue(t: float, running: IntArray, queue: IntArray, remaining: IntArray, context: FloatArray,
+              prompts: IntArray, curve: TpotCurve, cfg: ReplicaConfig) -> FloatArray:
+    """The event loop of `_event_loop` from a given state: time t, running requests, FCFS queue, remaining tokens
+    and contexts. Returns finish times (inf for requests not in `running` or `queue`)."""
+    cap = running.size + queue.size if cfg.max_num_seqs is None else cfg.max_num_seqs
+    tau = curve.table(max(cap, running.size, 1))
+    kv = cfg.kv_ms_per_1k_tokens / 1e6
+    pre = cfg.prefill_ms_per_token / 1e3
+    finish = np.full(remaining.size, np.inf)
+    nxt = 0
+    while True:
+        if running.size < cap and nxt < queue.size:
+            take = queue[nxt : nxt + cap - running.size]
+            nxt += take.size
+            t += pre * float(prompts[take].sum())
+            finish[take[remaining[take] == 0]] = t
+            running = np.concatenate((running, take[remaining[take] > 0]))
+            continue
+        if running.size == 0:
+            return finish
+        b = running.size
+        steps = int(remaining[running].min())
+        base = float(tau[b]) + kv * float(context[running].sum())
+        inc = kv * b
+        t += steps * base + inc * steps * (steps - 1) / 2.0
+        remaining[running] -= steps
+        context[running] += steps
+        ended = remaining[running] == 0
+        finish[running[ended]] = t
+        running = running[~ended]
