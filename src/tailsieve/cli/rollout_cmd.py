@@ -34,7 +34,7 @@ from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
-from tailsieve.policy.router import Dispatch
+from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.workloads import load_workload
 
 
@@ -74,6 +74,9 @@ def register(sub: Any) -> None:
     p.add_argument("--dispatch", default="request", choices=[d.value for d in Dispatch], help="round-robin unit")
     p.add_argument("--ranking", default=DEFAULT_RANKING, choices=list(RANKINGS),
                    help="candidate ranking (default: %(default)s)")
+    p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
+                   help="times a group may be cut before its next attempt must complete (default: %(default)s); "
+                        "larger values trade length bias for speed")
     add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
@@ -147,8 +150,11 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                          no_healthy_wait_s=args.give_up_after)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    if args.max_redraws < 1:
+        raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
-                             dispatch=Dispatch(args.dispatch), ranking=args.ranking, policy=n, curve=args.curve,
+                             dispatch=Dispatch(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
+                             policy=n, curve=args.curve,
                              tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
                              m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
@@ -210,7 +216,8 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
             "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
             "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
             "dispatch": args.dispatch,
-            "ranking": args.ranking, "seed": None if args.no_seed else args.seed, "tail_curve": args.tail_curve,
+            "ranking": args.ranking, "max_redraws": args.max_redraws, "seed": None if args.no_seed else args.seed,
+            "tail_curve": args.tail_curve,
             "spec": next(iter(configs.values())).spec.to_json(),
             "launch": None if launcher is None else launcher.describe()}
     con = Console(stderr=True)

@@ -7,7 +7,9 @@ per-member seeds and max_tokens) comes from the `spec` function given at constru
 Every planned group's requests go to the replicas the plan names (one request per member, or one per group and
 replica with `n` = its members there). The tail pool runs to completion; the bulk pool is cut when `bulk_quota`
 of its groups are complete: the rest are cancelled (the connection closes, which aborts them on the server) and
-report the tokens streamed so far. A replica fault marks the replica down and re-dispatches its unfinished
+report the tokens streamed so far. Pinned bulk groups (`StepPlan.pinned`) are never cancelled: the others are cut
+at their (quota − pinned)-th completion, and T_bulk is the last kept bulk group's finish. A replica fault marks
+the replica down and re-dispatches its unfinished
 requests to a healthy replica (same pool first) after a backoff; nothing is lost or repeated.
 """
 
@@ -106,7 +108,10 @@ class _Step:
         self.load = [0] * replicas
         self.pending: dict[asyncio.Task[Completion], _Job] = {}
         self.redispatched = 0
-        self.cut = plan.bulk_quota <= 0
+        self.pinned = plan.pinned & {r.uid for r in plan.bulk}
+        self.need = plan.bulk_quota - len(self.pinned)  # non-pinned bulk completions before the cutoff
+        self.cut = self.need <= 0
+        self.pin_left = set(self.pinned)
         self.bulk_done: list[int] = []
         self.bulk_s = 0.0
         self.tail_left = {r.uid for r in plan.tail}
@@ -126,12 +131,16 @@ class _Step:
         return job
 
     def busy(self) -> bool:
-        """Work left that the step waits for: tail groups, or the bulk pool before its cutoff."""
-        return bool(self.pending) and bool(self.tail_left or not self.cut)
+        """Work left that the step waits for: tail groups, pinned bulk groups, or the bulk pool before its cutoff."""
+        return bool(self.pending) and bool(self.tail_left or self.pin_left or not self.cut)
+
+    def spared(self, job: _Job) -> bool:
+        """Whether a job runs to completion whatever the cutoff: a tail or a pinned bulk group's."""
+        return job.pool is Pool.TAIL or job.uid in self.pinned
 
     def outcomes(self, g: int) -> tuple[GroupOutcome, ...]:
-        """Every planned group's outcome, plan order: tail groups and kept bulk groups DONE, the rest ABORTED."""
-        kept = set(self.bulk_done)
+        """Every planned group's outcome, plan order: tail, pinned and kept bulk groups DONE, the rest ABORTED."""
+        kept = set(self.bulk_done) | self.pinned
         out: list[GroupOutcome] = []
         for ref in (*self.plan.tail, *self.plan.bulk):
             pool, got = self.pool_of[ref.uid], self.samples[ref.uid]
@@ -188,7 +197,7 @@ class EngineExecutor:
         st = _Step(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
         try:
             for ref in (*plan.tail, *plan.bulk):
-                if st.pool_of[ref.uid] is Pool.TAIL or not st.cut:
+                if st.pool_of[ref.uid] is Pool.TAIL or ref.uid in st.pinned or not st.cut:
                     for job in self._jobs(ref, st.pool_of[ref.uid], plan.placement[ref.uid], st.specs[ref.uid]):
                         await self._launch(st, job)
             while st.busy():
@@ -202,7 +211,8 @@ class EngineExecutor:
             if st.pending:
                 await asyncio.gather(*st.pending, return_exceptions=True)
         tail_s = max((st.done_at[r.uid] for r in plan.tail), default=0.0)
-        return ExecutedStep(plan.step, st.outcomes(self.g), tail_s, st.bulk_s, max(tail_s, st.bulk_s),
+        bulk_s = max([st.bulk_s, *(st.done_at[u] for u in st.pinned)])
+        return ExecutedStep(plan.step, st.outcomes(self.g), tail_s, bulk_s, max(tail_s, bulk_s),
                             {u: tuple(s) for u, s in st.samples.items()}, st.redispatched, st.started_at)
 
     async def _launch(self, st: _Step, job: _Job) -> None:
@@ -244,7 +254,7 @@ class EngineExecutor:
                 st.release(other_task)
                 moved.append(other)
         for m in moved:
-            if m.pool is Pool.BULK and st.cut:
+            if not st.spared(m) and st.cut:
                 continue
             if m.attempt >= self.replicas.policy.retries:
                 raise EngineError(f"prompt group {m.uid} failed {m.attempt + 1} times; last: {exc}")
@@ -267,11 +277,13 @@ class EngineExecutor:
         st.done_at[job.uid] = now
         if job.pool is Pool.TAIL:
             st.tail_left.discard(job.uid)
+        elif job.uid in st.pinned:
+            st.pin_left.discard(job.uid)
         elif not st.cut:
             st.bulk_done.append(job.uid)
-            if len(st.bulk_done) >= st.plan.bulk_quota:
+            if len(st.bulk_done) >= st.need:
                 st.cut, st.bulk_s = True, now
                 for other_task, other in st.pending.items():
-                    if other.pool is Pool.BULK:
+                    if not st.spared(other):
                         st.snapshot(other)
                         other_task.cancel()

@@ -32,7 +32,7 @@ from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import Dispatch, Router, RouterConfig
+from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, Router, RouterConfig
 from tailsieve.policy.step import GroupOutcome, GroupRef, Pool, StepPlan
 from tailsieve.workloads import Workload
 
@@ -65,6 +65,7 @@ class RolloutConfig:
     api_key_env: str | None = "TAILSIEVE_API_KEY"
     model: str | None = None  # None: the first model the first healthy endpoint serves
     ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`)
+    max_redraws: int = DEFAULT_REDRAWS  # cuts before a group's next attempt must complete (`RouterConfig`)
     kv_ms_per_1k: float = 0.0  # the replicas' KV-traffic term for the controller's predictor, when measured
 
     def __post_init__(self) -> None:
@@ -81,7 +82,7 @@ class RolloutConfig:
         if self.policy != "uniform" and replicas < 2:
             raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
         return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
-                            dispatch=self.dispatch, ranking=self.ranking)
+                            dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,6 @@ from tailsieve.policy.step import (
 )
 from tailsieve.policy.stream import PromptStream, StreamState
 
-
 DEFAULT_REDRAWS = 1  # RouterConfig.max_redraws: an unfinished group is regenerated once (§3.1, App. E)
 
 
