@@ -26,7 +26,7 @@ from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, 
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
-from tailsieve.policy.step import GroupStatus, StepPlan, StepResult
+from tailsieve.policy.step import GroupRef, GroupStatus, StepPlan, StepResult
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.workloads.workload import ReplayMode, Workload
 
@@ -90,6 +90,14 @@ async def _run_step(fake: SequencedFake, ex: EngineExecutor, plan: StepPlan, spe
     return task.result(), seq.result()
 
 
+def launched(plan: StepPlan) -> tuple[GroupRef, ...]:
+    """The groups an executor sends: the tail, the pinned bulk groups, and the rest of the bulk pool unless its
+    cutoff needs no completion of theirs (quota − pinned ≤ 0)."""
+    free = [r for r in plan.bulk if r.uid not in plan.pinned]
+    pinned = [r for r in plan.bulk if r.uid in plan.pinned]
+    return (*plan.tail, *pinned, *(free if plan.bulk_quota > len(pinned) else ()))
+
+
 def check_step(plan: StepPlan, sim: StepResult, sent: NDArray[np.int64], real: ExecutedStep, log: StepLog) -> None:
     """The equivalence of one step (everything but times), with the server's view as a cross-check."""
     g = sent.shape[1]
@@ -101,8 +109,7 @@ def check_step(plan: StepPlan, sim: StepResult, sent: NDArray[np.int64], real: E
         assert (step, attempt) == (plan.step, 0), rid
         assert replica == plan.placement[uid][j], (rid, replica, plan.placement[uid])
         assert length == sent[row[uid], j], (rid, length, sent[row[uid]])
-    launched = plan.tail if plan.bulk_quota <= 0 else groups
-    assert len(log.requests) == g * len(launched)
+    assert len(log.requests) == g * len(launched(plan))
     assert _rows(real.result) == _rows(sim)
     done = {o.ref.uid for o in sim.outcomes if o.status is GroupStatus.DONE}
     assert {o.ref.uid for o in real.result.outcomes if o.status is GroupStatus.DONE} == done
@@ -139,8 +146,7 @@ async def run_equivalence(fake: SequencedFake, rc: RouterConfig, controls: Seque
                                               tuple(int(x) for x in lens))
                 sent = np.array([spec[r.uid].max_tokens for r in (*plan.tail, *plan.bulk)], dtype=np.int64)
                 assert np.array_equal(sent, sim.last_lengths)  # both sides drew the same generations
-                launched = len(plan.tail) + (len(plan.bulk) if plan.bulk_quota > 0 else 0)
-                real, log = await _run_step(fake, ex, plan, spec, launched * rc.group_size)
+                real, log = await _run_step(fake, ex, plan, spec, len(launched(plan)) * rc.group_size)
                 check_step(plan, sim_res, sent, real, log)
                 s_sim = router.observe(state, plan, sim_res)
                 state = router.observe(state, plan, real.result)

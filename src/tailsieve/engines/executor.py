@@ -9,8 +9,8 @@ replica with `n` = its members there). The tail pool runs to completion; the bul
 of its groups are complete: the rest are cancelled (the connection closes, which aborts them on the server) and
 report the tokens streamed so far. Pinned bulk groups (`StepPlan.pinned`) are never cancelled: the others are cut
 at their (quota − pinned)-th completion, and T_bulk is the last kept bulk group's finish. A replica fault marks
-the replica down and re-dispatches its unfinished
-requests to a healthy replica (same pool first) after a backoff; nothing is lost or repeated.
+the replica down and re-dispatches its unfinished requests to a healthy replica (same pool first) after a
+backoff; nothing is lost or repeated.
 """
 
 from __future__ import annotations
