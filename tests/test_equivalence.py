@@ -178,6 +178,18 @@ def test_fixed_seed_steps_match(fake: SequencedFake) -> None:
     cut_requests = [(sent, s.log.requests[rid][1]) for s in steps for rid, sent in s.log.cut.items()]
     assert len(cut_requests) >= 2 * 5 and all(0 < sent < length for sent, length in cut_requests)
     assert [s.state.consumed for s in steps] == [4 * (i + 1) for i in range(len(steps))]
+    assert [len(s.plan.pinned) for s in steps] == [0, 0, 2, 0, 1, 0]  # max_redraws 1: cut groups run to the end
+
+
+@pytest.mark.timeout(60)
+def test_pinned_groups_match_with_two_redraws(fake: SequencedFake) -> None:
+    """max_redraws 2: groups cut twice are pinned in the bulk pool; both executors still agree step by step."""
+    rc = RouterConfig(groups=4, group_size=2, replicas=3, rho=1.0, max_redraws=2)  # E = 4
+    steps = asyncio.run(run_equivalence(fake, rc, [(1, 1)] * 6, seed=5))
+    assert any(s.plan.pinned for s in steps)
+    for s in steps:
+        done = {o.ref.uid for o in s.real.result.outcomes if o.status is GroupStatus.DONE}
+        assert s.plan.pinned <= done and all(o.ref.cuts <= 2 for o in s.real.result.outcomes if o.ref.uid in done)
 
 
 @pytest.mark.timeout(60)
@@ -195,7 +207,8 @@ def test_zero_bulk_quota_matches(fake: SequencedFake) -> None:
 def scenarios(draw: st.DrawFn) -> tuple[RouterConfig, list[tuple[int, int]], int, RequestMode]:
     n = draw(st.integers(1, 5))
     rc = RouterConfig(groups=n, group_size=draw(st.integers(1, 3)), replicas=draw(st.integers(2, MAX_REPLICAS)),
-                      rho=draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])), dispatch=draw(st.sampled_from(list(Dispatch))))
+                      rho=draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])), dispatch=draw(st.sampled_from(list(Dispatch))),
+                      max_redraws=draw(st.sampled_from([1, 2])))
     controls = draw(st.lists(st.tuples(st.integers(0, n + 1), st.integers(0, MAX_REPLICAS - 1)), min_size=2,
                              max_size=5))
     return rc, controls, draw(st.integers(0, 2**16)), draw(st.sampled_from(list(RequestMode)))

@@ -4,6 +4,7 @@ the bulk pool (the cutoff waits for it) in the router, the simulator and the eng
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -125,18 +126,15 @@ def test_observe_refuses_a_cut_pinned_group_and_an_over_cut_consumed_group() -> 
     router.observe(state, plan, res)
     with pytest.raises(InvariantError, match="pinned group was not completed"):
         router.observe(state, plan, _swap(res, 1))  # type: ignore[arg-type]
-    over = StepPlan(plan.step, (GroupRef(0, plan.tail[0].prompt_id, 3),), plan.bulk, plan.placement, plan.tail_replicas,
-                    plan.bulk_replicas, plan.bulk_quota, False, plan.stream_after, plan.requeue_after, plan.pinned)
-    outs = tuple(o if o.ref.uid != 0 else type(o)(GroupRef(0, o.ref.prompt_id, 3), o.pool, o.status, o.finish_s, o.lengths,
-                                                      o.finished_members) for o in res.outcomes)
+    three = GroupRef(0, plan.tail[0].prompt_id, 3)
+    over = replace(plan, tail=(three,))
+    outs = tuple(replace(o, ref=three) if o.ref.uid == 0 else o for o in res.outcomes)
     with pytest.raises(InvariantError, match="cut more than 2 times"):
         router.observe(state, over, type(res)(res.step, outs, res.tail_s, res.bulk_s, res.makespan_s))
 
 
 def _swap(res: object, uid: int) -> object:
     """The result with the pinned group `uid` reported aborted and another aborted bulk group done instead."""
-    from dataclasses import replace
-
     outs = res.outcomes  # type: ignore[attr-defined]
     other = next(o for o in outs if o.status is GroupStatus.ABORTED and o.pool is Pool.BULK)
     new = tuple(replace(o, status=GroupStatus.ABORTED, finish_s=None) if o.ref.uid == uid

@@ -125,14 +125,6 @@ def test_non_isolated_candidates_go_to_the_front_of_the_queue() -> None:
     assert len(plan.bulk) == 8 - 2 + 4
 
 
-def test_starved_candidates_are_forced_into_the_tail() -> None:
-    rc = RouterConfig(groups=8, group_size=2, replicas=4, rho=0.5, max_cuts=2)
-    router = Router(rc, WL.prompts)
-    cands = (GroupRef(1, "p1", 1), GroupRef(2, "p2", 2), GroupRef(3, "p3", 2))
-    plan = router.plan(RouterState(stream=router.initial_state().stream, candidates=cands), 1, 1)
-    assert plan.tail == (cands[1], cands[2])
-
-
 def test_candidates_ranked_by_least_progress() -> None:
     rc = RouterConfig(groups=2, group_size=2, replicas=2, rho=1.0)
     router = Router(rc, WL.prompts)
@@ -199,13 +191,15 @@ class Scripted(Controller):
         return self._at(obs.step + 1)
 
 
-def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, int]], replica: ReplicaConfig) -> None:
-    """Run the shared step loop and check every step's batch and exactly-once consumption independently."""
+def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, int]], replica: ReplicaConfig) -> int:
+    """Run the shared step loop and check every step's batch, exactly-once consumption and the redraw limit
+    independently; returns how many pinned groups ran."""
     ctl = (CONTROLLERS["tailsieve"](rc, CURVE, ControllerConfig(m0=min(1, rc.replicas - 1))) if policy
            else Scripted(rc, controls))
     loop, ex = StepLoop(Router(rc, WL.prompts), ctl), SimExecutor(WL, CURVE, rc, replica)
     state = loop.initial()
     consumed: Counter[int] = Counter()
+    pinned_seen = [0]
     for _ in range(steps):
         out = loop.step(state, ex)
         state = out.state
@@ -214,6 +208,9 @@ def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, i
         assert len(done) == rc.groups and all(len(o.lengths) == rc.group_size for o in done)
         assert all(o.finished_members == rc.group_size for o in done)
         assert out.batch.shape == (rc.groups, rc.group_size) and out.record.q == out.plan.q
+        assert all(o.ref.cuts <= rc.max_redraws for o in done)  # no group redrawn beyond the limit
+        assert out.plan.pinned <= {o.ref.uid for o in done if o.pool is Pool.BULK}  # every pinned group completes
+        pinned_seen[0] += len(out.plan.pinned)
         consumed.update(o.ref.uid for o in done)
     rstate = state.router
     assert max(consumed.values()) == 1  # none duplicated
@@ -221,6 +218,7 @@ def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, i
     assert len(pending) == len(set(pending)) and not set(pending) & set(consumed)
     assert set(consumed) | set(pending) == set(range(rstate.stream.position if rstate.stream else 0))  # none lost
     assert sum(consumed.values()) == rc.groups * steps == rstate.consumed
+    return pinned_seen[0]
 
 
 @settings(max_examples=60, deadline=None)
@@ -228,22 +226,25 @@ def drive(rc: RouterConfig, steps: int, policy: str, controls: list[tuple[int, i
     n=st.integers(1, 20), g=st.integers(1, 4), r=st.integers(1, 6), rho=st.sampled_from([0.0, 0.05, 0.1, 0.3, 1.0]),
     dispatch=st.sampled_from(list(Dispatch)), steps=st.integers(1, 40), adaptive=st.booleans(),
     controls=st.lists(st.tuples(st.integers(0, 25), st.integers(0, 5)), min_size=1, max_size=6),
-    cap=st.sampled_from([None, None, 2, 5]), max_cuts=st.integers(1, 3),
+    cap=st.sampled_from([None, None, 2, 5]), max_redraws=st.integers(1, 3),
 )
 def test_exactly_n_complete_groups_and_every_draw_consumed_once(
     n: int, g: int, r: int, rho: float, dispatch: Dispatch, steps: int, adaptive: bool,
-    controls: list[tuple[int, int]], cap: int | None, max_cuts: int,
+    controls: list[tuple[int, int]], cap: int | None, max_redraws: int,
 ) -> None:
-    rc = RouterConfig(groups=n, group_size=g, replicas=r, rho=rho, dispatch=dispatch, max_cuts=max_cuts)
+    rc = RouterConfig(groups=n, group_size=g, replicas=r, rho=rho, dispatch=dispatch, max_redraws=max_redraws)
     drive(rc, steps, "tailsieve" if adaptive and r >= 2 else "", controls, ReplicaConfig(max_num_seqs=cap))
 
 
 def test_three_hundred_steps_of_random_splits() -> None:
     rng = np.random.default_rng(5)
     controls = [(int(rng.integers(0, 12)), int(rng.integers(0, 4))) for _ in range(300)]
-    drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25), 300, "", controls, ReplicaConfig())
-    drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25, dispatch=Dispatch.GROUP), 120, "tailsieve",
-          controls, ReplicaConfig())
+    assert drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25), 300, "", controls, ReplicaConfig()) > 0
+    assert drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25, dispatch=Dispatch.GROUP), 120,
+                 "tailsieve", controls, ReplicaConfig(max_num_seqs=5)) > 0
+    # stream order: a group cut twice is not always isolated first
+    assert drive(RouterConfig(groups=12, group_size=3, replicas=4, rho=0.25, max_redraws=2, ranking="stream-order"),
+                 300, "", controls, ReplicaConfig()) > 0
 
 
 def test_rankings_are_named_and_replaceable() -> None:
