@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from tailsieve.analysis.report import COLUMNS, fidelity_notes, policy_json, record_json, report_json, summarize, summary_table
+from tailsieve.analysis.report import (
+    COLUMNS,
+    fidelity_notes,
+    policy_json,
+    record_json,
+    report_json,
+    summarize,
+    summary_table,
+)
 from tailsieve.cli import main
 from tailsieve.engines.runner import report
 from tailsieve.loop import PolicyRun, StepRecord
