@@ -92,3 +92,34 @@ def test_workloads_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert {w["kind"] for w in out["workloads"]} == {"trace", "synthetic"}
     assert main(["workloads"]) == 0
     assert "synthetic-math-strong" in capsys.readouterr().out
+
+
+def test_single_epoch_trace_gives_statistics_and_says_why_auc_is_null(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    p = tmp_path / "epoch.csv"  # 3 steps × 4 prompts × 2 samples; a prompt id never repeats across steps
+    rows = [f"s{s}p{i},{s},{10 * (i + 1) + k}" for s in range(3) for i in range(4) for k in range(2)]
+    p.write_text("prompt_id,step,length\n" + "\n".join(rows) + "\n")
+    out = analyze_json(capsys, str(p))
+    reason = ("single-epoch trace: no prompt id repeats across its 3 steps, and the cross-checkpoint tail AUC ranks "
+              "the same prompts at two or more checkpoints")
+    assert out["auc"] is None and out["auc_reason"] == reason and out["checkpoints"] == []
+    assert out["design"] == "12 prompts × 1 checkpoint × 2 samples"
+    assert out["stats"]["n"] == 24 and out["stats"]["max"] == 41
+    # per prompt (10i+10, 10i+11): within SS = 12 × 0.5 = 6 of SS_total
+    total = sum((x - 25.5) ** 2 for i in range(4) for x in (10 * (i + 1), 10 * (i + 1) + 1)) * 3
+    assert out["between_within"]["within"] == pytest.approx(6 / total)
+    assert out["variance_shares"]["sampling"] == pytest.approx(6 / total)
+    assert f"{reason}; statistics and variance shares treat the trace as one checkpoint" in out["notes"]
+    assert main(["analyze", str(p)]) == 0
+    printed = capsys.readouterr().out
+    assert "statistic " in printed and "P90/P50" in printed
+    assert f"tail-ranking AUC over checkpoints: n/a ({reason})" in printed
+
+
+def test_partially_repeated_prompts_say_why_auc_is_null(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    p = tmp_path / "partial.csv"  # p0 at steps 0 and 1, p1 at 1 and 2, p2 at 2 only: none at every step
+    rows = ["p0,0,5", "p0,0,6", "p0,1,7", "p0,1,8", "p1,1,9", "p1,1,10", "p1,2,11", "p1,2,12", "p2,2,20", "p2,2,21"]
+    p.write_text("prompt_id,step,length\n" + "\n".join(rows) + "\n")
+    out = analyze_json(capsys, str(p))
+    assert out["auc"] is None and out["auc_reason"] == ("no prompt appears at all 3 steps: the cross-checkpoint tail "
+                                                        "AUC needs the same prompts at every checkpoint")

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from tailsieve.analysis.report import COLUMNS, policy_json, record_json, report_json, summarize, summary_table
+from tailsieve.analysis.report import (
+    COLUMNS,
+    fidelity_notes,
+    policy_json,
+    record_json,
+    report_json,
+    summarize,
+    summary_table,
+)
 from tailsieve.cli import main
 from tailsieve.engines.runner import report
 from tailsieve.loop import PolicyRun, StepRecord
@@ -46,12 +54,18 @@ def test_tiny_run_by_hand() -> None:
     assert (s.step_s_std, s.step_s_min, s.step_s_max) == pytest.approx((1.0, 3.0, 5.0))
     assert s.oracle is False
     doc = policy_json(POLICY, s, {"restart_s": 2.5})
-    assert list(doc) == ["mean_step_s", "speedup", "final_q", "final_m", "wasted_share", "bias", "oracle",
-                         "step_s_std", "step_s_min", "step_s_max", "steps", "restart_s"]
-    assert doc["bias"] == {"mean_ratio": pytest.approx(2.0), "ks": pytest.approx(0.75)}
+    assert list(doc) == ["mean_step_s", "speedup", "verdict", "final_q", "final_m", "wasted_share", "redraws", "bias",
+                         "oracle", "step_s_std", "step_s_min", "step_s_max", "steps", "restart_s"]
+    assert doc["bias"] == {"mean_ratio": pytest.approx(2.0), "ks": pytest.approx(0.75), "truncated_ratio": None,
+                           "truncated_share": None, "reference_truncated_share": None,
+                           "truncated_reason": "length cap unknown (the workload has no max_length)"}
+    assert doc["redraws"] == {"max": 0, "mean": 0.0}
+    # paired window steps 2, 3: d = (6 − 3, 4 − 5) = (3, −1), std 2√2, SE = 2√2/√2 / mean(3, 5) = 0.5
+    assert doc["verdict"] == {"within_noise": True, "left_uniform": True, "speedup_2sigma": pytest.approx(1.0),
+                              "paired_steps": 2, "note": "within noise of uniform (±100.0% at 2σ over 2 paired steps)"}
     assert doc["steps"][3] == record_json(POLICY.steps[3]) == {
         "step": 3, "makespan_s": 5.0, "tail_s": 0.0, "bulk_s": 5.0, "q": 3, "m": 3, "candidates": 0,
-        "wasted_tokens": 0, "batch_mean_length": 11.0, "warmup": False, "note": "n3"}
+        "wasted_tokens": 0, "batch_mean_length": 11.0, "warmup": False, "note": "n3", "redraws_max": 0}
 
 
 def test_without_uniform_speedup_and_bias_are_none() -> None:
@@ -62,7 +76,8 @@ def test_without_uniform_speedup_and_bias_are_none() -> None:
     assert list(doc) == ["k", "window_skip", "policies"] and list(doc["policies"]) == ["x"]
     assert doc["policies"]["x"]["speedup"] is None and doc["policies"]["x"]["bias"] is None
     assert report({"x": POLICY}, {})["policies"] == doc["policies"]
-    assert _rows(summary_table(s, title="t"))[0] == ["x", "4.00", "-", "3", "3", "10.0%", "-", "-"]
+    assert doc["policies"]["x"]["verdict"] is None and doc["policies"]["x"]["redraws"] == {"max": 0, "mean": 0.0}
+    assert _rows(summary_table(s, title="t"))[0] == ["x", "4.00", "-", "-", "3", "3", "10.0%", "-", "-"]
 
 
 def _rows(table: object) -> list[list[str]]:
@@ -75,9 +90,13 @@ def _rows(table: object) -> list[list[str]]:
 def test_table_columns_star_and_extra_columns() -> None:
     s = summarize({"uniform": UNIFORM, "x": POLICY}, oracles={"x"})
     rows = _rows(summary_table(s, title="t", extra_columns={"restart s": {"x": "2.5"}}))
-    assert rows == [["uniform", "5.00", "1.000×", "3", "3", "0.0%", "1.000", "0.000", "-"],
-                    ["x*", "4.00", "1.250×", "3", "3", "10.0%", "2.000", "0.750", "2.5"]]
-    assert len(COLUMNS) == 8
+    assert rows == [["uniform", "5.00", "1.000×", "-", "3", "3", "0.0%", "1.000", "0.000", "-"],
+                    ["x*", "4.00", "1.250×", "-", "3", "3", "10.0%", "2.000", "0.750", "2.5"]]
+    assert len(COLUMNS) == 9
+    judged = summarize({"uniform": UNIFORM, "x": POLICY})
+    assert _rows(summary_table(judged, title="t"))[1][3] == "±100.0% ~"  # within noise: marked
+    assert fidelity_notes(judged) == ["x: within noise of uniform (±100.0% at 2σ over 2 paired steps); truncation: "
+                                      "length cap unknown (the workload has no max_length); redraws max 0, mean 0.00"]
 
 
 def test_simulate_json_and_rollout_report_agree_on_the_same_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,6 +113,8 @@ def test_simulate_json_and_rollout_report_agree_on_the_same_runs(capsys: pytest.
         assert set(real[name]) == set(sim[name]) | {"restart_s"}  # rollout's one per-source extra
         oracle = sim[name].pop("oracle")
         assert oracle == (name in ORACLES) and real[name].pop("oracle") is False  # real rollouts run no oracle
+        if oracle:  # a real run judges every non-uniform policy; simulate gives the oracles no verdict
+            assert sim[name].pop("verdict") is None and real[name].pop("verdict")["paired_steps"] == 3
         assert {k: v for k, v in real[name].items() if k != "restart_s"} == sim[name]
     assert report_json(runs, {}, oracles=ORACLES)["policies"]["static"] == sim["static"] | {"oracle": False}
 

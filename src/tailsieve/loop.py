@@ -67,17 +67,23 @@ class StepRecord:
     batch_mean_length: float
     warmup: bool = False
     note: str = ""
+    redraws_max: int = 0  # most times a consumed group of this step had been cut before (GroupRef.cuts)
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyRun:
-    """A policy's whole run: step records and the consumed batches (lengths, prompt ids) for App. E bias."""
+    """A policy's whole run: step records and the consumed batches (lengths, prompt ids) for App. E bias, with
+    the fidelity inputs: redraws per consumed group, and truncation (explicit flags, else `length >= length_cap`)."""
 
     policy: str
     steps: tuple[StepRecord, ...]
     batch_lengths: tuple[NDArray[np.int64], ...] = field(repr=False)
     consumed_uids: tuple[int, ...] = field(repr=False)
     batch_prompts: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
+    batch_redraws: tuple[NDArray[np.int64], ...] = field(default=(), repr=False)  # per step: cuts per group; () = 0
+    # per step: (N, G) flags (real runs: finish_reason "length"), None where unknown; () = use `length_cap`
+    batch_truncated: tuple[NDArray[np.bool_] | None, ...] = field(default=(), repr=False)
+    length_cap: int | None = None  # truncated = length >= cap (simulation: Workload.max_length); None = unknown
 
     def mean_step_s(self, skip: int = SKIP_STEPS) -> float:
         """Mean makespan over all steps but the first `skip` (warm-up and first steady step)."""
@@ -161,6 +167,7 @@ class StepLoop:
             step=plan.step, makespan_s=restart_s + result.makespan_s, tail_s=result.tail_s, bulk_s=result.bulk_s,
             q=plan.q, m=plan.m, candidates=len(rstate.candidates), wasted_tokens=int(wasted),
             batch_mean_length=float(batch.mean()) if batch.size else 0.0, warmup=plan.warmup, note=cstate.note,
+            redraws_max=max((o.ref.cuts for o in done), default=0),
         )
         return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
 
@@ -186,10 +193,13 @@ class RunLog:
         self.lengths: list[NDArray[np.int64]] = []
         self.uids: list[int] = []
         self.prompts: list[tuple[str, ...]] = []
+        self.redraws: list[NDArray[np.int64]] = []
         self._seen: set[int] = set()
 
-    def add(self, record: StepRecord, lengths: NDArray[np.int64], uids: list[int], prompts: tuple[str, ...]) -> None:
-        """One step's record and consumed batch; InvariantError if a prompt draw is consumed a second time."""
+    def add(self, record: StepRecord, lengths: NDArray[np.int64], uids: list[int], prompts: tuple[str, ...],
+            redraws: list[int] | None = None) -> None:
+        """One step's record and consumed batch (redraws: cuts per consumed group, default 0); InvariantError if a
+        prompt draw is consumed a second time."""
         if self._seen.intersection(uids) or len(set(uids)) != len(uids):
             raise InvariantError(f"step {record.step}: a prompt draw was consumed twice")
         self._seen.update(uids)
@@ -197,10 +207,12 @@ class RunLog:
         self.lengths.append(lengths)
         self.uids.extend(uids)
         self.prompts.append(prompts)
+        self.redraws.append(np.asarray(redraws if redraws is not None else [0] * len(uids), dtype=np.int64))
 
     def add_output(self, out: StepOutput) -> None:
         """`add` for a step the loop completed."""
-        self.add(out.record, out.batch, [o.ref.uid for o in out.consumed], tuple(o.ref.prompt_id for o in out.consumed))
+        self.add(out.record, out.batch, [o.ref.uid for o in out.consumed], tuple(o.ref.prompt_id for o in out.consumed),
+                 [o.ref.cuts for o in out.consumed])
 
     def check_final(self, state: RouterState) -> None:
         """No draw lost or duplicated overall: consumed + waiting = drawn, and none both (InvariantError)."""
@@ -211,4 +223,5 @@ class RunLog:
 
     def run(self) -> PolicyRun:
         """The run so far."""
-        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts))
+        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
+                         tuple(self.redraws))

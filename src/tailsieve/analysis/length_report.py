@@ -39,13 +39,15 @@ class Analysis:
     between_within: tuple[float, float] | None = None
     split_half_auc: float | None = None
     notes: tuple[str, ...] = ()
+    auc_reason: str | None = None  # why the cross-checkpoint AUC is null (a step column without repeated prompts)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of `tailsieve analyze --json`."""
         auc = [[None if np.isnan(v) else float(v) for v in row] for row in self.auc]
         return {
             "name": self.name, "kind": self.kind, "design": self.design, "stats": self.stats.to_json(),
-            "checkpoints": list(self.checkpoints), "auc": auc,
+            "checkpoints": list(self.checkpoints), "auc": None if self.auc_reason else auc,
+            "auc_reason": self.auc_reason,
             "variance_shares": None if self.shares is None else self.shares.to_json(),
             "between_within": None if self.between_within is None else
             {"between": self.between_within[0], "within": self.between_within[1]},
@@ -76,6 +78,24 @@ def balanced_grid(
     return grid, tuple(str(p) for p in uniq_p[keep]), tuple(int(s) for s in uniq_s), balanced
 
 
+def cross_checkpoint_reason(prompt_id: NDArray[np.str_], step: NDArray[np.int64]) -> str | None:
+    """Why the cross-checkpoint analyses cannot run on this step column (None when some prompt is at every step)."""
+    uniq_p, pinv = np.unique(prompt_id, return_inverse=True)
+    uniq_s, sinv = np.unique(step, return_inverse=True)
+    if uniq_s.size < 2:
+        return None
+    present = np.zeros((uniq_p.size, uniq_s.size), dtype=bool)
+    present[pinv, sinv] = True
+    per_prompt = present.sum(axis=1)
+    if per_prompt.max() == uniq_s.size:
+        return None
+    if per_prompt.max() == 1:
+        return (f"single-epoch trace: no prompt id repeats across its {uniq_s.size} steps, and the cross-checkpoint "
+                "tail AUC ranks the same prompts at two or more checkpoints")
+    return (f"no prompt appears at all {uniq_s.size} steps: the cross-checkpoint tail AUC needs the same prompts at "
+            "every checkpoint")
+
+
 def _split_half(grid: NDArray[np.int64]) -> float | None:
     """AUC when the tail set comes from the first half of each prompt's samples and the ranking from the second."""
     h = grid.shape[2] // 2
@@ -99,7 +119,11 @@ def analyze_trace(trace: Trace, *, name: str | None = None, max_length: int | No
         notes.append("no prompt column: every row is its own prompt, so prompt-level analyses are undefined")
         return Analysis(label, "trace", f"{len(trace)} rows, one per prompt", stats, (), np.zeros((0, 0)), None,
                         notes=tuple(notes))
-    steps = trace.step if trace.step is not None else np.zeros(len(trace), dtype=np.int64)
+    reason = None if trace.step is None else cross_checkpoint_reason(trace.prompt_id, trace.step)
+    if reason is not None:
+        notes.append(f"{reason}; statistics and variance shares treat the trace as one checkpoint")
+    by_step = trace.step is not None and reason is None
+    steps = trace.step if trace.step is not None and by_step else np.zeros(len(trace), dtype=np.int64)
     grid, _kept, ckpts, balanced = balanced_grid(trace.prompt_id, steps, trace.length)
     i_n, s_n, r_n = grid.shape
     design = f"{i_n} prompts × {s_n} checkpoint{'s' if s_n > 1 else ''} × {r_n} samples"
@@ -112,7 +136,7 @@ def analyze_trace(trace: Trace, *, name: str | None = None, max_length: int | No
         notes.append("one sample per prompt: the variance decomposition needs repeated samples")
     between_within = None
     split = None
-    if trace.step is None or s_n == 1:
+    if not by_step or s_n == 1:
         _, inv = np.unique(trace.prompt_id, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         groups = np.split(trace.length[order], np.flatnonzero(np.diff(inv[order])) + 1)
@@ -121,9 +145,10 @@ def analyze_trace(trace: Trace, *, name: str | None = None, max_length: int | No
             split = _split_half(grid)
             notes.append("single checkpoint: checkpoint and interaction shares are 0 by construction; "
                          "split_half_auc ranks the second half of each prompt's samples by the first half's tail set")
-    checkpoints: tuple[int, ...] = ckpts if trace.step is not None else ()
+    checkpoints: tuple[int, ...] = ckpts if by_step else ()
     auc = tail_auc_matrix(grid) if checkpoints and i_n > 1 else np.zeros((0, 0))
-    return Analysis(label, "trace", design, stats, checkpoints, auc, shares, between_within, split, tuple(notes))
+    return Analysis(label, "trace", design, stats, checkpoints, auc, shares, between_within, split, tuple(notes),
+                    reason)
 
 
 def analyze_workload(

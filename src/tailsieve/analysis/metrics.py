@@ -3,7 +3,8 @@
 - `length_bias`: the responses a policy consumed against those `uniform` consumed on the same prompt stream, over
   the summary window (all steps but the first `SKIP_STEPS`): ratio of means and the exact two-sample KS distance.
 - `wasted_share`: tokens of aborted (cut) groups over all tokens generated, same window.
-- `summarize`: one `PolicySummary` per run (mean step, speedup, final q/m, wasted share, bias, step spread), which
+- `summarize`: one `PolicySummary` per run (mean step, speedup, final q/m, wasted share, bias, step spread, and
+  the fidelity of `tailsieve.analysis.fidelity`: redraws, truncation, the within-noise verdict), which
   `tailsieve.analysis.report` turns into the JSON and the table of `simulate` and `rollout`.
 The partial-rollout capture rate (§2.3) runs the simulator and lives in `tailsieve.simulation.capture`.
 Definitions and the window are documented in docs/simulate.md.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tailsieve.analysis.fidelity import NO_REDRAWS, Redraws, Truncation, Verdict, fidelity_of
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
 
@@ -82,6 +84,9 @@ class PolicySummary:
     step_s_min: float
     step_s_max: float
     oracle: bool = False  # knows realized lengths (simulator baselines, App. A.2)
+    redraws: Redraws = NO_REDRAWS
+    truncation: Truncation | None = None  # reference share and ratio None without uniform
+    verdict: Verdict | None = None  # non-uniform, non-oracle policies against uniform
 
 
 def step_times(run: PolicyRun, *, skip: int = SKIP_STEPS) -> NDArray[np.float64]:
@@ -101,10 +106,14 @@ def summarize(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
         if not run.steps:
             continue
         mean, times = run.mean_step_s(skip), step_times(run, skip=skip)
+        speedup = base / mean if base is not None and mean > 0 else None
+        redraws, trunc, verdict = fidelity_of(run, ref, speedup, skip=skip,
+                                              judge=name != "uniform" and name not in oracles)
         out[name] = PolicySummary(
-            policy=name, mean_step_s=mean, speedup=base / mean if base is not None and mean > 0 else None,
+            policy=name, mean_step_s=mean, speedup=speedup,
             final_q=run.final_q, final_m=run.final_m, wasted_share=wasted_share(run, skip=skip),
             bias=None if ref is None else length_bias(run, ref, skip=skip), step_s_std=float(times.std()),
             step_s_min=float(times.min()), step_s_max=float(times.max()), oracle=name in oracles,
+            redraws=redraws, truncation=trunc, verdict=verdict,
         )
     return out

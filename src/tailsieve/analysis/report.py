@@ -3,9 +3,12 @@
 and the comparison table (`summary_table`). Both commands use these, so their keys and columns are the same;
 each adds its own extras (rollout's `restart_s`) through `extra` / `extra_columns`. Printing is the CLI's.
 
-Per-policy keys: mean_step_s, speedup, final_q, final_m, wasted_share, bias {mean_ratio, ks}, oracle, step_s_std,
-step_s_min, step_s_max, steps [...]. `speedup` and `bias` are null without a uniform run (docs/simulate.md,
-docs/engines.md).
+Per-policy keys: mean_step_s, speedup, verdict {within_noise, left_uniform, speedup_2sigma, paired_steps, note},
+final_q, final_m, wasted_share, redraws {max, mean}, bias {mean_ratio, ks, truncated_ratio, truncated_share,
+reference_truncated_share, truncated_reason}, oracle, step_s_std, step_s_min, step_s_max, steps [...]. `speedup`,
+`verdict` and `bias` are null without a uniform run; `verdict` also for uniform and the oracles (docs/simulate.md,
+docs/engines.md). A speedup is never shown without its bias: the table has length ratio and KS beside it, a ±2σ
+column (`~`: within noise, or never left the uniform boundary) and one fidelity line per policy (`fidelity_notes`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from typing import Any
 
 from rich.table import Table
 
+from tailsieve.analysis.fidelity import Truncation, Verdict
 from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
-__all__ = ["COLUMNS", "PolicySummary", "policy_json", "record_json", "report_json", "summarize", "summary_table"]
+__all__ = ["COLUMNS", "PolicySummary", "fidelity_notes", "policy_json", "record_json", "report_json", "summarize",
+           "summary_table"]
 
-COLUMNS = ("policy", "mean step s", "speedup", "final q", "final m", "wasted tokens", "length ratio", "KS")
+COLUMNS = ("policy", "mean step s", "speedup", "±2σ", "final q", "final m", "wasted tokens", "length ratio", "KS")
 MISSING = "-"  # table cell of a value that needs uniform when uniform did not run
 
 
@@ -29,20 +34,32 @@ def record_json(r: StepRecord) -> dict[str, Any]:
     """One step record as JSON (the `steps` entries of `simulate --json` and report.json)."""
     return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
             "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
-            "warmup": r.warmup, "note": r.note}
+            "warmup": r.warmup, "note": r.note, "redraws_max": r.redraws_max}
 
 
-def _bias_json(b: LengthBias | None) -> dict[str, Any] | None:
+def _bias_json(b: LengthBias | None, t: Truncation | None) -> dict[str, Any] | None:
     if b is None:
         return None
-    return {"mean_ratio": None if math.isnan(b.mean_ratio) else b.mean_ratio, "ks": b.ks}
+    trunc = t or Truncation(None, None, None, "unknown")
+    return {"mean_ratio": None if math.isnan(b.mean_ratio) else b.mean_ratio, "ks": b.ks,
+            "truncated_ratio": trunc.ratio, "truncated_share": trunc.share,
+            "reference_truncated_share": trunc.reference_share, "truncated_reason": trunc.reason or None}
+
+
+def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {"within_noise": v.within_noise, "left_uniform": v.left_uniform, "speedup_2sigma": v.speedup_2sigma,
+            "paired_steps": v.paired_steps, "note": v.note}
 
 
 def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One policy's entry of "policies": its summary, step spread, step records, then `extra` keys."""
     return {
-        "mean_step_s": s.mean_step_s, "speedup": s.speedup, "final_q": s.final_q, "final_m": s.final_m,
-        "wasted_share": s.wasted_share, "bias": _bias_json(s.bias), "oracle": s.oracle,
+        "mean_step_s": s.mean_step_s, "speedup": s.speedup, "verdict": _verdict_json(s.verdict),
+        "final_q": s.final_q, "final_m": s.final_m, "wasted_share": s.wasted_share,
+        "redraws": {"max": s.redraws.max, "mean": s.redraws.mean}, "bias": _bias_json(s.bias, s.truncation),
+        "oracle": s.oracle,
         "step_s_std": s.step_s_std, "step_s_min": s.step_s_min, "step_s_max": s.step_s_max,
         "steps": [record_json(r) for r in run.steps],
     } | dict(extra or {})
@@ -56,17 +73,48 @@ def report_json(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], *, skip:
     return dict(meta) | {"window_skip": skip, "policies": policies}
 
 
+def _band(v: Verdict | None) -> str:
+    if v is None:
+        return MISSING
+    pm = "±?" if v.speedup_2sigma is None else f"±{100 * v.speedup_2sigma:.1f}%"
+    return f"{pm} ~" if v.within_noise or not v.left_uniform else pm
+
+
 def _cells(s: PolicySummary) -> tuple[str, ...]:
     speedup = MISSING if s.speedup is None else f"{s.speedup:.3f}×"
     ratio, ks = (MISSING, MISSING) if s.bias is None else (f"{s.bias.mean_ratio:.3f}", f"{s.bias.ks:.3f}")
-    return (f"{s.policy}{'*' if s.oracle else ''}", f"{s.mean_step_s:.2f}", speedup, str(s.final_q), str(s.final_m),
-            f"{100 * s.wasted_share:.1f}%", ratio, ks)
+    return (f"{s.policy}{'*' if s.oracle else ''}", f"{s.mean_step_s:.2f}", speedup, _band(s.verdict),
+            str(s.final_q), str(s.final_m), f"{100 * s.wasted_share:.1f}%", ratio, ks)
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.2f}%"
+
+
+def fidelity_note(s: PolicySummary) -> str:
+    """One policy's fidelity line: verdict, truncation against uniform, redraws."""
+    parts = [] if s.verdict is None else [s.verdict.note]
+    t = s.truncation
+    if t is not None and t.ratio is not None:
+        parts.append(f"truncated {_pct(t.share)} vs uniform {_pct(t.reference_share)} (×{t.ratio:.2f})")
+    elif t is not None and t.share is not None and t.reference_share is not None:
+        parts.append(f"truncated {_pct(t.share)} vs uniform {_pct(t.reference_share)} (no ratio)")
+    elif t is not None:
+        parts.append(f"truncation: {t.reason}")
+    parts.append(f"redraws max {s.redraws.max}, mean {s.redraws.mean:.2f}")
+    return f"{s.policy}: " + "; ".join(parts)
+
+
+def fidelity_notes(summaries: Mapping[str, PolicySummary]) -> list[str]:
+    """The fidelity line of every policy but uniform and the oracles (printed under the table)."""
+    return [fidelity_note(s) for name, s in summaries.items() if name != "uniform" and not s.oracle]
 
 
 def summary_table(summaries: Mapping[str, PolicySummary], *, title: str,
                   extra_columns: Mapping[str, Mapping[str, str]] | None = None) -> Table:
-    """The comparison table (`COLUMNS`, oracles starred, "-" where uniform is missing); `extra_columns` maps a
-    header to each policy's cell and is appended on the right."""
+    """The comparison table (`COLUMNS`, oracles starred, "-" where uniform is missing, ±2σ of the speedup with `~`
+    when within noise or never off the uniform boundary); `extra_columns` maps a header to each policy's cell and is
+    appended on the right."""
     table = Table(title=title)
     extra = extra_columns or {}
     for i, col in enumerate((*COLUMNS, *extra)):

@@ -83,6 +83,8 @@ def show(a: Analysis) -> None:
             ("all off-diagonal (mean)", f"{np.nanmean(auc[~np.eye(auc.shape[0], dtype=bool)]):.3f}"),
         ]
         print_table(f"tail-ranking AUC over checkpoints {list(a.checkpoints)}", ["pairs", "AUC"], auc_rows)
+    if a.auc_reason is not None:
+        print(f"tail-ranking AUC over checkpoints: n/a ({a.auc_reason})")
     if a.split_half_auc is not None:
         print(f"split-half tail AUC: {a.split_half_auc:.3f}")
     for note in a.notes:
@@ -106,7 +108,7 @@ def save_plot(a: Analysis, path: Any) -> None:
         ax1.set_ylabel("source checkpoint s")
         fig.colorbar(im, ax=ax1, label="tail-ranking AUC")
     else:
-        msg = "no checkpoints (no step column)"
+        msg = "no checkpoints (no step column)" if a.auc_reason is None else "no repeated prompts across steps"
         if a.split_half_auc is not None:
             msg += f"\nsplit-half AUC {a.split_half_auc:.3f}"
         ax1.text(0.5, 0.5, msg, ha="center", va="center")

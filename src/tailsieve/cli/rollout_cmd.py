@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.analysis.report import summarize, summary_table
+from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
 from tailsieve.cli._common import console
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.backends import backend_names
@@ -231,6 +231,7 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
             r = batch.record
             print(f"{name} step {r.step}: {r.makespan_s:.2f}s q={r.q} m={r.m}"
                   + (f" restart={batch.restart_s:.1f}s" if batch.restart_s else "")
+                  + (f" redraws={batch.redraws_max}/{batch.redraws_mean:.2f}" if batch.redraws_max else "")
                   + (f" redispatched={batch.redispatched}" if batch.redispatched else "")
                   + (f" down={list(batch.down)}" if batch.down else ""), file=sys.stderr)
 
@@ -249,7 +250,12 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
 def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
     """`simulate`'s comparison table (`tailsieve.analysis.report`; speedup, bias: against uniform when it ran)."""
     con = console()
-    con.print(summary_table(summarize(runs), title=title))
+    summaries = summarize(runs)
+    con.print(summary_table(summaries, title=title))
+    for line in fidelity_notes(summaries):
+        con.print(line, highlight=False)
     con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
               "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
-              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform.")
+              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform. ±2σ: two "
+              "standard errors of the speedup, steps paired with uniform; ~: within noise or never off the uniform "
+              "boundary.")

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from rich.table import Table
 
 from tailsieve.analysis.metrics import PolicySummary, summarize
-from tailsieve.analysis.report import report_json, summary_table
+from tailsieve.analysis.report import fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import console, plot_path, print_json
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
@@ -145,6 +145,8 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
     """The comparison table, the capture table and the notes."""
     con = console()
     con.print(summary_table(summaries, title=title))
+    for line in fidelity_notes(summaries):
+        con.print(line, highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):
@@ -157,7 +159,10 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
               "and replays uniform's batches (App. A.2). q/m: last step's; streamrl-oracle's m = dedicated "
               "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
-              "lengths vs uniform (App. E). capture: share of the top-k groups (longest member) found among the "
+              "lengths vs uniform (App. E). ±2σ: "
+              "two standard errors of the speedup from the per-step differences paired with uniform; ~: within "
+              "noise or never off the uniform boundary (docs/simulate.md). capture: share of the top-k groups (longest "
+              "member) found among the "
               "unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the cut one.")
 
 

@@ -114,7 +114,8 @@ class GroupResult:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """What `Rollout.step` returns: N complete groups (tail pool first), the step record, every outcome."""
+    """What `Rollout.step` returns: N complete groups (tail pool first), the step record, every outcome, and the
+    step's fidelity numbers that need no uniform reference (redraws, truncation, wasted tokens)."""
 
     step: int
     groups: tuple[GroupResult, ...]
@@ -124,6 +125,31 @@ class Batch:
     started_at: float
     down: tuple[int, ...]  # replicas down when the step ended
     restart_s: float = 0.0  # replica restarts before the step (pool moves); included in record.makespan_s
+    redraws: tuple[int, ...] = ()  # per group: times its prompt draw was cut before this step (GroupRef.cuts)
+    truncated: tuple[tuple[bool, ...], ...] | None = None  # per group and sample: hit the length cap; None: unknown
+
+    @property
+    def redraws_max(self) -> int:
+        """Most redraws of a consumed group (0 when none was cut before)."""
+        return max(self.redraws, default=0)
+
+    @property
+    def redraws_mean(self) -> float:
+        """Mean redraws over the consumed groups."""
+        return sum(self.redraws) / len(self.redraws) if self.redraws else 0.0
+
+    @property
+    def truncated_share(self) -> float | None:
+        """Share of the step's responses at the length cap (None when unknown)."""
+        if self.truncated is None:
+            return None
+        flat = [t for g in self.truncated for t in g]
+        return sum(flat) / len(flat) if flat else 0.0
+
+    @property
+    def wasted_tokens(self) -> int:
+        """Tokens of the groups cut this step (the record's)."""
+        return self.record.wasted_tokens
 
 
 class Rollout:
@@ -306,7 +332,22 @@ class Rollout:
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
         return Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
-                     out.restart_s)
+                     out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups))
+
+    def truncated(self, groups: Sequence[GroupResult]) -> tuple[tuple[bool, ...], ...] | None:
+        """Which samples hit the length cap: finish_reason "length" when every sample has one (exact), else tokens
+        >= max_tokens; with length replay (every request ends at its replayed max_tokens) tokens >= the workload's
+        cap × length_scale, None when the workload has no cap."""
+        if self.config.replay is not None:
+            w = self.config.replay
+            if w.max_length is None:
+                return None
+            cap = max(1, round(w.max_length * self.config.length_scale))
+            return tuple(tuple(s.tokens >= cap for s in g.samples) for g in groups)
+        if all(s.finish_reason is not None for g in groups for s in g.samples):
+            return tuple(tuple(s.finish_reason == "length" for s in g.samples) for g in groups)
+        cap = self.config.sampling.max_tokens
+        return tuple(tuple(s.tokens >= cap for s in g.samples) for g in groups)
 
 
 def pools_from_assign(assign: Callable[[int], float]) -> PoolHook:

@@ -2,8 +2,9 @@
 
     DIR/report.json                 same keys as `simulate --json` ("policies" → mean_step_s, speedup, steps …)
     DIR/<policy>/batch-00003.jsonl  one line per consumed group: prompt id, samples, token counts, finish reasons
-    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume) and
-                                    restart_s (replica restarts before the step, in makespan_s; `launch`)
+    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume),
+                                    redraws and truncated flags per consumed group (absent in older files: 0 and
+                                    unknown), and restart_s (replica restarts before the step, in makespan_s)
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
 
 Every file is complete after each step, so an error or interrupt loses nothing already written.
@@ -51,6 +52,8 @@ class PolicyOutput:
         self.lengths: list[np.ndarray[Any, np.dtype[np.int64]]] = []
         self.uids: list[int] = []
         self.prompts: list[tuple[str, ...]] = []
+        self.redraws: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        self.truncated: list[np.ndarray[Any, np.dtype[np.bool_]] | None] = []
         self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
 
     @property
@@ -67,16 +70,20 @@ class PolicyOutput:
             row = json.loads(line)
             if int(row["step"]) >= upto:
                 continue
-            self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__}),
-                      np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]))
+            flags = row.get("truncated")
+            self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__ if k in row}),
+                      np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]),
+                      row.get("redraws") or [0] * len(row["uids"]), flags)
             self.restart_s += float(row.get("restart_s", 0.0))
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
-             prompts: tuple[str, ...]) -> None:
+             prompts: tuple[str, ...], redraws: Sequence[int], truncated: Sequence[Sequence[bool]] | None) -> None:
         self.records.append(rec)
         self.lengths.append(lengths)
         self.uids.extend(int(u) for u in uids)
         self.prompts.append(prompts)
+        self.redraws.append(np.asarray(redraws, dtype=np.int64))
+        self.truncated.append(None if truncated is None else np.asarray(truncated, dtype=bool))
 
     def write(self, batch: Batch, rollout: Rollout) -> None:
         """Batch file, step line, then state (in that order: the state never runs ahead of the files)."""
@@ -91,10 +98,13 @@ class PolicyOutput:
         self._rewrite_steps(batch.step)
         line = asdict(batch.record) | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
                                        "redispatched": batch.redispatched, "down": list(batch.down),
-                                       "started_at": batch.started_at, "restart_s": batch.restart_s}
+                                       "started_at": batch.started_at, "restart_s": batch.restart_s,
+                                       "redraws": list(batch.redraws),
+                                       "truncated": None if batch.truncated is None else
+                                       [list(t) for t in batch.truncated]}
         with (self.dir / "steps.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
-        self._add(batch.record, lengths, uids, pids)
+        self._add(batch.record, lengths, uids, pids, batch.redraws or [0] * len(uids), batch.truncated)
         self.restart_s += batch.restart_s
         rollout.save(self.state_path)
 
@@ -110,7 +120,8 @@ class PolicyOutput:
 
     def run(self) -> PolicyRun:
         """The run so far as a `PolicyRun` (what `simulate` summarizes)."""
-        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts))
+        return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
+                         tuple(self.redraws), tuple(self.truncated))
 
 
 def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS,

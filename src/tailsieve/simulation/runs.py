@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -123,7 +123,7 @@ def _run_controller(
         if on_step is not None:
             on_step(name, i + 1)
     log.check_final(state.router)
-    return log.run()
+    return replace(log.run(), length_cap=workload.max_length)
 
 
 def _run_oracle(
@@ -158,4 +158,4 @@ def _run_oracle(
                                   candidates=0, wasted_tokens=0, batch_mean_length=rec.batch_mean_length, note=note))
         if on_step is not None:
             on_step(name, i + 1)
-    return PolicyRun(name, tuple(records), ref.batch_lengths, ref.consumed_uids, ref.batch_prompts)
+    return replace(ref, policy=name, steps=tuple(records))  # uniform's batches, redraws and length cap

@@ -1,0 +1,141 @@
+"""Fidelity beside every speedup (pure statistics over finished runs, same window as `metrics`):
+
+- `redraws`: how many times each consumed group's prompt draw had been cut before it completed (max, mean).
+- `truncation`: share of consumed responses at the length cap (explicit flags, else `length >= length_cap`), the
+  policy's against uniform's on the same prompt stream; the ratio is None (with a reason) when uniform truncated
+  nothing or the cap is unknown.
+- `verdict`: whether the speedup is within noise of uniform (paired per-step rule below) and whether the controller
+  ever left the uniform boundary (a steady step with m > 0).
+
+Noise rule: pair the window's steps of the policy and uniform by step number (same prompt stream, and in the
+simulator the same draws), d_i = T_uniform,i − T_policy,i. The speedup is mean(T_uniform) / mean(T_policy), so
+speedup − 1 ≈ mean(d) / mean(T_policy), whose standard error is SE = std(d, ddof=1) / √n / mean(T_policy).
+`speedup_2sigma` = 2·SE (relative: 0.009 = ±0.9%); the speedup is within noise when |speedup − 1| ≤ 2·SE.
+Fewer than two paired steps cannot be told from noise (within noise, `speedup_2sigma` None).
+Definitions: docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from tailsieve.loop import SKIP_STEPS, PolicyRun
+
+T = TypeVar("T")
+
+
+def window(per_step: Sequence[T], skip: int = SKIP_STEPS) -> list[T]:
+    """The summary window of a per-step sequence: all but the first `skip` (all when not longer)."""
+    return list(per_step[skip:]) or list(per_step)
+
+
+@dataclass(frozen=True, slots=True)
+class Redraws:
+    """Times a consumed group had been cut before it completed, over the window's consumed groups."""
+
+    max: int
+    mean: float
+
+
+NO_REDRAWS = Redraws(0, 0.0)
+
+
+def redraws(run: PolicyRun, *, skip: int = SKIP_STEPS) -> Redraws:
+    """Max and mean redraws of the window's consumed groups (0 for runs that carry none: uniform, old files)."""
+    kept = [np.asarray(r, dtype=np.int64).ravel() for r in window(run.batch_redraws, skip)]
+    flat = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    return Redraws(int(flat.max()), float(flat.mean())) if flat.size else NO_REDRAWS
+
+
+def truncated_share(run: PolicyRun, *, skip: int = SKIP_STEPS) -> tuple[float | None, str]:
+    """Share of the window's consumed responses that hit the length cap, or None and why it is unknown."""
+    if run.batch_truncated:
+        flags = window(run.batch_truncated, skip)
+        if any(f is None for f in flags):
+            return None, f"{run.policy}: steps without finish reasons or cap (written by an older version)"
+        flat = np.concatenate([np.asarray(f, dtype=bool).ravel() for f in flags if f is not None])
+        return (float(flat.mean()), "") if flat.size else (None, f"{run.policy}: no consumed responses")
+    if run.length_cap is None:
+        return None, "length cap unknown (the workload has no max_length)"
+    lengths = [b.ravel() for b in window(run.batch_lengths, skip)]
+    flat_l = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    return (float((flat_l >= run.length_cap).mean()), "") if flat_l.size else (None, "no consumed responses")
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """Truncated shares of a policy and of uniform, their ratio, and why the ratio is missing when it is."""
+
+    share: float | None
+    reference_share: float | None
+    ratio: float | None  # share / reference_share; None when unknown or uniform truncated nothing
+    reason: str = ""  # why `ratio` is None ("" when it is set)
+
+
+def truncation(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS) -> Truncation:
+    """The policy's truncated share against uniform's (`truncated_ratio` of the report)."""
+    share, why = truncated_share(run, skip=skip)
+    ref, ref_why = truncated_share(reference, skip=skip)
+    if share is None or ref is None:
+        return Truncation(share, ref, None, why or ref_why)
+    if ref == 0:
+        return Truncation(share, ref, None, "uniform truncated no response: compare the two shares")
+    return Truncation(share, ref, share / ref)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Is the speedup distinguishable from uniform, and did the controller ever route differently from uniform?"""
+
+    within_noise: bool
+    left_uniform: bool
+    speedup_2sigma: float | None  # 2 standard errors of the speedup, relative (0.009 = ±0.9%); None: < 2 pairs
+    paired_steps: int
+    note: str
+
+
+def paired_2sigma(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS) -> tuple[float | None, int]:
+    """2·SE of the speedup from the window's per-step differences paired by step number, and the pair count."""
+    mine = {s.step: s.makespan_s for s in window(run.steps, skip)}
+    ref = {s.step: s.makespan_s for s in window(reference.steps, skip)}
+    common = sorted(mine.keys() & ref.keys())
+    if len(common) < 2:
+        return None, len(common)
+    p = np.array([mine[k] for k in common])
+    d = np.array([ref[k] for k in common]) - p
+    se = float(d.std(ddof=1)) / math.sqrt(len(common)) / float(p.mean())
+    return 2 * se, len(common)
+
+
+def verdict(run: PolicyRun, reference: PolicyRun, speedup: float, *, skip: int = SKIP_STEPS) -> Verdict:
+    """The noise rule (module docstring) and the uniform-boundary check, with the footnote that says why."""
+    band, n = paired_2sigma(run, reference, skip=skip)
+    left = any(s.m > 0 for s in run.steps if not s.warmup)
+    within = band is None or abs(speedup - 1.0) <= band
+    pm = "?" if band is None else f"±{100 * band:.1f}%"
+    if band is None:
+        note = f"too few paired steps ({n}) to tell the speedup from noise"
+    elif not left:
+        note = ("never left the uniform boundary (q = m = 0 every steady step) — uniform's routing, the difference "
+                f"is noise ({pm} at 2σ)")
+    elif within:
+        note = f"within noise of uniform ({pm} at 2σ over {n} paired steps)"
+    else:
+        note = f"{speedup:.3f}× is outside noise ({pm} at 2σ over {n} paired steps)"
+    return Verdict(within, left, band, n, note)
+
+
+def fidelity_of(run: PolicyRun, reference: PolicyRun | None, speedup: float | None, *, skip: int = SKIP_STEPS,
+                judge: bool = True) -> tuple[Redraws, Truncation, Verdict | None]:
+    """Redraws, truncation (reference share None without uniform) and the verdict (None unless `judge`)."""
+    if reference is None:
+        share, why = truncated_share(run, skip=skip)
+        return redraws(run, skip=skip), Truncation(share, None, None, why or "no uniform run"), None
+    v = verdict(run, reference, speedup, skip=skip) if judge and speedup is not None else None
+    return redraws(run, skip=skip), truncation(run, reference, skip=skip), v
+
