@@ -236,7 +236,7 @@ def _tool_loop(lens: IntArray, prompts: IntArray, parts: IntArray, curve: TpotCu
             turn_iter[live, 0] = k
             running, held = np.concatenate((running, live)), held + live.size
             continue
-        woke = np.flatnonzero(wake <= t)
+        woke = np.flatnonzero(wake <= t * _TIE)
         if woke.size:  # tool results are back: rejoin the batch at this iteration boundary
             wake[woke] = np.inf
             turn_iter[woke, turn[woke]] = k
@@ -269,18 +269,19 @@ def _steps_until(bound: int, base: float, inc: float, t: float, wake: float) -> 
     def end(m: int) -> float:
         return t + m * base + inc * m * (m - 1) / 2.0
 
-    if not math.isfinite(wake) or end(bound) <= wake:
+    if not math.isfinite(wake) or end(bound) * _TIE < wake:
         return bound
     lo, hi = 1, bound  # smallest m in [1, bound] with end(m) >= wake (monotone in m)
     while lo < hi:
         mid = (lo + hi) // 2
-        if end(mid) >= wake:
+        if end(mid) * _TIE >= wake:
             hi = mid
         else:
             lo = mid + 1
     return lo
 
 
+_TIE = 1 + 1e-12  # a wake time within rounding of an iteration boundary counts as reached there
 _Segment = tuple[int, float, int, float, float]  # (k0, t0, iterations, base, inc)
 
 
