@@ -88,7 +88,7 @@ def test_workloads_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["workloads", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     names = [w["name"] for w in out["workloads"]]
-    assert out["default"] == "kodcode-r1" and names[0] == "kodcode-r1" and len(names) == 5
+    assert out["default"] == "kodcode-r1" and names[0] == "kodcode-r1" and len(names) == 8
     assert {w["kind"] for w in out["workloads"]} == {"trace", "synthetic"}
     assert main(["workloads"]) == 0
     assert "synthetic-math-strong" in capsys.readouterr().out

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tailsieve.cli._common import print_json, print_table
-from tailsieve.workloads import bundled_workloads
+from tailsieve.workloads import bundled_workloads, generator_names
 from tailsieve.workloads.traces import DEFAULT_TRACE
 
 
@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """List bundled workloads with a one-line description."""
     listing = bundled_workloads()
-    kinds = {n: "synthetic" if n.startswith("synthetic") else "trace" for n in listing}
+    generated = set(generator_names())
+    kinds = {n: "synthetic" if n in generated else "trace" for n in listing}
     if args.json:
         print_json({"default": DEFAULT_TRACE, "workloads": [
             {"name": n, "kind": kinds[n], "description": d} for n, d in listing.items()]})

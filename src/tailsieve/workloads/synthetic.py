@@ -63,6 +63,9 @@ class SyntheticConfig:
     max_length: int = 16384  # truncation cap (§4.1: 16K output tokens)
     n_prompts: int = 2048  # size of the synthetic prompt set
     tail_ratio: float | None = None  # App. A.5 target P90/P50 (None: untransformed)
+    growth: float = 1.0  # length multiplier reached at `growth_steps` (log-linear ramp, flat after; 1: none)
+    growth_steps: int = 200  # rollout steps over which `growth` is reached
+    prompt_prefix: str = "math"  # prompt ids are f"{prefix}-{i:05d}"
 
     def __post_init__(self) -> None:
         for name in ("mu", "trend_per_step", "runaway_logit", "runaway_prompt_slope"):
@@ -82,6 +85,10 @@ class SyntheticConfig:
             raise ConfigError(f"synthetic ceiling must be > 0, got {self.ceiling}")
         if self.n_prompts < 1:
             raise ConfigError(f"synthetic n_prompts must be >= 1, got {self.n_prompts}")
+        if not (math.isfinite(self.growth) and self.growth > 0):
+            raise ConfigError(f"synthetic growth must be a finite number > 0, got {self.growth}")
+        if self.growth_steps < 1:
+            raise ConfigError(f"synthetic growth_steps must be >= 1, got {self.growth_steps}")
         if self.tail_ratio is not None and not (math.isfinite(self.tail_ratio) and self.tail_ratio > 1):
             raise ConfigError(f"synthetic tail_ratio must be a finite number > 1, got {self.tail_ratio}")
 
@@ -107,7 +114,7 @@ class SyntheticModel:
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
         width = max(5, len(str(self.config.n_prompts - 1)))
-        prompts = tuple(f"math-{i:0{width}d}" for i in range(self.config.n_prompts))
+        prompts = tuple(f"{self.config.prompt_prefix}-{i:0{width}d}" for i in range(self.config.n_prompts))
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, _TAG_PROMPT]))
         # stratified normal scores in random order: a finite prompt set has exactly normal prompt-effect quantiles
         n = self.config.n_prompts
@@ -161,7 +168,10 @@ class SyntheticModel:
         c = self.config
         k = self._kernel
         wiggle = float(self._innovations(step - k.size + 1, step + 1) @ k)
-        return c.sigma_checkpoint * wiggle + c.trend_per_step * step
+        out = c.sigma_checkpoint * wiggle + c.trend_per_step * step
+        if c.growth != 1.0:  # the ramp is skipped entirely otherwise: default draws stay bit-identical
+            out += math.log(c.growth) * min(step, c.growth_steps) / c.growth_steps
+        return out
 
     def interaction_effect(self, prompt_id: str, step: int) -> float:
         """Log-space prompt×checkpoint interaction."""

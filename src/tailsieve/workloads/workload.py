@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
 from tailsieve.model.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
+from tailsieve.workloads.regimes import REGIMES
 from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
 from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, bundled_trace_names, load_trace
 
@@ -39,6 +40,26 @@ class LengthSource(Protocol):
     """What a workload delegates to."""
 
     def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]: ...
+
+
+class GeneratorSource(LengthSource, Protocol):
+    """A generator: a length source that also names its prompt set and its cap."""
+
+    @property
+    def prompts(self) -> tuple[str, ...]: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+
+@runtime_checkable
+class MultiTurnSource(Protocol):
+    """A source whose samples are several decode turns separated by tool calls (`agent-search`)."""
+
+    @property
+    def tool_wait_s(self) -> float: ...
+
+    def turns(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]: ...
 
 
 # ---------------------------------------------------------------------------------------------------- trace sources
@@ -152,6 +173,22 @@ class Workload:
         out.setflags(write=False)
         return out
 
+    def turns(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
+        """Decode turns of each of the G samples (pure, the same draw as `lengths`; 1 for single-turn sources)."""
+        _check_args(generation, step, group_size)
+        if prompt_id not in self._known:
+            raise ConfigError(f"workload {self.name}: unknown prompt id {prompt_id!r}")
+        if not isinstance(self.source, MultiTurnSource):
+            return np.ones(group_size, dtype=np.int64)
+        out = self.source.turns(prompt_id, generation, step, group_size)
+        out.setflags(write=False)
+        return out
+
+    @property
+    def tool_wait_s(self) -> float:
+        """Tool latency between two turns of a sample (seconds; 0 for single-turn sources)."""
+        return self.source.tool_wait_s if isinstance(self.source, MultiTurnSource) else 0.0
+
     def prompt_tokens(self, prompt_id: str) -> int | None:
         """Prompt length in tokens when the source records it (median over the prompt's rows), else None."""
         return self._prompt_tokens.get(prompt_id)
@@ -181,19 +218,32 @@ def bundled_workloads() -> dict[str, str]:
     names = bundled_trace_names()
     out = {n: _TRACE_DESCRIPTIONS.get(n, "bundled trace") for n in names}
     out.update({n: d for n, (_, d) in _SYNTHETIC.items()})
+    out.update({n: d for n, (_, d) in REGIMES.items()})
     return out
+
+
+def generator_names() -> tuple[str, ...]:
+    """Names of the bundled generator-backed workloads (synthetic-math and its variants, then the regimes)."""
+    return (*_SYNTHETIC, *REGIMES)
 
 
 def synthetic_workload(
     name: str = "synthetic-math", *, seed: int = 0, config: SyntheticConfig | None = None
 ) -> Workload:
-    """A generator-backed workload (§4.1 math workload; weak/strong tails via App. A.5)."""
+    """A generator-backed workload (§4.1 math workload; weak/strong tails via App. A.5; the issue-14 regimes)."""
+    if config is None and name in REGIMES:
+        factory, desc = REGIMES[name]
+        return _generated(name, factory(seed), seed, desc)
     if config is None:
         if name not in _SYNTHETIC:
-            raise ConfigError(f"unknown synthetic workload '{name}' (known: {', '.join(_SYNTHETIC)})")
+            raise ConfigError(f"unknown synthetic workload '{name}' (known: {', '.join(generator_names())})")
         config = SyntheticConfig(tail_ratio=_SYNTHETIC[name][0])
     model = SyntheticModel(config, seed=seed)
-    desc = _SYNTHETIC.get(name, (None, "synthetic workload"))[1]
+    return _generated(name, model, seed, _SYNTHETIC.get(name, (None, "synthetic workload"))[1])
+
+
+def _generated(name: str, model: GeneratorSource, seed: int, desc: str) -> Workload:
+    """The `Workload` around a generator."""
     return Workload(name=name, prompts=model.prompts, max_length=model.max_length, mode=ReplayMode.SYNTHETIC,
                     seed=seed, source=model, description=desc)
 
@@ -235,10 +285,11 @@ def load_workload(
         raise ConfigError(f"seed must be a non-negative integer, got {seed}")
     if spec is None:
         spec = "synthetic-math" if m is ReplayMode.SYNTHETIC else DEFAULT_TRACE
-    if isinstance(spec, str) and spec in _SYNTHETIC:
+    if isinstance(spec, str) and spec in generator_names():
         return synthetic_workload(spec, seed=seed)
     if m is ReplayMode.SYNTHETIC:
-        raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(_SYNTHETIC)}), got '{spec}'")
+        raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
+                          f"got '{spec}'")
     trace = load_trace(spec, length_column=length_column, prompt_column=prompt_column)
     bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
     name = str(spec) if bundled else Path(spec).stem

@@ -1,0 +1,234 @@
+"""Workload regimes (issue 14): calibration targets, purity, names and CLI; the replica model's tool wait."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import curves, make_curve
+from tailsieve.analysis.length_stats import between_within_shares, length_stats, variance_decomposition
+from tailsieve.cli import main
+from tailsieve.errors import ConfigError
+from tailsieve.model.curves import TpotCurve
+from tailsieve.simulation.replica import ReplicaConfig, run_replica
+from tailsieve.workloads import MultiTurnSource, bundled_workloads, generator_names, load_workload
+from tailsieve.workloads.regimes import MATH_DRIFT_CONFIG, VIDEO_CONFIG, AgentConfig, AgentModel
+from tailsieve.workloads.synthetic import SyntheticModel
+
+REGIME_NAMES = ("video-rl", "agent-search", "math-drift")
+
+
+def sample(name: str, n: int, step: int = 0, g: int = 8) -> np.ndarray:
+    """First generation of the first n prompts at `step` (n × g)."""
+    w = load_workload(name)
+    return np.stack([w.lengths(p, 0, step, g) for p in w.prompts[:n]])
+
+
+def test_video_rl_targets() -> None:
+    """Median ≈ 200 (±5 %), 2–5 % of samples at the 2048 cap, completed responses below the soft ceiling."""
+    x = sample("video-rl", 2048)
+    s = length_stats(x, max_length=2048)
+    assert s.p50 == pytest.approx(200.0, rel=0.05)
+    assert s.truncated_share is not None and 0.02 <= s.truncated_share <= 0.05
+    assert s.max == 2048 and s.max_completed is not None and s.max_completed < VIDEO_CONFIG.ceiling
+    assert s.p90 < 600  # most prompts short: P90 below 3× the median
+
+
+def test_video_rl_loops_are_weakly_prompt_dependent() -> None:
+    m = SyntheticModel(replace(VIDEO_CONFIG, n_prompts=8192), seed=0)
+    z = np.array([m.prompt_z(p) for p in m.prompts])
+    hit = np.stack([m.lengths(p, 0, 0, 8) for p in m.prompts]) == 2048
+    easy, hard = hit[z < -1].mean(), hit[z > 1].mean()
+    assert 0.005 < easy < hard < 0.08  # the hardest sixth loops about three times as often, not always
+
+
+def test_math_drift_low_prompt_share_over_app_b_designs() -> None:
+    """App. B designs (64 × 8 × 8, checkpoints 24 steps apart), 16 seeds: prompt share 15–20 %."""
+    shares = [variance_decomposition(SyntheticModel(MATH_DRIFT_CONFIG, seed=s).grid(64, 8, 8)).prompt
+              for s in range(16)]
+    assert 0.15 <= float(np.mean(shares)) <= 0.20
+
+
+def test_math_drift_grows_and_keeps_the_paper_start() -> None:
+    """Median at step 0 ≈ 1160 (±5 %), ≈ 3 % truncated; median over steps 180–199 / steps 0–19 in 1.5–2."""
+    w = load_workload("math-drift")
+    s = length_stats(sample("math-drift", 2048), max_length=16384)
+    assert s.p50 == pytest.approx(1160.0, rel=0.05)
+    assert s.truncated_share is not None and 0.02 <= s.truncated_share <= 0.04
+    early = np.concatenate([w.lengths(p, 0, i // 50, 8) for i, p in enumerate(w.prompts[:1000])])
+    late = np.concatenate([w.lengths(p, 0, 180 + i // 50, 8) for i, p in enumerate(w.prompts[1000:2000])])
+    assert 1.5 <= float(np.median(late) / np.median(early)) <= 2.0
+    m = w.source
+    assert isinstance(m, SyntheticModel)
+    ramp = m.checkpoint_effect(400) - m.checkpoint_effect(399)  # flat after the horizon: drift only
+    assert abs(ramp) < 0.02
+
+
+def test_agent_search_turns_length_and_prompt_share() -> None:
+    """2–8 turns, mean 4 (±0.2), total median 600–750 and none truncated; prompt share (one step) below 25 %."""
+    w = load_workload("agent-search")
+    x = sample("agent-search", 2048)
+    t = np.stack([w.turns(p, 0, 0, 8) for p in w.prompts[:2048]])
+    assert t.min() == 2 and t.max() == 8 and float(t.mean()) == pytest.approx(4.0, abs=0.2)
+    assert 600 <= float(np.median(x)) <= 750 and int(x.max()) < 4096
+    assert between_within_shares(list(x))[0] < 0.25
+    assert float(np.corrcoef(t.ravel(), x.ravel())[0, 1]) > 0.5  # more turns, more tokens
+    assert w.tool_wait_s == 2.0 and isinstance(w.source, MultiTurnSource)
+
+
+@pytest.mark.parametrize("name", REGIME_NAMES)
+def test_pure_seeded_common_random_numbers(name: str) -> None:
+    w, again, other = load_workload(name, seed=3), load_workload(name, seed=3), load_workload(name, seed=4)
+    p = w.prompts[7]
+    first = w.lengths(p, 2, 5, 8)
+    assert np.array_equal(first, again.lengths(p, 2, 5, 8))
+    w.lengths(w.prompts[1], 0, 9, 8)  # another call in between changes nothing
+    assert np.array_equal(first, w.lengths(p, 2, 5, 8))
+    assert np.array_equal(w.turns(p, 2, 5, 8), again.turns(p, 2, 5, 8))
+    assert not np.array_equal(first, w.lengths(p, 3, 5, 8))
+    assert not np.array_equal(first, other.lengths(p, 2, 5, 8))
+    assert int(first.max()) <= (w.max_length or 0)
+
+
+def test_single_turn_workloads_report_one_turn() -> None:
+    w = load_workload("video-rl")
+    assert w.turns(w.prompts[0], 0, 0, 4).tolist() == [1, 1, 1, 1] and w.tool_wait_s == 0.0
+    assert load_workload("agent-search").turns("agent-00000", 0, 0, 3).tolist() == AgentModel().turns(
+        "agent-00000", 0, 0, 3).tolist()
+
+
+def test_names_listed_and_loadable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(REGIME_NAMES) <= set(bundled_workloads()) and set(REGIME_NAMES) <= set(generator_names())
+    for name in REGIME_NAMES:
+        assert load_workload(name, mode="resample").name == name  # generators ignore the replay mode
+    assert main(["workloads", "--json"]) == 0
+    listed = {w["name"]: w["kind"] for w in json.loads(capsys.readouterr().out)["workloads"]}
+    assert {n: listed[n] for n in REGIME_NAMES} == dict.fromkeys(REGIME_NAMES, "synthetic")
+
+
+@pytest.mark.parametrize("name", REGIME_NAMES)
+def test_simulate_runs(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["simulate", "--workload", name, "--steps", "5", "--groups", "8", "--replicas", "4", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)
+
+
+def test_agent_config_validation() -> None:
+    with pytest.raises(ConfigError, match=r"agent turns need 1 <= min_turns <= max_turns, got 3\.\.2"):
+        AgentConfig(min_turns=3, max_turns=2)
+    with pytest.raises(ConfigError, match="agent tool_wait_s must be a finite number >= 0, got -1.0"):
+        AgentConfig(tool_wait_s=-1.0)
+    with pytest.raises(ConfigError, match="unknown prompt id 'x'"):
+        load_workload("agent-search").lengths("x", 0, 0, 2)
+
+
+# ----------------------------------------------------------------------------------------------- replica tool wait
+
+
+def brute(lengths: list[int], turns: list[int], curve: TpotCurve, cfg: ReplicaConfig
+          ) -> tuple[list[float], list[tuple[float, list[int]]]]:
+    """Iteration by iteration: finish times and (time, tokens generated) after every iteration."""
+    n, wait = len(lengths), cfg.tool_wait_s
+    cap = n if cfg.max_num_seqs is None else cfg.max_num_seqs
+    tt = [max(1, min(turns[i], lengths[i])) for i in range(n)]
+    ends = [[(j + 1) * lengths[i] // tt[i] for j in range(tt[i])] for i in range(n)]  # cumulative turn ends
+    gen, turn, finish = [0] * n, [0] * n, [0.0] * n
+    wake: dict[int, float] = {}
+    held: list[int] = []
+    nxt, t = 0, 0.0
+    trace: list[tuple[float, list[int]]] = [(0.0, [0] * n)]
+    while True:
+        while len(held) < cap and nxt < n:
+            if lengths[nxt] == 0:
+                finish[nxt] = t
+            else:
+                held.append(nxt)
+            nxt += 1
+        for i in [i for i, w in wake.items() if w <= t * (1 + 1e-12)]:
+            del wake[i]
+        running = [i for i in held if i not in wake]
+        if not held:
+            break
+        if not running:
+            t = min(wake.values())
+            continue
+        t += curve.tpot_s(len(running)) + cfg.kv_ms_per_1k_tokens / 1e6 * sum(gen[i] for i in running)
+        for i in running:
+            gen[i] += 1
+            if gen[i] == ends[i][turn[i]]:
+                if turn[i] == tt[i] - 1:
+                    finish[i] = t
+                    held.remove(i)
+                else:
+                    turn[i] += 1
+                    wake[i] = t + wait
+        trace.append((t, list(gen)))
+    return finish, trace
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.integers(1, 5)), min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(1, 3)),
+    st.sampled_from([0.5, 1.0, 3.0, 8.0]),
+    st.lists(st.integers(1, 4), min_size=3, max_size=3),
+)
+def test_tool_wait_equals_brute_force_exactly(
+    pairs: list[tuple[int, int]], cap: int | None, wait: float, tau_s: list[int]
+) -> None:
+    """Integer τ (seconds) and dyadic waits: every time is exact in floating point, so equality is exact."""
+    lengths, turns = [p[0] for p in pairs], [p[1] for p in pairs]
+    curve = make_curve(batch=(1, 2, 3), tpot_ms=tuple(1000.0 * v for v in tau_s))
+    cfg = ReplicaConfig(max_num_seqs=cap, tool_wait_s=wait)
+    run = run_replica(lengths, curve, cfg, turns=turns)
+    want, trace = brute(lengths, turns, curve, cfg)
+    assert run.finish_s.tolist() == want
+    for t, gen in trace:  # an abort just after each iteration reports exactly the tokens generated so far
+        assert run.tokens_at(t).tolist() == gen
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 15), st.integers(1, 4)), min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(1, 4)),
+    st.sampled_from([0.0, 3.0]),
+    st.floats(0.001, 0.3),
+    curves(),
+)
+def test_tool_wait_matches_brute_force_any_curve(
+    pairs: list[tuple[int, int]], cap: int | None, kv: float, wait: float, curve: TpotCurve
+) -> None:
+    lengths, turns = [p[0] for p in pairs], [p[1] for p in pairs]
+    cfg = ReplicaConfig(max_num_seqs=cap, kv_ms_per_1k_tokens=kv, tool_wait_s=wait)
+    run = run_replica(lengths, curve, cfg, turns=turns)
+    want, trace = brute(lengths, turns, curve, cfg)
+    assert run.finish_s == pytest.approx(want, rel=1e-9, abs=1e-12)
+    for t, gen in trace[:-1]:
+        assert run.tokens_at(t + 1e-9).tolist() == gen
+
+
+def test_zero_wait_or_single_turn_is_bit_identical() -> None:
+    rng = np.random.default_rng(0)
+    curve = make_curve()
+    for cfg in (ReplicaConfig(), ReplicaConfig(max_num_seqs=5, kv_ms_per_1k_tokens=2.0, prefill_ms_per_token=0.1)):
+        lens, turns, ptok = rng.integers(0, 400, 40), rng.integers(1, 8, 40), rng.integers(0, 300, 40)
+        today = run_replica(lens, curve, cfg, ptok)
+        for other in (run_replica(lens, curve, cfg, ptok, turns=turns),
+                      run_replica(lens, curve, replace(cfg, tool_wait_s=2.0), ptok, turns=np.ones(40, np.int64))):
+            assert other.finish_s.tobytes() == today.finish_s.tobytes()
+            assert other.seg_t0.tobytes() == today.seg_t0.tobytes() and other.turn_iter is None
+
+
+def test_tool_wait_worked_example() -> None:
+    """τ = 1 s: request 0 (4 tokens, 2 turns) decodes 2, waits 3 s, decodes 2; request 1 (3 tokens) runs alone."""
+    c = make_curve(batch=(1, 2), tpot_ms=(1000.0, 1000.0))
+    run = run_replica([4, 3], c, ReplicaConfig(tool_wait_s=3.0), turns=[2, 1])
+    assert run.finish_s.tolist() == [7.0, 3.0]  # turn 1 ends at 2 s, wakes at 5 s, 2 more iterations
+    assert run.tokens_at(4.0).tolist() == [2, 3] and run.tokens_at(6.0).tolist() == [3, 3]
+    with pytest.raises(ConfigError, match="tool_wait_s must be finite and >= 0, got -1.0"):
+        ReplicaConfig(tool_wait_s=-1.0)
