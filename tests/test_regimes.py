@@ -232,3 +232,25 @@ def test_tool_wait_worked_example() -> None:
     assert run.tokens_at(4.0).tolist() == [2, 3] and run.tokens_at(6.0).tolist() == [3, 3]
     with pytest.raises(ConfigError, match="tool_wait_s must be finite and >= 0, got -1.0"):
         ReplicaConfig(tool_wait_s=-1.0)
+
+
+def test_sim_executor_gives_multi_turn_requests_their_tool_waits() -> None:
+    """A uniform step of `agent-search` equals `run_replica` with each request's turns and the workload's wait, per
+    replica; the waits make the step longer than the same lengths without them."""
+    from tailsieve.policy.router import Router, RouterConfig
+    from tailsieve.simulation.executor import SimExecutor
+
+    wl = load_workload("agent-search", seed=0)
+    curve = make_curve()
+    rc = RouterConfig(groups=6, group_size=2, replicas=3)
+    plan = Router(rc, wl.prompts).plan(Router(rc, wl.prompts).initial_state(), 0, 0)
+    ex = SimExecutor(wl, curve, rc)
+    assert ex.replica.tool_wait_s == wl.tool_wait_s > 0
+    res = ex.execute(plan)
+    lens = np.stack([wl.lengths(r.prompt_id, 0, 0, 2) for r in plan.bulk])
+    turns = np.stack([wl.turns(r.prompt_id, 0, 0, 2) for r in plan.bulk])
+    place = np.array([plan.placement[r.uid] for r in plan.bulk])
+    spans = [run_replica(lens[place == k], curve, ex.replica, None, turns[place == k]).makespan for k in range(3)]
+    dry = [run_replica(lens[place == k], curve, ReplicaConfig()).makespan for k in range(3)]
+    assert res.makespan_s == pytest.approx(max(spans), rel=1e-12) and res.makespan_s > max(dry)
+    assert (turns > 1).any()

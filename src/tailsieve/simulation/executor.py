@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -45,14 +46,22 @@ class SimExecutor:
         self.tail_curve = curve if tail_curve is None else tail_curve  # the plan's tail replicas (§3.4)
         self.router = router
         self.replica = replica or ReplicaConfig()
+        if self.replica.tool_wait_s == 0 and workload.tool_wait_s > 0:  # a multi-turn workload's tool latency
+            self.replica = replace(self.replica, tool_wait_s=workload.tool_wait_s)
         self.generation: dict[str, int] = defaultdict(int)
         self.last_lengths: NDArray[np.int64] = np.zeros((0, router.group_size), dtype=np.int64)  # last step, plan order
 
     def draw(self, prompt_id: str, step: int) -> NDArray[np.int64]:
         """Lengths of the next generation of a prompt (a counts every generation of p in this run)."""
+        return self._draw(prompt_id, step)[0]
+
+    def _draw(self, prompt_id: str, step: int) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
+        """The next generation's lengths and, for a multi-turn workload with tool waits, its decode turns."""
         a = self.generation[prompt_id]
         self.generation[prompt_id] = a + 1
-        return self.workload.lengths(prompt_id, a, step, self.router.group_size)
+        g = self.router.group_size
+        turns = self.workload.turns(prompt_id, a, step, g) if self.replica.tool_wait_s > 0 else None
+        return self.workload.lengths(prompt_id, a, step, g), turns
 
     def prompt_tokens(self, prompt_ids: Sequence[str]) -> NDArray[np.int64] | None:
         """Prompt tokens per id when the prefill option is on (0 where the trace does not record them)."""
@@ -65,9 +74,11 @@ class SimExecutor:
         run to completion; the others are cut at their (quota − pinned)-th completion)."""
         groups = (*plan.tail, *plan.bulk)
         q = len(plan.tail)
-        lengths = np.stack([self.draw(ref.prompt_id, plan.step) for ref in groups])  # (n, G) in plan order
+        drawn = [self._draw(ref.prompt_id, plan.step) for ref in groups]
+        lengths = np.stack([d[0] for d in drawn])  # (n, G) in plan order
+        turns = None if drawn[0][1] is None else np.stack([cast(NDArray[np.int64], d[1]) for d in drawn])
         self.last_lengths = lengths
-        fin, runs = self._run_replicas(plan, groups, lengths)
+        fin, runs = self._run_replicas(plan, groups, lengths, turns)
         done_at = fin.max(axis=1)
         tail_s = float(done_at[:q].max()) if q else 0.0
         bulk_uid = np.array([ref.uid for ref in plan.bulk], dtype=np.int64)
@@ -80,7 +91,7 @@ class SimExecutor:
         kept[q + order[:quota]] = True
         kept[q + np.flatnonzero(pin)] = True
         cut_s = float(done_at[q + order[quota - 1]]) if quota > 0 else 0.0
-        if pin.any():
+        if pin.any() and turns is None:  # multi-turn: pinned groups keep their full-run finish (pessimistic)
             fin = self._spare_pinned(fin, runs, kept, cut_s)
             done_at = np.where(kept, fin.max(axis=1), done_at)
         bulk_s = max(cut_s, float(done_at[q + np.flatnonzero(pin)].max())) if pin.any() else cut_s
@@ -99,8 +110,8 @@ class SimExecutor:
         )
         return StepResult(plan.step, outcomes, tail_s, bulk_s, max(tail_s, bulk_s))
 
-    def _run_replicas(self, plan: StepPlan, groups: Sequence[GroupRef], lengths: NDArray[np.int64]
-                      ) -> tuple[NDArray[np.float64], list[_Run]]:
+    def _run_replicas(self, plan: StepPlan, groups: Sequence[GroupRef], lengths: NDArray[np.int64],
+                      turns: NDArray[np.int64] | None = None) -> tuple[NDArray[np.float64], list[_Run]]:
         """Every replica's run to completion: (n, G) finish times, and per replica its run, request indices, curve
         and prompt tokens."""
         place = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64)
@@ -115,7 +126,7 @@ class SimExecutor:
         for idx in np.split(by_rep, bounds):
             curve = self.tail_curve if int(flat_rep[idx[0]]) in tail_reps else self.curve
             ptok = None if flat_ptok is None else flat_ptok[idx]
-            run = run_replica(flat_len[idx], curve, self.replica, ptok)
+            run = run_replica(flat_len[idx], curve, self.replica, ptok, None if turns is None else turns.ravel()[idx])
             finish[idx] = run.finish_s
             runs.append((run, idx, curve, ptok))
         return finish.reshape(lengths.shape), runs
