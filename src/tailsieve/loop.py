@@ -84,6 +84,8 @@ class PolicyRun:
     # per step: (N, G) flags (real runs: finish_reason "length"), None where unknown; () = use `length_cap`
     batch_truncated: tuple[NDArray[np.bool_] | None, ...] = field(default=(), repr=False)
     length_cap: int | None = None  # truncated = length >= cap (simulation: Workload.max_length); None = unknown
+    # per step: bias-correction weight per consumed group (`analysis.weights`, opt-in); () = off
+    batch_weights: tuple[NDArray[np.float64], ...] = field(default=(), repr=False)
 
     def mean_step_s(self, skip: int = SKIP_STEPS) -> float:
         """Mean makespan over all steps but the first `skip` (warm-up and first steady step)."""
@@ -194,12 +196,13 @@ class RunLog:
         self.uids: list[int] = []
         self.prompts: list[tuple[str, ...]] = []
         self.redraws: list[NDArray[np.int64]] = []
+        self.weights: list[NDArray[np.float64]] = []
         self._seen: set[int] = set()
 
     def add(self, record: StepRecord, lengths: NDArray[np.int64], uids: list[int], prompts: tuple[str, ...],
-            redraws: list[int] | None = None) -> None:
-        """One step's record and consumed batch (redraws: cuts per consumed group, default 0); InvariantError if a
-        prompt draw is consumed a second time."""
+            redraws: list[int] | None = None, weights: NDArray[np.float64] | None = None) -> None:
+        """One step's record and consumed batch (redraws: cuts per consumed group, default 0; weights: bias
+        correction, kept only when every step has them); InvariantError if a prompt draw is consumed a second time."""
         if self._seen.intersection(uids) or len(set(uids)) != len(uids):
             raise InvariantError(f"step {record.step}: a prompt draw was consumed twice")
         self._seen.update(uids)
@@ -208,11 +211,13 @@ class RunLog:
         self.uids.extend(uids)
         self.prompts.append(prompts)
         self.redraws.append(np.asarray(redraws if redraws is not None else [0] * len(uids), dtype=np.int64))
+        if weights is not None:
+            self.weights.append(np.asarray(weights, dtype=np.float64))
 
-    def add_output(self, out: StepOutput) -> None:
+    def add_output(self, out: StepOutput, weights: NDArray[np.float64] | None = None) -> None:
         """`add` for a step the loop completed."""
         self.add(out.record, out.batch, [o.ref.uid for o in out.consumed], tuple(o.ref.prompt_id for o in out.consumed),
-                 [o.ref.cuts for o in out.consumed])
+                 [o.ref.cuts for o in out.consumed], weights)
 
     def check_final(self, state: RouterState) -> None:
         """No draw lost or duplicated overall: consumed + waiting = drawn, and none both (InvariantError)."""
@@ -223,5 +228,6 @@ class RunLog:
 
     def run(self) -> PolicyRun:
         """The run so far."""
+        weights = tuple(self.weights) if len(self.weights) == len(self.records) else ()
         return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
-                         tuple(self.redraws))
+                         tuple(self.redraws), batch_weights=weights)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.analysis.fidelity import NO_REDRAWS, Redraws, Truncation, Verdict, fidelity_of
+from tailsieve.analysis.fidelity import NO_REDRAWS, Redraws, Truncation, Verdict, fidelity_of, window
+from tailsieve.analysis.weights import Weighting, weighted_bias
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
 
@@ -87,6 +88,15 @@ class PolicySummary:
     redraws: Redraws = NO_REDRAWS
     truncation: Truncation | None = None  # reference share and ratio None without uniform
     verdict: Verdict | None = None  # non-uniform, non-oracle policies against uniform
+    weighting: Weighting | None = None  # bias correction (opt-in): None when off or without uniform
+
+
+def weighting_of(run: PolicyRun, reference: PolicyRun | None, *, skip: int = SKIP_STEPS) -> Weighting | None:
+    """The weighted length ratio and ESS of a run that carries bias-correction weights, against uniform."""
+    if reference is None or not run.batch_weights:
+        return None
+    ref = _window(reference.batch_lengths, skip)
+    return weighted_bias(window(run.batch_lengths, skip), window(run.batch_weights, skip), float(ref.mean()))
 
 
 def step_times(run: PolicyRun, *, skip: int = SKIP_STEPS) -> NDArray[np.float64]:
@@ -114,6 +124,6 @@ def summarize(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
             final_q=run.final_q, final_m=run.final_m, wasted_share=wasted_share(run, skip=skip),
             bias=None if ref is None else length_bias(run, ref, skip=skip), step_s_std=float(times.std()),
             step_s_min=float(times.min()), step_s_max=float(times.max()), oracle=name in oracles,
-            redraws=redraws, truncation=trunc, verdict=verdict,
+            redraws=redraws, truncation=trunc, verdict=verdict, weighting=weighting_of(run, ref, skip=skip),
         )
     return out

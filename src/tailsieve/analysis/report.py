@@ -5,7 +5,8 @@ each adds its own extras (rollout's `restart_s`) through `extra` / `extra_column
 
 Per-policy keys: mean_step_s, speedup, verdict {within_noise, left_uniform, speedup_2sigma, paired_steps, note},
 final_q, final_m, wasted_share, redraws {max, mean}, bias {mean_ratio, ks, truncated_ratio, truncated_share,
-reference_truncated_share, truncated_reason}, oracle, step_s_std, step_s_min, step_s_max, steps [...]. `speedup`,
+reference_truncated_share, truncated_reason; with bias correction also weighted_mean_ratio, ess_ratio}, oracle,
+step_s_std, step_s_min, step_s_max, steps [...]. `speedup`,
 `verdict` and `bias` are null without a uniform run; `verdict` also for uniform and the oracles (docs/simulate.md,
 docs/engines.md). A speedup is never shown without its bias: the table has length ratio and KS beside it, a ±2σ
 column (`~`: within noise, or never left the uniform boundary) and one fidelity line per policy (`fidelity_notes`).
@@ -21,6 +22,7 @@ from rich.table import Table
 
 from tailsieve.analysis.fidelity import Truncation, Verdict
 from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
+from tailsieve.analysis.weights import Weighting
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
 __all__ = ["COLUMNS", "PolicySummary", "fidelity_notes", "policy_json", "record_json", "report_json", "summarize",
@@ -37,13 +39,17 @@ def record_json(r: StepRecord) -> dict[str, Any]:
             "warmup": r.warmup, "note": r.note, "redraws_max": r.redraws_max}
 
 
-def _bias_json(b: LengthBias | None, t: Truncation | None) -> dict[str, Any] | None:
+def _bias_json(b: LengthBias | None, t: Truncation | None, w: Weighting | None = None) -> dict[str, Any] | None:
     if b is None:
         return None
     trunc = t or Truncation(None, None, None, "unknown")
-    return {"mean_ratio": None if math.isnan(b.mean_ratio) else b.mean_ratio, "ks": b.ks,
-            "truncated_ratio": trunc.ratio, "truncated_share": trunc.share,
-            "reference_truncated_share": trunc.reference_share, "truncated_reason": trunc.reason or None}
+    out = {"mean_ratio": None if math.isnan(b.mean_ratio) else b.mean_ratio, "ks": b.ks,
+           "truncated_ratio": trunc.ratio, "truncated_share": trunc.share,
+           "reference_truncated_share": trunc.reference_share, "truncated_reason": trunc.reason or None}
+    if w is not None:
+        out |= {"weighted_mean_ratio": None if math.isnan(w.weighted_mean_ratio) else w.weighted_mean_ratio,
+                "ess_ratio": w.ess_ratio}
+    return out
 
 
 def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:
@@ -58,7 +64,8 @@ def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | Non
     return {
         "mean_step_s": s.mean_step_s, "speedup": s.speedup, "verdict": _verdict_json(s.verdict),
         "final_q": s.final_q, "final_m": s.final_m, "wasted_share": s.wasted_share,
-        "redraws": {"max": s.redraws.max, "mean": s.redraws.mean}, "bias": _bias_json(s.bias, s.truncation),
+        "redraws": {"max": s.redraws.max, "mean": s.redraws.mean},
+        "bias": _bias_json(s.bias, s.truncation, s.weighting),
         "oracle": s.oracle,
         "step_s_std": s.step_s_std, "step_s_min": s.step_s_min, "step_s_max": s.step_s_max,
         "steps": [record_json(r) for r in run.steps],
@@ -102,6 +109,9 @@ def fidelity_note(s: PolicySummary) -> str:
     elif t is not None:
         parts.append(f"truncation: {t.reason}")
     parts.append(f"redraws max {s.redraws.max}, mean {s.redraws.mean:.2f}")
+    if s.weighting is not None:
+        parts.append(f"bias-corrected length ratio {s.weighting.weighted_mean_ratio:.3f} "
+                     f"(ESS {100 * s.weighting.ess_ratio:.0f}% of n)")
     return f"{s.policy}: " + "; ".join(parts)
 
 

@@ -77,6 +77,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
                    help="times a group may be cut before its next attempt must complete (default: %(default)s); "
                         "larger values trade length bias for speed")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="a bias-correction weight per consumed group in every batch file (beyond the paper; "
+                        "docs/simulate.md) and bias.weighted_mean_ratio, bias.ess_ratio in report.json")
     add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
@@ -160,7 +163,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
                              length_scale=args.length_scale, faults=faults, api_key_env=args.api_key_env or None,
-                             model=args.model)
+                             model=args.model, bias_correction=getattr(args, "bias_correction", False))
             for n in names}
 
 
@@ -220,6 +223,8 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
             "tail_curve": args.tail_curve,
             "spec": next(iter(configs.values())).spec.to_json(),
             "launch": None if launcher is None else launcher.describe()}
+    if getattr(args, "bias_correction", False):
+        meta["bias_correction"] = True
     con = Console(stderr=True)
     bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=con, transient=True, disable=not sys.stderr.isatty())

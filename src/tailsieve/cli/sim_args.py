@@ -70,7 +70,8 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
                             prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
-                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s)
+                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
+                     bias_correction=getattr(args, "bias_correction", False))
 
 
 def pool_spec(args: argparse.Namespace) -> PoolSpec:

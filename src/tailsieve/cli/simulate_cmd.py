@@ -66,6 +66,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, help="replica admission cap (FCFS queue); default: all admitted")
     p.add_argument("--kv-ms-per-1k", type=float, default=0.0, help="KV-traffic ms per 1k context tokens per iteration")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="prefill stall per prompt token (ms)")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="per-group weights that undo the routing's length bias (beyond the paper; docs/simulate.md): "
+                        "adds bias.weighted_mean_ratio and bias.ess_ratio")
     p.add_argument("--restart-s", type=float, default=0.0,
                    help="seconds a step pays when m changes (a launcher restarting the moved replicas because the "
                         "pools' flags differ; default 0: restart-free moves)")
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
             "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
-        }, oracles=ORACLES) | {"capture": [_capture_json(c) for c in capture]})
+        } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
+            | {"capture": [_capture_json(c) for c in capture]})
         return 0
     print_tables(summarize(runs, oracles=ORACLES), capture, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
@@ -128,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
         + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
         + ("" if config.router.max_redraws == DEFAULT_REDRAWS else f", max redraws {config.router.max_redraws}")
+        + (", bias correction" if config.bias_correction else "")
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:

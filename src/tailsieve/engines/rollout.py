@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
 from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
 from tailsieve.engines.health import FaultPolicy, Replicas
@@ -67,6 +68,7 @@ class RolloutConfig:
     ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`)
     max_redraws: int = DEFAULT_REDRAWS  # cuts before a group's next attempt must complete (`RouterConfig`)
     kv_ms_per_1k: float = 0.0  # the replicas' KV-traffic term for the controller's predictor, when measured
+    bias_correction: bool = False  # per-group weights (`analysis.weights`) in every batch; opt-in
 
     def __post_init__(self) -> None:
         if self.policy not in CONTROLLERS:
@@ -95,6 +97,7 @@ class GroupResult:
     pool: Pool
     finish_s: float
     samples: tuple[Sample, ...]
+    weight: float | None = None  # bias-correction weight (mean 1 over the batch); None when off
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -127,6 +130,12 @@ class Batch:
     restart_s: float = 0.0  # replica restarts before the step (pool moves); included in record.makespan_s
     redraws: tuple[int, ...] = ()  # per group: times its prompt draw was cut before this step (GroupRef.cuts)
     truncated: tuple[tuple[bool, ...], ...] | None = None  # per group and sample: hit the length cap; None: unknown
+
+    @property
+    def weights(self) -> tuple[float, ...] | None:
+        """Bias-correction weight per group (mean 1), None when the run has it off."""
+        ws = tuple(g.weight for g in self.groups)
+        return None if any(w is None for w in ws) else tuple(float(w or 0.0) for w in ws)
 
     @property
     def redraws_max(self) -> int:
@@ -187,6 +196,8 @@ class Rollout:
         self._replay_id = self._replay_map()
         self.rstate = self.router.initial_state()
         self.cstate: ControlState = self.controller.initial()
+        self.weigher = BiasWeights() if config.bias_correction else None
+        self.wstate = WeightState()  # the weights' window (not saved: it refills after a resume)
         self.generation: dict[str, int] = {}
         if state is not None:
             self.restore(state if isinstance(state, RolloutState) else RolloutState.load(state))
@@ -325,10 +336,14 @@ class Rollout:
         ex = cast(ExecutedStep, out.result)
         self.rstate, self.cstate = out.state.router, out.state.control
         self.generation = self._generations(out.plan)[1]
+        weights: list[float | None] = [None] * len(out.consumed)
+        if self.weigher is not None:
+            self.wstate, w = self.weigher.update(self.wstate, observe(ex.outcomes, out.consumed, self.rc.group_size))
+            weights = [float(x) for x in w]
         groups = tuple(
             GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
-                        tuple(s for s in ex.samples[o.ref.uid] if s is not None))
-            for o in out.consumed
+                        tuple(s for s in ex.samples[o.ref.uid] if s is not None), wt)
+            for o, wt in zip(out.consumed, weights, strict=True)
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
         return Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,

@@ -2,9 +2,11 @@
 
     DIR/report.json                 same keys as `simulate --json` ("policies" → mean_step_s, speedup, steps …)
     DIR/<policy>/batch-00003.jsonl  one line per consumed group: prompt id, samples, token counts, finish reasons
+                                    (and "weight", the bias-correction weight, when the run has it on)
     DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume),
                                     redraws and truncated flags per consumed group (absent in older files: 0 and
-                                    unknown), and restart_s (replica restarts before the step, in makespan_s)
+                                    unknown), restart_s (replica restarts before the step, in makespan_s), and
+                                    "weights" (bias correction on)
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
 
 Every file is complete after each step, so an error or interrupt loses nothing already written.
@@ -33,12 +35,13 @@ OnStep = Callable[[str, Batch], None]
 
 
 def batch_lines(batch: Batch) -> list[dict[str, Any]]:
-    """The JSONL rows of one consumed batch."""
+    """The JSONL rows of one consumed batch (`weight` per group with bias correction on)."""
     return [{"step": batch.step, "uid": g.uid, "prompt_id": g.prompt_id, "pool": g.pool.value, "finish_s": g.finish_s,
              "tokens": list(g.lengths), "finish_reasons": list(g.finish_reasons),
              "samples": [{"text": s.text, "tokens": s.tokens, "finish_reason": s.finish_reason,
                           "token_ids": None if s.token_ids is None else list(s.token_ids), "replica": s.replica,
                           "attempts": s.attempts} for s in g.samples]}
+            | ({} if g.weight is None else {"weight": g.weight})
             for g in batch.groups]
 
 
@@ -54,6 +57,7 @@ class PolicyOutput:
         self.prompts: list[tuple[str, ...]] = []
         self.redraws: list[np.ndarray[Any, np.dtype[np.int64]]] = []
         self.truncated: list[np.ndarray[Any, np.dtype[np.bool_]] | None] = []
+        self.weights: list[np.ndarray[Any, np.dtype[np.float64]]] = []
         self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
 
     @property
@@ -73,17 +77,20 @@ class PolicyOutput:
             flags = row.get("truncated")
             self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__ if k in row}),
                       np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]),
-                      row.get("redraws") or [0] * len(row["uids"]), flags)
+                      row.get("redraws") or [0] * len(row["uids"]), flags, row.get("weights"))
             self.restart_s += float(row.get("restart_s", 0.0))
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
-             prompts: tuple[str, ...], redraws: Sequence[int], truncated: Sequence[Sequence[bool]] | None) -> None:
+             prompts: tuple[str, ...], redraws: Sequence[int], truncated: Sequence[Sequence[bool]] | None,
+             weights: Sequence[float] | None = None) -> None:
         self.records.append(rec)
         self.lengths.append(lengths)
         self.uids.extend(int(u) for u in uids)
         self.prompts.append(prompts)
         self.redraws.append(np.asarray(redraws, dtype=np.int64))
         self.truncated.append(None if truncated is None else np.asarray(truncated, dtype=bool))
+        if weights is not None:
+            self.weights.append(np.asarray(weights, dtype=np.float64))
 
     def write(self, batch: Batch, rollout: Rollout) -> None:
         """Batch file, step line, then state (in that order: the state never runs ahead of the files)."""
@@ -102,9 +109,11 @@ class PolicyOutput:
                                        "redraws": list(batch.redraws),
                                        "truncated": None if batch.truncated is None else
                                        [list(t) for t in batch.truncated]}
+        if batch.weights is not None:
+            line["weights"] = list(batch.weights)
         with (self.dir / "steps.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
-        self._add(batch.record, lengths, uids, pids, batch.redraws or [0] * len(uids), batch.truncated)
+        self._add(batch.record, lengths, uids, pids, batch.redraws or [0] * len(uids), batch.truncated, batch.weights)
         self.restart_s += batch.restart_s
         rollout.save(self.state_path)
 
@@ -120,8 +129,9 @@ class PolicyOutput:
 
     def run(self) -> PolicyRun:
         """The run so far as a `PolicyRun` (what `simulate` summarizes)."""
+        weights = tuple(self.weights) if len(self.weights) == len(self.records) else ()
         return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
-                         tuple(self.redraws), tuple(self.truncated))
+                         tuple(self.redraws), tuple(self.truncated), batch_weights=weights)
 
 
 def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS,

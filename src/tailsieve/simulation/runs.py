@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun, RunLog, StepLoop, StepRecord, make_controller
 from tailsieve.model.baselines import GroupBatch, get_policy
@@ -45,6 +46,7 @@ class SimConfig:
     seed: int = 0
     spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculative decoding (§3.4); off by default
     restart_s: float = 0.0  # seconds a step pays when m changed (a launcher restarting the moved replicas)
+    bias_correction: bool = False  # per-group weights (`analysis.weights`) and the weighted bias keys; opt-in
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -116,10 +118,15 @@ def _run_controller(
     restarts = SimRestarts(config.restart_s)
     log = RunLog(name)
     state = loop.initial()
+    weigher = BiasWeights() if config.bias_correction else None
+    wstate = WeightState()
     for i in range(config.steps):
         out = loop.step(state, executor, restarts)
         state = out.state
-        log.add_output(out)
+        weights = None
+        if weigher is not None:
+            wstate, weights = weigher.update(wstate, observe(out.result.outcomes, out.consumed, rc.group_size))
+        log.add_output(out, weights)
         if on_step is not None:
             on_step(name, i + 1)
     log.check_final(state.router)
