@@ -338,7 +338,7 @@ class Rollout:
         self.generation = self._generations(out.plan)[1]
         weights: list[float | None] = [None] * len(out.consumed)
         if self.weigher is not None:
-            self.wstate, w = self.weigher.update(self.wstate, observe(ex.outcomes, out.consumed, self.rc.group_size))
+            self.wstate, w = self.weigher.update(self.wstate, observe(ex.outcomes, out.consumed))
             weights = [float(x) for x in w]
         groups = tuple(
             GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),

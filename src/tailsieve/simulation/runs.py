@@ -125,7 +125,7 @@ def _run_controller(
         state = out.state
         weights = None
         if weigher is not None:
-            wstate, weights = weigher.update(wstate, observe(out.result.outcomes, out.consumed, rc.group_size))
+            wstate, weights = weigher.update(wstate, observe(out.result.outcomes, out.consumed))
         log.add_output(out, weights)
         if on_step is not None:
             on_step(name, i + 1)
