@@ -138,7 +138,8 @@ def main() -> None:
         head += f"| {p:16s} speedup   gap  (q,m)  ratio trunc redr "
     print(head)
     for r in rows:
-        line = f"{r['workload']:15s} {r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({r['best_qm'][0]},{r['best_qm'][1]}) "
+        bq, bm = r["best_qm"]
+        line = f"{r['workload']:15s} {r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm}) "
         for p in policies:
             c = r["policies"][p]
             line += (f"| {'':16s} {c['speedup']:.3f}{'<u' if c['below_uniform'] else '  '} {100 * c['gap']:5.1f}% "
