@@ -278,3 +278,24 @@ def test_outer_does_not_reverse_a_move_before_min_dwell() -> None:
     assert f.outer(just_grew, pred).m == 3
     assert f.outer(replace(just_grew, since_move=3), pred).m == 2
     assert f.outer(replace(s, move_dir=-1, since_move=1), pred).m == 2  # same direction: allowed at once
+
+
+def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
+    """Between splits m moves one replica per decision; from the uniform boundary it goes to the best split in the
+    radius at once (the next step is a warm-up on all replicas whatever m is)."""
+    c = make("tailsieve", q0=1, m0=0, m_gain=0.0)
+    cost = {0: 20.0, 1: 12.0, 2: 8.0}
+
+    class Fixed(type(c)):  # type: ignore[misc]
+        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+            return cost.get(m, 30.0)
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    f = Fixed(c.router, CURVE, c.config)
+    s = ControlState(q=0, m=0, history=(history(),))
+    assert f.outer(s, f.predictor(s)).m == 2
+    between = replace(s, q=1, m=4, dwell=0)
+    cost.update({4: 20.0, 3: 15.0})
+    assert f.outer(between, f.predictor(between)).m == 3  # one replica toward m = 2

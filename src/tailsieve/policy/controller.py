@@ -253,7 +253,9 @@ class Controller:
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
         step = int(np.sign(best_m - m))
-        new_m = m + step
+        # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
+        # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
+        new_m = best_m if m == 0 else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         return replace(
             state,
