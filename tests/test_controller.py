@@ -279,6 +279,13 @@ def test_outer_does_not_reverse_a_move_before_min_dwell() -> None:
     assert f.outer(replace(just_grew, since_move=3), pred).m == 2
     assert f.outer(replace(s, move_dir=-1, since_move=1), pred).m == 2  # same direction: allowed at once
 
+    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
+        _calibrated = Fixed._calibrated
+        feasible = Fixed.feasible
+
+    lit = Literal(c.router, CURVE, c.config)
+    assert lit.outer(just_grew, pred).m == 2  # the literal C.2 has no reversal guard
+
 
 def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
     """Between splits m moves one replica per decision; from the uniform boundary it goes to the best split in the
@@ -296,6 +303,13 @@ def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
     f = Fixed(c.router, CURVE, c.config)
     s = ControlState(q=0, m=0, history=(history(),))
     assert f.outer(s, f.predictor(s)).m == 2
+
+    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
+        _calibrated = Fixed._calibrated
+        feasible = Fixed.feasible
+
+    lit = Literal(c.router, CURVE, c.config)
+    assert lit.outer(s, lit.predictor(s)).m == 1  # the paper's C.2: one replica per move, from uniform too
     between = replace(s, q=1, m=4, dwell=0)
     cost.update({4: 20.0, 3: 15.0})
     assert f.outer(between, f.predictor(between)).m == 3  # one replica toward m = 2

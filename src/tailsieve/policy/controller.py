@@ -120,6 +120,10 @@ class Controller:
     """Base: decides (q, m) for the next step. Subclasses implement `update`."""
 
     name: ClassVar[str] = ""
+    # outer-loop rules beyond C.2 (on for `tailsieve`, off for the literal `tailsieve-paper`): leave uniform straight
+    # to the best split; no reversal of a move of m before `min_dwell` steps
+    jump_from_uniform: ClassVar[bool] = False
+    guard_reversal: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -241,7 +245,8 @@ class Controller:
         if m == 0 or state.dwell >= self.config.min_dwell:
             options.append((self._calibrated(state, pred, 0, 0), 0, 0))
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
-            if mc == m or (m > 0 and np.sign(mc - m) == -state.move_dir and state.since_move < self.config.min_dwell):
+            if mc == m or (self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir
+                           and state.since_move < self.config.min_dwell):
                 continue  # no reversal of the last move before min_dwell steps: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
@@ -255,7 +260,7 @@ class Controller:
         step = int(np.sign(best_m - m))
         # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
-        new_m = best_m if m == 0 else m + step
+        new_m = best_m if m == 0 and self.jump_from_uniform else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         return replace(
             state,
@@ -332,6 +337,8 @@ class TailSieveController(Controller):
     """Both loops, with the predictive inner loop (see module docstring)."""
 
     adapt_m: ClassVar[bool] = True
+    jump_from_uniform: ClassVar[bool] = True
+    guard_reversal: ClassVar[bool] = True
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
@@ -388,6 +395,9 @@ class TailSieveFixedController(TailSieveController):
 @register("tailsieve-paper")
 class TailSievePaperController(TailSieveController):
     """The paper's literal rules: rate-balance inner loop (§3.2), outer loop over m with q held (C.2)."""
+
+    jump_from_uniform: ClassVar[bool] = False  # C.2: one replica per move, from the uniform boundary too
+    guard_reversal: ClassVar[bool] = False
 
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
         """C.2 literally: a candidate split keeps the current q."""
