@@ -220,3 +220,96 @@ def test_outer_loop_hooks_decide_q_of_a_split_without_name_checks() -> None:
     pinned = Pinned(predictive.router, CURVE, ControllerConfig(q0=1, m0=6, m_gain=0.0))
     out = pinned.outer(s, pred)
     assert sorted(seen) == [4, 5, 7] and (out.m, out.q) == (5, 3)  # the predictive choice would be q = 2
+
+
+def test_pinned_candidates_cannot_be_cut_in_the_bulk_forecast() -> None:
+    """Redraw limit 1: the E − q non-isolated candidates run pinned in the bulk pool, so T_bulk is the later of their
+    last completion and the (N − E)-th fresh completion; without pinning it is the (N − q)-th of all."""
+    h = history(n=16, g=4)
+    kw = {"groups": 16, "extra": 4, "replicas": 4, "curve": CURVE, "resamples": 3}
+    free, pin = Predictor(h, **kw), Predictor(h, pinned_candidates=True, **kw)  # type: ignore[arg-type]
+    for q in (1, 2, 3):
+        raw = pin._bulk_raw(q, 1)  # candidates q..E−1 first, then the 16 fresh groups
+        pins = 4 - q
+        expect = np.maximum(raw[:, :pins].max(axis=1), np.sort(raw[:, pins:], axis=1)[:, 16 - 4 - 1])
+        np.testing.assert_allclose(pin.bulk_times(q, 1), expect)
+        assert np.all(pin.bulk_times(q, 1) >= free.bulk_times(q, 1))
+    # every candidate isolated (q = E): nothing pinned in the bulk, the two models agree; uniform is unaffected
+    np.testing.assert_allclose(pin.bulk_times(4, 1), free.bulk_times(4, 1))
+    assert pin.makespan(0, 0) == free.makespan(0, 0)
+    assert make("tailsieve").predictor(ControlState(q=1, m=1, history=(h,))).pinned  # max_redraws 1 (default)
+    rc = RouterConfig(groups=16, group_size=4, replicas=8, rho=0.25, max_redraws=2)
+    assert not CONTROLLERS["tailsieve"](rc, CURVE).predictor(ControlState(q=1, m=1, history=(h,))).pinned
+
+
+def test_uniform_boundary_has_its_own_calibration() -> None:
+    """A uniform step calibrates the uniform forecast only (its first ratio seeds it); a two-pool step the pools
+    only; T̂(0, 0) uses the uniform factor once one was measured (the bulk factor before)."""
+    c = make("tailsieve", q0=1, m0=0, m_gain=1.0)
+    s0 = c.initial()
+    assert np.isnan(s0.calib_uniform)
+    pred = c.predictor(replace(s0, history=(history(),)))
+    truth = float(np.mean(pred.bulk_times(0, 0)))
+    s1 = c._calibrate(replace(s0, history=(history(),)), pred, obs(q=0, m=0, tail_s=0.0, bulk_s=1.5 * truth))
+    assert s1.calib_uniform == pytest.approx(1.5) and s1.calib_bulk == 1.0
+    assert c._calibrated(s1, pred, 0, 0) == pytest.approx(1.5 * truth)
+    fb = float(np.mean(pred.bulk_times(2, 2)))
+    ft = float(np.mean(pred.tail_times(2, 2)))
+    s2 = c._calibrate(s1, pred, obs(q=2, m=2, tail_s=ft, bulk_s=0.5 * fb))
+    assert s2.calib_uniform == pytest.approx(1.5) and s2.calib_bulk == pytest.approx(0.85)
+
+
+def test_outer_does_not_reverse_a_move_before_min_dwell() -> None:
+    """A move of m is not undone until min_dwell steps after it: the new split's calibration has too few steps."""
+    c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
+    cost = {1: 9.0, 2: 5.0, 3: 10.0, 4: 10.0, 5: 10.0}
+
+    class Fixed(type(c)):  # type: ignore[misc]
+        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+            return 20.0 if m == 0 else cost[m]
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    f = Fixed(c.router, CURVE, c.config)
+    s = ControlState(q=1, m=3, dwell=0, history=(history(),))
+    pred = f.predictor(s)
+    just_grew = replace(s, move_dir=1, since_move=1)  # m went 2 -> 3 one step ago: m = 2 is a reversal
+    assert f.outer(just_grew, pred).m == 3
+    assert f.outer(replace(just_grew, since_move=3), pred).m == 2
+    assert f.outer(replace(s, move_dir=-1, since_move=1), pred).m == 2  # same direction: allowed at once
+
+    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
+        _calibrated = Fixed._calibrated
+        feasible = Fixed.feasible
+
+    lit = Literal(c.router, CURVE, c.config)
+    assert lit.outer(just_grew, pred).m == 2  # the literal C.2 has no reversal guard
+
+
+def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
+    """Between splits m moves one replica per decision; from the uniform boundary it goes to the best split in the
+    radius at once (the next step is a warm-up on all replicas whatever m is)."""
+    c = make("tailsieve", q0=1, m0=0, m_gain=0.0)
+    cost = {0: 20.0, 1: 12.0, 2: 8.0}
+
+    class Fixed(type(c)):  # type: ignore[misc]
+        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+            return cost.get(m, 30.0)
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    f = Fixed(c.router, CURVE, c.config)
+    s = ControlState(q=0, m=0, history=(history(),))
+    assert f.outer(s, f.predictor(s)).m == 2
+
+    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
+        _calibrated = Fixed._calibrated
+        feasible = Fixed.feasible
+
+    lit = Literal(c.router, CURVE, c.config)
+    assert lit.outer(s, lit.predictor(s)).m == 1  # the paper's C.2: one replica per move, from uniform too
+    between = replace(s, q=1, m=4, dwell=0)
+    cost.update({4: 20.0, 3: 15.0})
+    assert f.outer(between, f.predictor(between)).m == 3  # one replica toward m = 2

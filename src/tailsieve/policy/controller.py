@@ -90,10 +90,13 @@ class ControlState:
     rate_bulk: float = math.nan
     calib_tail: float = 1.0
     calib_bulk: float = 1.0
+    calib_uniform: float = math.nan  # measured / predicted at uniform steps (NaN: none yet; the first one seeds it)
     settled: int = 0
     dwell: int = 0  # steps since the last switch between uniform and isolation
     move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
     last_m: int = 0  # m of the last executed step (a change in m is a pool move)
+    move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
+    since_move: int = 0  # steps since that move
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""
@@ -117,6 +120,10 @@ class Controller:
     """Base: decides (q, m) for the next step. Subclasses implement `update`."""
 
     name: ClassVar[str] = ""
+    # outer-loop rules beyond C.2 (on for `tailsieve`, off for the literal `tailsieve-paper`): leave uniform straight
+    # to the best split; no reversal of a move of m before `min_dwell` steps
+    jump_from_uniform: ClassVar[bool] = False
+    guard_reversal: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -179,26 +186,39 @@ class Controller:
             by_request=self.router.dispatch.value == "request",
             tail_curve=self.tail_curve,
             kv_s_per_token=self.kv_s_per_token,
+            pinned_candidates=self.router.max_redraws <= 1,
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+        if m == 0:
+            cu = state.calib_uniform
+            return pred.makespan(0, 0, calib_bulk=state.calib_bulk if math.isnan(cu) else cu)
         return pred.makespan(q, m, state.calib_tail, state.calib_bulk)
 
     def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation) -> ControlState:
-        """EMA of measured / predicted pool time at the executed (q, m): corrects selector and model bias online."""
+        """EMA of measured / predicted pool time at the executed (q, m): corrects selector and model bias online.
+
+        The uniform boundary keeps its own factor (`calib_uniform`, learnt at uniform steps only): the bulk pool of
+        a two-pool step is a different forecast (by-request dispatch, a cutoff, pinned candidates, a consumed
+        history that lacks the groups cut at the cutoff), and its error does not transfer to N groups run to
+        completion on all replicas."""
         lo, hi = self.config.calib_bounds
         a = self.config.ema
         if obs.warmup:
             return state
-        ct, cb = state.calib_tail, state.calib_bulk
+        ct, cb, cu = state.calib_tail, state.calib_bulk, state.calib_uniform
         if obs.m > 0 and obs.q > 0:
             ft = float(np.mean(pred.tail_times(obs.q, obs.m)))
             if ft > 0:
                 ct = (1 - a) * ct + a * float(np.clip(obs.tail_s / ft, lo, hi))
         fb = float(np.mean(pred.bulk_times(obs.q if obs.m > 0 else 0, obs.m)))
         if fb > 0:
-            cb = (1 - a) * cb + a * float(np.clip(obs.bulk_s / fb, lo, hi))
-        return replace(state, calib_tail=ct, calib_bulk=cb)
+            ratio = float(np.clip(obs.bulk_s / fb, lo, hi))
+            if obs.m > 0:
+                cb = (1 - a) * cb + a * ratio
+            else:
+                cu = ratio if math.isnan(cu) else (1 - a) * cu + a * ratio
+        return replace(state, calib_tail=ct, calib_bulk=cb, calib_uniform=cu)
 
     def q_limit(self) -> int:
         """q never exceeds the candidates a step produces (E), nor N − 1."""
@@ -225,8 +245,9 @@ class Controller:
         if m == 0 or state.dwell >= self.config.min_dwell:
             options.append((self._calibrated(state, pred, 0, 0), 0, 0))
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
-            if mc == m:
-                continue
+            if mc == m or (self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir
+                           and state.since_move < self.config.min_dwell):
+                continue  # no reversal of the last move before min_dwell steps: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
                 continue
@@ -237,7 +258,9 @@ class Controller:
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
         step = int(np.sign(best_m - m))
-        new_m = m + step
+        # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
+        # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
+        new_m = best_m if m == 0 and self.jump_from_uniform else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         return replace(
             state,
@@ -245,6 +268,8 @@ class Controller:
             q=new_q,
             hold=1,
             dwell=0 if (new_m == 0) != (m == 0) else state.dwell,
+            move_dir=step if new_m > 0 and m > 0 else 0,
+            since_move=0,
             velocity=0.0,
             settled=0,
             rate_tail=math.nan,
@@ -312,10 +337,13 @@ class TailSieveController(Controller):
     """Both loops, with the predictive inner loop (see module docstring)."""
 
     adapt_m: ClassVar[bool] = True
+    jump_from_uniform: ClassVar[bool] = True
+    guard_reversal: ClassVar[bool] = True
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
-        state = replace(self._with_history(state, obs), dwell=state.dwell + (0 if obs.warmup else 1))
+        state = replace(self._with_history(state, obs), dwell=state.dwell + (0 if obs.warmup else 1),
+                        since_move=state.since_move + 1)
         pred = self.predictor(state)
         state = self._calibrate(state, pred, obs)
         if state.m > 0:
@@ -367,6 +395,9 @@ class TailSieveFixedController(TailSieveController):
 @register("tailsieve-paper")
 class TailSievePaperController(TailSieveController):
     """The paper's literal rules: rate-balance inner loop (§3.2), outer loop over m with q held (C.2)."""
+
+    jump_from_uniform: ClassVar[bool] = False  # C.2: one replica per move, from the uniform boundary too
+    guard_reversal: ClassVar[bool] = False
 
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
         """C.2 literally: a candidate split keeps the current q."""

@@ -8,7 +8,9 @@ model with round-robin dispatch:
 
 - tail pool: q candidate groups (drawn from the candidate history) on m replicas, all to completion;
 - bulk pool: N fresh groups plus the E − q non-isolated candidates on R − m replicas, cut at the (N − q)-th
-  group completion;
+  group completion; with `pinned_candidates` (the router's redraw limit is 1, so every candidate was cut once and
+  its next attempt must complete) the E − q candidates cannot be cut: the cutoff is the (N − E)-th completion among
+  the fresh groups or the last pinned candidate's completion, whichever is later;
 - uniform (0, 0): N fresh groups on all R replicas, group-atomic round-robin, all to completion.
 
 Before any tail group has been observed, candidates are modelled by split-half selection within the consumed
@@ -109,6 +111,7 @@ class Predictor:
         resamples: int | None = None,
         tail_curve: TpotCurve | None = None,
         kv_s_per_token: float = 0.0,
+        pinned_candidates: bool = False,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -117,6 +120,7 @@ class Predictor:
         self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4: its own speculation)
         self.by_request = by_request
         self.kv = kv_s_per_token  # KV-traffic seconds per context token per iteration (0: the curve alone)
+        self.pinned = pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
         rng = np.random.default_rng(_SEED)
         k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
         fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
@@ -137,6 +141,7 @@ class Predictor:
         self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
+        self._bulk_t: dict[tuple[int, int], FloatArray] = {}
 
     def _cands(self, lo: int, hi: int) -> FloatArray:
         """Candidates lo..hi−1 of every pool (cycling when q exceeds the candidate width)."""
@@ -154,20 +159,41 @@ class Predictor:
                                                 self.kv).max(axis=1)
         return self._tail[key]
 
+    def _bulk_raw(self, q: int, m: int) -> FloatArray:
+        """(K, P) completion times of the bulk pool's groups in queue order: the E − q non-isolated candidates
+        first (the router puts them at the front), then the N fresh groups (uniform: N groups on R replicas)."""
+        key = (q, m)
+        if key not in self._bulk_t:
+            pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
+            by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
+            self._bulk_t[key] = group_completions(pools, self.r - m, self.curve, by_request, self.kv)
+        return self._bulk_t[key]
+
     def bulk_completions(self, q: int, m: int) -> FloatArray:
         """(K, P) sorted completion times of the bulk pool's groups (uniform: N groups on R replicas)."""
         key = (q, m)
         if key not in self._bulk:
-            pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
-            by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
-            self._bulk[key] = np.sort(group_completions(pools, self.r - m, self.curve, by_request, self.kv), axis=1)
+            self._bulk[key] = np.sort(self._bulk_raw(q, m), axis=1)
         return self._bulk[key]
 
     def bulk_times(self, q: int, m: int) -> FloatArray:
-        """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N)."""
-        comp = self.bulk_completions(q, m)
+        """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
+        E − q non-isolated ones must complete: the later of their last completion and the (N − E)-th fresh one
+        (pessimistic: a pinned request keeps its all-admit finish, not sped up by the aborts at the cutoff)."""
         quota = self.n - q if m > 0 else self.n
-        return comp[:, quota - 1] if quota > 0 else np.zeros(comp.shape[0])
+        if quota <= 0:
+            return np.zeros(self.fresh.shape[0])
+        pins = max(self.e - q, 0) if m > 0 and self.pinned else 0
+        if pins == 0:
+            return self.bulk_completions(q, m)[:, quota - 1]
+        raw = self._bulk_raw(q, m)
+        last_pin: FloatArray = raw[:, :pins].max(axis=1)
+        rest = quota - pins
+        if rest <= 0:
+            return last_pin
+        cut = np.partition(raw[:, pins:], rest - 1, axis=1)[:, rest - 1]
+        out: FloatArray = np.maximum(cut, last_pin)
+        return out
 
     def makespan(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> float:
         """T̂(q, m) = E[max(c_tail·T_tail, c_bulk·T_bulk)] over the resampled pools (§3.2)."""
