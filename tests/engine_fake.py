@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from app_thread import AppThread
 from tailsieve.engines.local import free_port
 
 
@@ -39,9 +39,7 @@ class FakeServer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     sglang_aborts: list[str] = field(default_factory=list)
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
-    _runner: web.AppRunner | None = None
+    _server: AppThread = field(default_factory=lambda: AppThread("fake server"))
 
     @property
     def url(self) -> str:
@@ -127,39 +125,19 @@ class FakeServer:
 
     def start(self) -> FakeServer:
         """Serve in a background thread until `stop()`."""
-        ready = threading.Event()
-
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            app = web.Application()
-            app.router.add_post("/v1/completions", self._completions)
-            app.router.add_post("/v1/chat/completions", self._completions)
-            app.router.add_get("/v1/models", self._models)
-            app.router.add_get("/health", self._health)
-            app.router.add_get("/metrics", self._metrics)
-            app.router.add_post("/abort_request", self._abort)
-            self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
-            loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            loop.run_until_complete(site.start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=main, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake server did not start")
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/abort_request", self._abort)
+        self._server.start([(app, self.port)])
         return self
 
     def stop(self) -> None:
         """Stop serving (connections are then refused)."""
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop = None
+        self._server.stop()
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:
         """Wait until no request is running (aborts have landed)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from app_thread import AppThread
 from tailsieve.engines.client import ClientOptions, Completion, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.local import free_port
 
@@ -131,9 +131,7 @@ class SequencedFake:
     replicas: int
     observer: ClientObserver = field(default_factory=ClientObserver)
     ports: list[int] = field(default_factory=list)
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
-    _runners: list[web.AppRunner] = field(default_factory=list)
+    _server: AppThread = field(default_factory=lambda: AppThread("sequenced fake"))
     _step: int | None = None
     _arrived: list[_Stream] = field(default_factory=list)
     _stray: list[str] = field(default_factory=list)
@@ -182,40 +180,21 @@ class SequencedFake:
 
     def start(self) -> SequencedFake:
         """Serve every replica from one background thread until `stop()`."""
-        ready = threading.Event()
         self.ports = [free_port() for _ in range(self.replicas)]
-
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            for i, port in enumerate(self.ports):
-                app = web.Application()
-                app.router.add_post("/v1/completions", self._handler(i))
-                app.router.add_post("/v1/chat/completions", self._handler(i))
-                app.router.add_get("/v1/models", self._models)
-                app.router.add_get("/health", self._health)
-                runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2, access_log=None)
-                loop.run_until_complete(runner.setup())
-                loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-                self._runners.append(runner)
-            ready.set()
-            loop.run_forever()
-            for runner in self._runners:
-                loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=main, name="sequenced-fake", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("sequenced fake server did not start")
+        apps = []
+        for i, port in enumerate(self.ports):
+            app = web.Application()
+            app.router.add_post("/v1/completions", self._handler(i))
+            app.router.add_post("/v1/chat/completions", self._handler(i))
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            apps.append((app, port))
+        self._server.start(apps)
         return self
 
     def stop(self) -> None:
         """Stop serving."""
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop = None
+        self._server.stop()
 
     def __enter__(self) -> SequencedFake:
         return self.start()
@@ -228,9 +207,9 @@ class SequencedFake:
     def begin(self, step: int, requests: int) -> concurrent.futures.Future[StepLog]:
         """Expect `requests` requests of step `step` and play them once they have all arrived (call with no
         request in flight, before the executor sends them); the future resolves when every stream has ended."""
-        assert self._loop is not None
+        assert self._server.loop is not None
         self.observer.reset()
-        return asyncio.run_coroutine_threadsafe(self._sequence(step, requests), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._sequence(step, requests), self._server.loop)
 
     async def _until(self, ok: Callable[[], bool], what: Callable[[], str]) -> None:
         deadline = time.monotonic() + WAIT_S
