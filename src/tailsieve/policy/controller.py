@@ -34,6 +34,11 @@ __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "Ste
 CONTROLLERS: dict[str, type[Controller]] = {}
 
 
+def ema(prev: float, x: float, a: float) -> float:
+    """Exponential moving average with weight `a` on the newest value; NaN `prev` (nothing seen yet) gives `x`."""
+    return x if math.isnan(prev) else (1 - a) * prev + a * x
+
+
 def register(name: str):  # type: ignore[no-untyped-def]
     """Class decorator adding a controller to the registry."""
 
@@ -96,7 +101,7 @@ class Controller:
         cost = state.move_cost_s
         if obs.m != state.last_m and obs.restart_s > 0:
             a = self.config.ema
-            cost = obs.restart_s if math.isnan(cost) else (1 - a) * cost + a * obs.restart_s
+            cost = ema(cost, obs.restart_s, a)
         return replace(state, move_cost_s=cost, last_m=obs.m)
 
     def move_cost(self, state: ControlState) -> float:
@@ -146,7 +151,7 @@ class Controller:
             if obs.m > 0:
                 cb = (1 - a) * cb + a * ratio
             else:
-                cu = ratio if math.isnan(cu) else (1 - a) * cu + a * ratio
+                cu = ema(cu, ratio, a)
         return replace(state, calib_tail=ct, calib_bulk=cb, calib_uniform=cu)
 
     def q_limit(self) -> int:
@@ -343,8 +348,7 @@ class TailSievePaperController(TailSieveController):
         if obs.warmup or obs.q <= 0 or obs.tail_s <= 0 or obs.bulk_s <= 0 or state.hold > 0:
             return state, False
         rt, rb = obs.q / obs.tail_s, (n - obs.q) / obs.bulk_s
-        rt = rt if math.isnan(state.rate_tail) else (1 - a) * state.rate_tail + a * rt
-        rb = rb if math.isnan(state.rate_bulk) else (1 - a) * state.rate_bulk + a * rb
+        rt, rb = ema(state.rate_tail, rt, a), ema(state.rate_bulk, rb, a)
         state = replace(state, rate_tail=rt, rate_bulk=rb)
         target = n * rt / (rb + rt)
         return self._move_q(state, target, lambda q: max(q / rt, (n - q) / rb))
