@@ -80,11 +80,7 @@ def register(sub: Any) -> None:
     p.add_argument("--bias-correction", action="store_true",
                    help="a bias-correction weight per consumed group in every batch file (beyond the paper; "
                         "docs/simulate.md) and bias.weighted_mean_ratio, bias.ess_ratio in report.json")
-    p.add_argument("--weights-dir", metavar="DIR",
-                   help="before each step, load the newest checkpoint subfolder of DIR (config.json + weights) when it "
-                        "changed: every replica reloads it in place (vLLM: VLLM_SERVER_DEV_MODE=1; a --launch config "
-                        "with weight_reload = true sets it) or is restarted on it; samples carry the weight version")
-    p.add_argument("--logprobs", action="store_true", help="record each generated token's logprob in the batch files")
+    add_training_args(p)
     add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
@@ -97,12 +93,26 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")
     p.add_argument("--no-seed", action="store_true", help="send no per-request seed")
     p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
+    add_fault_args(p)
+    p.set_defaults(func=run)
+
+
+def add_fault_args(p: argparse.ArgumentParser) -> None:
+    """Transport and fault-handling flags."""
     p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds of silence that mark a replica down")
     p.add_argument("--retries", type=int, default=4, help="re-dispatches of one request before giving up")
     p.add_argument("--give-up-after", type=float, default=10.0,
                    help="seconds to wait for a replica to come back when none is healthy (default: %(default)s)")
-    p.set_defaults(func=run)
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """The flags of a run under a trainer: weight reloads between steps, logprobs in the batch files."""
+    p.add_argument("--weights-dir", metavar="DIR",
+                   help="before each step, load the newest checkpoint subfolder of DIR (config.json + weights) when it "
+                        "changed: every replica reloads it in place (vLLM: VLLM_SERVER_DEV_MODE=1; a --launch config "
+                        "with weight_reload = true sets it) or is restarted on it; samples carry the weight version")
+    p.add_argument("--logprobs", action="store_true", help="record each generated token's logprob in the batch files")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
