@@ -10,12 +10,13 @@ overrides only what differs. Backends are chosen by name (`Endpoint.kind`, `--ki
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import aiohttp
 
-from tailsieve.engines.types import Api, ClientOptions, Endpoint, EngineError, Request
+from tailsieve.engines.types import Api, ClientOptions, Endpoint, EngineError, Request, WeightUpdateUnsupported
 from tailsieve.errors import ConfigError
 
 __all__ = ["BACKENDS", "EngineBackend", "OpenAIBackend", "SGLangBackend", "UnknownBackend", "VLLMBackend",
@@ -54,6 +55,40 @@ class EngineBackend:
     def chunk(self, chunk: dict[str, Any], req: Request) -> dict[str, Any]:
         """One streamed `data:` event in OpenAI chunk form; unchanged by default."""
         return chunk
+
+    async def update_weights(self, session: aiohttp.ClientSession, endpoint: Endpoint, path: str,
+                             version: int) -> None:
+        """Make the server serve the checkpoint in folder `path` (tagged `version`) from its next request on, in
+        place; by default unsupported (`WeightUpdateUnsupported`: the caller restarts the replica instead)."""
+        raise WeightUpdateUnsupported(f"{endpoint.url}: the {self.name or 'openai'} backend cannot reload weights "
+                                      "in place")
+
+
+WEIGHT_UPDATE_TIMEOUT_S = 600.0
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], *,
+                    timeout_s: float = WEIGHT_UPDATE_TIMEOUT_S) -> tuple[int, Any]:
+    """POST a JSON body; (status, parsed JSON or text). Connection failures become one-line `EngineError`s."""
+    try:
+        async with session.post(url, json=dict(body), timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise EngineError(f"{url}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]) \
+            from None
+    try:
+        return r.status, json.loads(text) if text else None
+    except ValueError:
+        return r.status, text
+
+
+def _check(url: str, status: int, data: Any, what: str) -> None:
+    """A 404 means the server lacks the endpoint (unsupported); any other failure is a one-line `EngineError`."""
+    if status == 404:
+        raise WeightUpdateUnsupported(f"{url}: no {what} endpoint (HTTP 404)")
+    if status >= 400 or (isinstance(data, dict) and data.get("success") is False):
+        detail = data.get("message", data.get("detail", data)) if isinstance(data, dict) else data
+        raise EngineError(f"{url}: {what} failed: HTTP {status}: {' '.join(str(detail).split())[:200]}")
 
 
 BACKENDS: dict[str, type[EngineBackend]] = {}
@@ -106,6 +141,25 @@ class VLLMBackend(EngineBackend):
             out["return_token_ids"] = True
         return out
 
+    async def update_weights(self, session: aiohttp.ClientSession, endpoint: Endpoint, path: str,
+                             version: int) -> None:
+        """Reload in place through the development-mode RPC (`VLLM_SERVER_DEV_MODE=1`): every worker's
+        `reload_weights(weights_path=path)`, then the prefix cache is reset (its KV came from the old weights) and
+        the server's weight version label is set."""
+        url = endpoint.url
+        status, data = await post_json(session, url + "/collective_rpc",
+                                       {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+        if status == 404:
+            raise WeightUpdateUnsupported(f"{url}: no /collective_rpc endpoint: start vLLM with "
+                                          "VLLM_SERVER_DEV_MODE=1 to reload weights in place")
+        _check(url, status, data, "reload_weights")
+        status, data = await post_json(session, url + "/reset_prefix_cache", {})
+        if status != 404:
+            _check(url, status, data, "reset_prefix_cache")
+        status, data = await post_json(session, url + "/update_weight_version", {"new_version": str(version)})
+        if status != 404:
+            _check(url, status, data, "update_weight_version")
+
 
 @register_backend("sglang")
 class SGLangBackend(EngineBackend):
@@ -122,3 +176,11 @@ class SGLangBackend(EngineBackend):
         async with session.post(endpoint.url + "/abort_request", json={"rid": req.rid},
                                 timeout=aiohttp.ClientTimeout(total=self.abort_timeout_s)):
             pass
+
+    async def update_weights(self, session: aiohttp.ClientSession, endpoint: Endpoint, path: str,
+                             version: int) -> None:
+        """`POST /update_weights_from_disk {"model_path": path, "weight_version": "<version>"}` (SGLang flushes its
+        cache itself)."""
+        body = {"model_path": str(path), "weight_version": str(version)}
+        status, data = await post_json(session, endpoint.url + "/update_weights_from_disk", body)
+        _check(endpoint.url, status, data, "update_weights_from_disk")

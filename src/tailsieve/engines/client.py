@@ -70,6 +70,13 @@ class _Acc:
     ids: list[int] | None = None
     finish: str | None = None
     tokens: int = 0
+    logprobs: list[float] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+
+    def choice(self, i: int) -> Choice:
+        """The finished choice."""
+        return Choice(i, "".join(self.text), self.tokens, self.finish, None if self.ids is None else tuple(self.ids),
+                      None if self.logprobs is None else tuple(self.logprobs), self.prompt_ids)
 
 
 class EngineClient:
@@ -143,6 +150,8 @@ class EngineClient:
             body["seed"] = req.seed
         if req.max_tokens is not None:
             body["max_tokens"] = req.max_tokens
+        if self.options.logprobs:
+            body |= {"logprobs": True, "top_logprobs": 0} if self.options.api is Api.CHAT else {"logprobs": 0}
         if self.options.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -210,6 +219,7 @@ class EngineClient:
                 a = accs[i]
                 text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
                 ids = ch.get("token_ids")
+                _add_extras(a, ch, chunk)
                 if text:
                     a.text.append(text)
                 if ids is not None:
@@ -230,8 +240,7 @@ class EngineClient:
         if any(a.finish is None for a in accs):
             tail = "" if done else " ([DONE] missing)"
             raise aiohttp.ClientPayloadError(f"stream ended before every choice finished{tail}")
-        out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids))
-                    for i, a in enumerate(accs))
+        out = tuple(a.choice(i) for i, a in enumerate(accs))
         return Completion(out, prompt_tokens, time.perf_counter() - t0, ttft)
 
     def _abort(self, backend: EngineBackend, endpoint: Endpoint, req: Request) -> None:
@@ -331,6 +340,28 @@ def _raise_stream_error(resp: aiohttp.ClientResponse, err: Any) -> None:
     raise ReplicaFault(url, FaultKind.HTTP_5XX, f"error in stream: {msg}")
 
 
+def _token_logprobs(ch: dict[str, Any]) -> list[float] | None:
+    """Sampled-token log-probabilities of a choice (completions: `token_logprobs`; chat: `content[].logprob`)."""
+    lp = ch.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if isinstance(lp.get("token_logprobs"), list):
+        return [float(x) if x is not None else float("nan") for x in lp["token_logprobs"]]
+    if isinstance(lp.get("content"), list):
+        return [float(c.get("logprob", float("nan"))) for c in lp["content"] if isinstance(c, dict)]
+    return None
+
+
+def _add_extras(a: _Acc, ch: dict[str, Any], outer: dict[str, Any]) -> None:
+    """Accumulate a choice's logprobs and take its prompt token ids (per choice, or response-level for chat)."""
+    lps = _token_logprobs(ch)
+    if lps is not None:
+        a.logprobs = (a.logprobs or []) + lps
+    pids = ch.get("prompt_token_ids") or outer.get("prompt_token_ids")
+    if a.prompt_ids is None and isinstance(pids, list):
+        a.prompt_ids = tuple(int(t) for t in pids)
+
+
 def _parse_full(data: Any, body: dict[str, Any], latency: float) -> Completion:
     """Choices of a non-streamed response; per-choice tokens from token ids, usage (n = 1) or max_tokens."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
@@ -354,6 +385,7 @@ def _parse_full(data: Any, body: dict[str, Any], latency: float) -> Completion:
             tokens = int(body["max_tokens"])
         else:
             tokens = round(total / max(n, 1))
-        out.append(Choice(int(ch.get("index", 0)), str(text), tokens, finish,
-                          None if ids is None else tuple(int(t) for t in ids)))
+        acc = _Acc(text=[str(text)], ids=None if ids is None else [int(t) for t in ids], finish=finish, tokens=tokens)
+        _add_extras(acc, ch, data)
+        out.append(acc.choice(int(ch.get("index", 0))))
     return Completion(tuple(out), int(usage.get("prompt_tokens") or 0), latency, None)

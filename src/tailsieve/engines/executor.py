@@ -53,7 +53,9 @@ class GroupSpec:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One finished member: text, token ids (when the server returns them), tokens, finish reason, where/when."""
+    """One finished member, trainer-ready: text, response token ids (when the server returns them), tokens, finish
+    reason, where/when, per-token logprobs (when asked for), prompt token ids, and the weight version it was
+    generated under (`Rollout.update_weights`)."""
 
     text: str
     tokens: int
@@ -62,6 +64,9 @@ class Sample:
     replica: int
     finish_s: float  # since the step started
     attempts: int  # 1 = first try
+    logprobs: tuple[float, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    weight_version: int = 0
 
 
 @dataclass(slots=True)
@@ -74,6 +79,7 @@ class _Job:
     attempt: int = 0
     progress: list[int] = field(default_factory=list)
     end: float = 0.0
+    version: int = 0  # the weight version its replica served when the job was sent
 
 
 GroupSpecFn = Callable[[GroupRef, StepPlan], GroupSpec]  # what to send for a group of a plan
@@ -165,6 +171,7 @@ class EngineExecutor:
         self.g = group_size
         self.mode = mode
         self.spec = spec
+        self.weight_version = 0  # stamped on every sample sent from now on (`Rollout.update_weights` raises it)
 
     def _jobs(self, ref: GroupRef, pool: Pool, placement: tuple[int, ...], spec: GroupSpec) -> list[_Job]:
         if self.mode is RequestMode.SPLIT:
@@ -224,7 +231,7 @@ class EngineExecutor:
         if target is None:
             raise NoHealthyReplica(f"no healthy replica among {len(self.replicas)} "
                                    f"({', '.join(e.url for e in self.replicas.endpoints)})")
-        job.replica = target
+        job.replica, job.version = target, self.weight_version
         st.load[target] += len(job.members)
         req = self._request(job, st.specs[job.uid], st.plan.step)
         st.pending[asyncio.get_running_loop().create_task(self._run(job, req))] = job
@@ -270,7 +277,7 @@ class EngineExecutor:
                 raise EngineError(f"{self.replicas.endpoints[job.replica].url}: {len(comp.choices)} "
                                   f"choices returned, {len(job.members)} requested")
             st.samples[job.uid][j] = Sample(ch.text, ch.tokens, ch.finish_reason, ch.token_ids, job.replica, now,
-                                            job.attempt + 1)
+                                            job.attempt + 1, ch.logprobs, ch.prompt_token_ids, job.version)
             st.progress[job.uid][j] = ch.tokens
         if job.uid in st.done_at or any(s is None for s in st.samples[job.uid]):
             return

@@ -57,6 +57,7 @@ class Replicas:
         self.client = client
         self.policy = policy
         self.up = [True] * len(endpoints)
+        self.stale: set[int] = set()  # up or not, these serve older weights than the run: never picked
         self.events: list[HealthEvent] = []
         self._probes: dict[int, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
@@ -65,8 +66,8 @@ class Replicas:
         return len(self.endpoints)
 
     def healthy(self) -> list[int]:
-        """Indices of replicas currently up."""
-        return [i for i, u in enumerate(self.up) if u]
+        """Indices of replicas currently up and serving the run's weights."""
+        return [i for i, u in enumerate(self.up) if u and i not in self.stale]
 
     def mark_down(self, i: int, kind: FaultKind | str, detail: str = "") -> None:
         """Mark replica i down (once) and start probing it."""
@@ -100,10 +101,10 @@ class Replicas:
                 self.mark_down(i, FaultKind.REFUSED, "health check failed")
 
     def pick(self, planned: int, pool: Iterable[int], load: Sequence[int]) -> int | None:
-        """`planned` if up; else the least-loaded healthy replica of the same pool; else of any pool; else None."""
-        if self.up[planned]:
+        """`planned` if up and not stale; else the least-loaded usable replica of its pool; else of any; else None."""
+        if self.up[planned] and planned not in self.stale:
             return planned
-        same = [i for i in pool if self.up[i]]
+        same = [i for i in pool if self.up[i] and i not in self.stale]
         cands = same or self.healthy()
         if not cands:
             return None

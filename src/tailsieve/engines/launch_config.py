@@ -92,6 +92,7 @@ class LaunchConfig:
     startup_timeout_s: float = 600.0
     grace_s: float = 20.0  # SIGTERM → SIGKILL
     warmup_tokens: int = 16  # one generation of this many tokens after /health, counted in the start-up (0: none)
+    weight_reload: bool = False  # vLLM development-mode endpoints on (in-place weight reload, `update_weights`)
 
     def __post_init__(self) -> None:
         r = self.replicas
@@ -167,7 +168,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 POOL_KEYS = ("speculative", "args")
 LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
                "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
-               "warmup_tokens", "tail", "bulk")
+               "warmup_tokens", "weight_reload", "tail", "bulk")
 
 
 def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
@@ -209,7 +210,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     kw: dict[str, Any] = {}
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
-                     ("grace_s", float), ("warmup_tokens", int)):
+                     ("grace_s", float), ("warmup_tokens", int), ("weight_reload", bool)):
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)

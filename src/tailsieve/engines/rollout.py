@@ -21,22 +21,25 @@ from pathlib import Path
 from typing import Any, cast
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
+from tailsieve.engines.batch import Batch, GroupResult, TrainerSample
 from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
-from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
+from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
 from tailsieve.engines.state import RolloutState
+from tailsieve.engines.weights import ReloadHook, WeightPush, WeightSync, WeightUpdate
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
-from tailsieve.loop import LoopState, PoolHook, StepLoop, StepRecord, make_controller
+from tailsieve.loop import LoopState, PoolHook, StepLoop, make_controller
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, Router, RouterConfig
-from tailsieve.policy.step import GroupOutcome, GroupRef, Pool, StepPlan
+from tailsieve.policy.step import GroupRef, InvariantError, StepPlan
 from tailsieve.workloads import Workload
 
+__all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate", "pools_from_assign"]
 
 @dataclass(frozen=True, slots=True)
 class RolloutConfig:
@@ -69,6 +72,7 @@ class RolloutConfig:
     max_redraws: int = DEFAULT_REDRAWS  # cuts before a group's next attempt must complete (`RouterConfig`)
     kv_ms_per_1k: float = 0.0  # the replicas' KV-traffic term for the controller's predictor, when measured
     bias_correction: bool = False  # per-group weights (`analysis.weights`) in every batch; opt-in
+    logprobs: bool = False  # every sample carries its tokens' log-probabilities (trainer-ready outputs)
 
     def __post_init__(self) -> None:
         if self.policy not in CONTROLLERS:
@@ -87,86 +91,13 @@ class RolloutConfig:
                             dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupResult:
-    """One complete group: prompt, pool it ran in, completion time and its G samples."""
-
-    uid: int
-    prompt_id: str
-    prompt: str | Messages
-    pool: Pool
-    finish_s: float
-    samples: tuple[Sample, ...]
-    weight: float | None = None  # bias-correction weight (mean 1 over the batch); None when off
-
-    @property
-    def texts(self) -> tuple[str, ...]:
-        """Generated texts."""
-        return tuple(s.text for s in self.samples)
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """Generated tokens per sample."""
-        return tuple(s.tokens for s in self.samples)
-
-    @property
-    def finish_reasons(self) -> tuple[str | None, ...]:
-        """Finish reason per sample (stop, length, …)."""
-        return tuple(s.finish_reason for s in self.samples)
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """What `Rollout.step` returns: N complete groups (tail pool first), the step record, every outcome, and the
-    step's fidelity numbers that need no uniform reference (redraws, truncation, wasted tokens)."""
-
-    step: int
-    groups: tuple[GroupResult, ...]
-    record: StepRecord
-    outcomes: tuple[GroupOutcome, ...]
-    redispatched: int
-    started_at: float
-    down: tuple[int, ...]  # replicas down when the step ended
-    restart_s: float = 0.0  # replica restarts before the step (pool moves); included in record.makespan_s
-    redraws: tuple[int, ...] = ()  # per group: times its prompt draw was cut before this step (GroupRef.cuts)
-    truncated: tuple[tuple[bool, ...], ...] | None = None  # per group and sample: hit the length cap; None: unknown
-
-    @property
-    def weights(self) -> tuple[float, ...] | None:
-        """Bias-correction weight per group (mean 1), None when the run has it off."""
-        ws = tuple(g.weight for g in self.groups)
-        return None if any(w is None for w in ws) else tuple(float(w or 0.0) for w in ws)
-
-    @property
-    def redraws_max(self) -> int:
-        """Most redraws of a consumed group (0 when none was cut before)."""
-        return max(self.redraws, default=0)
-
-    @property
-    def redraws_mean(self) -> float:
-        """Mean redraws over the consumed groups."""
-        return sum(self.redraws) / len(self.redraws) if self.redraws else 0.0
-
-    @property
-    def truncated_share(self) -> float | None:
-        """Share of the step's responses at the length cap (None when unknown)."""
-        if self.truncated is None:
-            return None
-        flat = [t for g in self.truncated for t in g]
-        return sum(flat) / len(flat) if flat else 0.0
-
-    @property
-    def wasted_tokens(self) -> int:
-        """Tokens of the groups cut this step (the record's)."""
-        return self.record.wasted_tokens
-
-
 class Rollout:
     """Drives real replicas step by step with the simulator's router and controller (see module docstring)."""
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
                  prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None,
-                 pools: PoolHook | None = None, assign: Callable[[int], float] | None = None) -> None:
+                 pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
+                 reload: ReloadHook | None = None) -> None:
         self.endpoints = tuple(e if isinstance(e, Endpoint) else Endpoint.parse(e) for e in endpoints)
         if not self.endpoints:
             raise ConfigError("no endpoints given")
@@ -199,12 +130,15 @@ class Rollout:
         self.weigher = BiasWeights() if config.bias_correction else None
         self.wstate = WeightState()  # the weights' window (not saved: it refills after a resume)
         self.generation: dict[str, int] = {}
+        self.reload = reload  # restart-on-checkpoint fallback of `update_weights` (a launcher's `reload`)
+        self._version = 0
+        self.weights: WeightSync | None = None  # set by `open`
         if state is not None:
             self.restore(state if isinstance(state, RolloutState) else RolloutState.load(state))
         self.client = EngineClient(ClientOptions(api=config.api, stream=config.stream,
                                                  connect_timeout_s=config.faults.connect_timeout_s,
                                                  stall_timeout_s=config.faults.stall_timeout_s,
-                                                 api_key_env=config.api_key_env))
+                                                 api_key_env=config.api_key_env, logprobs=config.logprobs))
         self.replicas: Replicas | None = None
         self.executor: EngineExecutor | None = None
 
@@ -225,7 +159,8 @@ class Rollout:
 
     def state(self) -> RolloutState:
         """A snapshot after the last completed step."""
-        return RolloutState(self.config.policy, self.fingerprint(), self.rstate, self.cstate, dict(self.generation))
+        return RolloutState(self.config.policy, self.fingerprint(), self.rstate, self.cstate, dict(self.generation),
+                            self.weight_version)
 
     def save(self, path: str | Path) -> None:
         """Write `state()` atomically."""
@@ -240,6 +175,9 @@ class Rollout:
         if diff:
             raise ConfigError(f"saved rollout state does not match this run ({', '.join(diff)} differ)")
         self.rstate, self.cstate, self.generation = state.router, state.control, dict(state.generation)
+        self._version = state.weight_version
+        if self.weights is not None:
+            self.weights.version = state.weight_version
         self._drawn = None
 
     async def __aenter__(self) -> Rollout:
@@ -259,6 +197,8 @@ class Rollout:
             await self.close()
             raise
         self.executor = self.build_executor(self.replicas, model)
+        self.weights = WeightSync(self.replicas, self.reload, self._version)
+        self.executor.weight_version = self._version
 
     def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
         """The step's executor (hook: an adapter overrides it, e.g. to instrument requests or to generate through
@@ -324,6 +264,23 @@ class Rollout:
         """The executor's spec function: prompt, per-member seeds and (replay) max_tokens of a planned group."""
         return self._spec(ref, self._generations(plan)[0][ref.uid], plan.step)
 
+    @property
+    def weight_version(self) -> int:
+        """The weights the replicas serve: 0 at the start, +1 per `update_weights` (saved with the state)."""
+        return self.weights.version if self.weights is not None else self._version
+
+    async def update_weights(self, path: str | Path | None = None, *, version: int | None = None,
+                             push: WeightPush | None = None) -> WeightUpdate:
+        """Make every replica serve new weights before the next step: from the checkpoint folder `path` (in place
+        through the engine's update path, else restarted by the `reload` hook), or through a framework's `push`
+        hook. Every later sample carries the new version; a replica that could not be updated is not used until it
+        is (see `tailsieve.engines.weights`)."""
+        if self.weights is None or self.executor is None:
+            raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
+        done = await self.weights.update(path, version=version, push=push)
+        self._version = self.executor.weight_version = done.version
+        return done
+
     async def _pool_move(self, plan: StepPlan) -> float:
         """The pool hook (a launcher moving replicas), off the event loop; its restart seconds."""
         return 0.0 if self.pools is None else float(await asyncio.to_thread(self.pools, plan))
@@ -332,6 +289,8 @@ class Rollout:
         """Run one step and return its N complete groups; state advances only when the step succeeds."""
         if self.executor is None or self.replicas is None:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
+        if self.weights is not None:
+            await self.weights.refresh()
         out = await self.loop.astep(LoopState(self.rstate, self.cstate), self.executor, self._pool_move)
         ex = cast(ExecutedStep, out.result)
         self.rstate, self.cstate = out.state.router, out.state.control
@@ -346,8 +305,13 @@ class Rollout:
             for o, wt in zip(out.consumed, weights, strict=True)
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
-        return Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
-                     out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups))
+        batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
+                      out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups),
+                      self.weight_version)
+        if batch.stale_samples:
+            raise InvariantError(f"step {batch.step}: {batch.stale_samples} consumed sample(s) predate weight "
+                                 f"version {batch.weight_version}")
+        return batch
 
     def truncated(self, groups: Sequence[GroupResult]) -> tuple[tuple[bool, ...], ...] | None:
         """Which samples hit the length cap: finish_reason "length" when every sample has one (exact), else tokens

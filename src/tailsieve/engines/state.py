@@ -34,12 +34,13 @@ class RolloutState:
     router: RouterState
     control: ControlState
     generation: dict[str, int]  # prompt id → generations already started (seeds and replay lengths depend on it)
+    weight_version: int = 0  # the weights served after the last step (`Rollout.update_weights`)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
         return {"version": STATE_VERSION, "policy": self.policy, "fingerprint": self.fingerprint,
                 "router": router_to_json(self.router), "control": control_to_json(self.control),
-                "generation": dict(self.generation)}
+                "generation": dict(self.generation), "weight_version": self.weight_version}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> RolloutState:
@@ -47,7 +48,8 @@ class RolloutState:
         if obj.get("version") != STATE_VERSION:
             raise ConfigError(f"rollout state version {obj.get('version')!r} is not {STATE_VERSION}")
         return cls(str(obj["policy"]), dict(obj["fingerprint"]), router_from_json(obj["router"]),
-                   control_from_json(obj["control"]), {str(k): int(v) for k, v in obj["generation"].items()})
+                   control_from_json(obj["control"]), {str(k): int(v) for k, v in obj["generation"].items()},
+                   int(obj.get("weight_version", 0)))
 
     def save(self, path: str | Path) -> None:
         """Write atomically."""

@@ -54,6 +54,10 @@ class RequestRejected(EngineError):
     """The server refused the request itself (HTTP 4xx): retrying elsewhere would not help."""
 
 
+class WeightUpdateUnsupported(EngineError):
+    """The server cannot load new weights in place (no such endpoint, or not enabled): restart it instead."""
+
+
 class NoHealthyReplica(EngineError):
     """Every replica is down."""
 
@@ -135,6 +139,8 @@ class Choice:
     tokens: int
     finish_reason: str | None
     token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None  # per generated token, when `ClientOptions.logprobs` asked for them
+    prompt_token_ids: tuple[int, ...] | None = None  # when the server returns them (vLLM `return_token_ids`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +164,4 @@ class ClientOptions:
     fresh_connections: bool = True  # keep-alive reuse sometimes ends in "Server disconnected" on vLLM
     api_key_env: str | None = DEFAULT_API_KEY_ENV
     return_token_ids: bool = True  # vLLM only; other kinds never get the field
+    logprobs: bool = False  # ask for each generated token's log-probability (trainer-ready samples)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -168,6 +168,14 @@ class ReplicaLauncher(abc.ABC):
             s.pool = s.pool if pools is None else pools[k]
             s.engine = self.config.engine(s.pool is Pool.TAIL)
         return self._timed_relaunch(indices)
+
+    def reload(self, model: str, indices: Sequence[int] | None = None) -> float:
+        """Serve the checkpoint `model` from now on: restart these replicas (default: all) on it, keeping the served
+        model name, and start any later restart on it too; the weight-update fallback when a server cannot reload in
+        place. Returns the wall seconds of the restarts."""
+        c = self.config
+        self.config = replace(c, model=str(model), served_model_name=c.served_model_name or c.model)
+        return self.restart(list(range(len(self.slots))) if indices is None else indices)
 
     def _timed_relaunch(self, indices: Sequence[int]) -> float:
         if not indices:

@@ -140,6 +140,8 @@ class LocalLauncher(ReplicaLauncher):
             tmp.mkdir(parents=True, exist_ok=True)
             env["TMPDIR"] = str(tmp)
         env.setdefault("VLLM_CACHE_ROOT", str(self.log_dir / "vllm-cache"))
+        if c.weight_reload:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights (`VLLMBackend.update_weights`)
         if Path(c.model).expanduser().is_dir():
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         if c.device is Device.CPU:
