@@ -54,6 +54,8 @@ def test_exact_native_body(stream: bool) -> None:
     chat = EngineClient(ClientOptions(api=Api.CHAT)).body(ep, "m", Request("r-3", (("user", "a"), ("user", "b"))),
                                                           SamplingParams())
     assert chat["text"] == "a\n\nb" and "messages" not in chat and "model" not in chat
+    lp = EngineClient(ClientOptions(logprobs=True)).body(ep, "m", Request("r-4", "p"), SamplingParams())
+    assert lp["return_logprob"] is True and "logprobs" not in lp and "logprobs" not in lp["sampling_params"]
 
 
 def test_token_prompt_is_its_text_and_pickles() -> None:
@@ -122,9 +124,8 @@ def test_complete_against_the_fake(fake: FakeSGLang, stream: bool, incremental: 
     assert ch.token_ids == tuple(token(key, t) for t in range(12)) and ch.tokens == 12
     assert ch.finish_reason == "length" and comp.prompt_tokens == 2
     assert fake.bodies[0]["input_ids"] == [42, 43] and fake.bodies[0]["rid"] == "rid-1"
-    if hasattr(ch, "logprobs"):  # trainer-ready choices (parsed by the client once it knows the field)
-        assert tuple(ch.logprobs) == tuple(logprob(t) for t in range(12))
-        assert tuple(ch.prompt_token_ids) == (42, 43)
+    assert ch.logprobs == tuple(logprob(t) for t in range(12))  # the client's trainer-ready fields
+    assert ch.prompt_token_ids == (42, 43)
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -38,7 +38,9 @@ _TOP_LEVEL = frozenset({"return_logprob", "logprob_start_len", "top_logprobs_num
 _SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_new_tokens",
              "stop": "stop", "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty", "n": "n",
              "seed": "sampling_seed"}
-_OPENAI_ONLY = frozenset({"model", "prompt", "messages", "stream", "stream_options", "rid"})
+# OpenAI-only fields (the native body always asks for logprobs: `return_logprob`)
+_OPENAI_ONLY = frozenset({"model", "prompt", "messages", "stream", "stream_options", "rid", "logprobs", "top_logprobs",
+                          "return_token_ids"})
 
 
 class TokenPrompt(str):
