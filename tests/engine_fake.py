@@ -39,6 +39,10 @@ class FakeServer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     sglang_aborts: list[str] = field(default_factory=list)
+    reload: str = "ok"  # weight reload: ok | 404 (no dev-mode endpoints) | 500
+    reloads: list[str] = field(default_factory=list)  # weights_path of each reload_weights RPC
+    cache_resets: int = 0
+    version_label: str = "0"
     _server: AppThread = field(default_factory=lambda: AppThread("fake server"))
 
     @property
@@ -68,24 +72,25 @@ class FakeServer:
         live = [n]
         try:
             if body.get("stream"):
-                return await self._stream(request, mode, lengths, cap, "messages" in body, live)
+                return await self._stream(request, mode, lengths, cap, body, live)
             await asyncio.sleep(self.tpot_s * max(lengths) * (1 + self.slope * (self.running - 1)))
             if mode == "drop":
                 assert request.transport is not None
                 request.transport.close()
                 return web.Response()
             self.finished += 1
-            return web.json_response(_full_reply(lengths, cap, "messages" in body))
+            return web.json_response(_full_reply(lengths, cap, body))
         except asyncio.CancelledError:
             self.aborted += 1
             raise
         finally:
             self.running -= live[0]
 
-    async def _stream(self, request: web.Request, mode: str, lengths: list[int], cap: int, chat: bool,
+    async def _stream(self, request: web.Request, mode: str, lengths: list[int], cap: int, body: dict[str, Any],
                       live: list[int]) -> web.StreamResponse:
         """One token chunk per running choice per tick (concurrency-dependent delay); `live[0]` counts the
         choices still running."""
+        chat = "messages" in body
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for t in range(max(lengths)):
@@ -103,6 +108,7 @@ class FakeServer:
                     live[0] -= 1
                 ch: dict[str, Any] = {"index": i, "finish_reason": fin, "token_ids": [t % 97]}
                 ch |= {"delta": {"content": "x"}} if chat else {"text": "x"}
+                ch |= _extras(body, [t], first=t == 0)
                 await resp.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
         usage = {"prompt_tokens": 3, "completion_tokens": sum(lengths)}
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
@@ -119,6 +125,23 @@ class FakeServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=f"# HELP x\nvllm:num_requests_running{{model_name=\"fake\"}} {self.running}\n")
 
+    async def _rpc(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.reload != "ok":
+            return web.json_response({"detail": "reload failed"}, status=int(self.reload))
+        if body.get("method") != "reload_weights":
+            return web.json_response({"detail": f"unknown method {body.get('method')}"}, status=400)
+        self.reloads.append(str(body["kwargs"]["weights_path"]))
+        return web.json_response({"results": [None]})
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.cache_resets += 1
+        return web.Response()
+
+    async def _version(self, request: web.Request) -> web.Response:
+        self.version_label = str((await request.json())["new_version"])
+        return web.json_response({"success": True, "new_version": self.version_label})
+
     async def _abort(self, request: web.Request) -> web.Response:
         self.sglang_aborts.append(str((await request.json()).get("rid")))
         return web.Response()
@@ -132,6 +155,9 @@ class FakeServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/abort_request", self._abort)
+        app.router.add_post("/collective_rpc", self._rpc)
+        app.router.add_post("/reset_prefix_cache", self._reset)
+        app.router.add_post("/update_weight_version", self._version)
         self._server.start([(app, self.port)])
         return self
 
@@ -168,9 +194,28 @@ async def _refusal(mode: str) -> web.Response | None:
     return None
 
 
-def _full_reply(lengths: list[int], cap: int, chat: bool) -> dict[str, Any]:
+FAKE_PROMPT_IDS = [5, 6, 7]
+
+
+def fake_logprob(t: int) -> float:
+    """The fake's log-probability of the token at position t."""
+    return -0.1 * (t % 7) - 0.05
+
+
+def _extras(body: dict[str, Any], positions: list[int], first: bool) -> dict[str, Any]:
+    """Per-choice logprobs (when asked for, vLLM's completions/chat shapes) and prompt ids (on the first chunk)."""
+    out: dict[str, Any] = {"prompt_token_ids": FAKE_PROMPT_IDS} if first and "messages" not in body else {}
+    if body.get("logprobs") is not None and body.get("logprobs") is not False:
+        lps = [fake_logprob(t) for t in positions]
+        out["logprobs"] = ({"content": [{"token": "x", "logprob": x} for x in lps]} if "messages" in body
+                           else {"token_logprobs": lps})
+    return out
+
+
+def _full_reply(lengths: list[int], cap: int, body: dict[str, Any]) -> dict[str, Any]:
     """A non-streamed reply: every choice with its token ids and finish reason, and the usage."""
+    chat = "messages" in body
     choices = [{"index": i, "finish_reason": "length" if ln == cap else "stop",
                 **({"message": {"content": "x" * ln}} if chat else {"text": "x" * ln}),
-                "token_ids": [0] * ln} for i, ln in enumerate(lengths)]
+                "token_ids": [0] * ln, **_extras(body, list(range(ln)), True)} for i, ln in enumerate(lengths)]
     return {"choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": sum(lengths)}}

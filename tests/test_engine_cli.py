@@ -134,3 +134,36 @@ def test_prompt_file_errors(tmp_path: Path) -> None:
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
     assert [r.prompt_id for r in load_prompts(dup)] == ["a", "a#1"]
+
+
+def _checkpoint(folder: Path, name: str) -> Path:
+    d = folder / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")
+    return d
+
+
+def test_rollout_weights_dir_reloads_each_new_checkpoint(two: list[FakeServer], prompts: Path,
+                                                        tmp_path: Path) -> None:
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "half-written").mkdir()  # no config.json yet: never picked
+    first = _checkpoint(ckpts, "step-1")
+    out = tmp_path / "run"
+    assert rollout([s.url for s in two], prompts, out, "--steps", "2", "--policy", "uniform", "--weights-dir",
+                   str(ckpts), "--logprobs") == 0
+    assert all(s.reloads == [str(first.resolve())] for s in two)  # loaded once, not again while unchanged
+    rows = [json.loads(x) for f in sorted((out / "uniform").glob("batch-*.jsonl")) for x in f.read_text().splitlines()]
+    assert len(rows) == 2 * 4
+    assert {smp["weight_version"] for r in rows for smp in r["samples"]} == {1}
+    assert all(len(smp["logprobs"]) == smp["tokens"] for r in rows for smp in r["samples"])
+
+
+def test_rollout_weights_dir_errors(two: list[FakeServer], prompts: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    urls = [s.url for s in two]
+    assert rollout(urls, prompts, tmp_path / "a", "--weights-dir", str(tmp_path / "none")) == 1
+    assert "--weights-dir" in capsys.readouterr().err
+    assert rollout(urls, prompts, tmp_path / "b", "--weights-dir", str(tmp_path), "--policy", "uniform,tailsieve") == 1
+    assert "exactly one --policy" in capsys.readouterr().err

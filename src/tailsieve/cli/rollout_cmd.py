@@ -80,6 +80,11 @@ def register(sub: Any) -> None:
     p.add_argument("--bias-correction", action="store_true",
                    help="a bias-correction weight per consumed group in every batch file (beyond the paper; "
                         "docs/simulate.md) and bias.weighted_mean_ratio, bias.ess_ratio in report.json")
+    p.add_argument("--weights-dir", metavar="DIR",
+                   help="before each step, load the newest checkpoint subfolder of DIR (config.json + weights) when it "
+                        "changed: every replica reloads it in place (vLLM: VLLM_SERVER_DEV_MODE=1; a --launch config "
+                        "with weight_reload = true sets it) or is restarted on it; samples carry the weight version")
+    p.add_argument("--logprobs", action="store_true", help="record each generated token's logprob in the batch files")
     add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
@@ -163,7 +168,8 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
                              length_scale=args.length_scale, faults=faults, api_key_env=args.api_key_env or None,
-                             model=args.model, bias_correction=getattr(args, "bias_correction", False))
+                             model=args.model, bias_correction=getattr(args, "bias_correction", False),
+                             logprobs=getattr(args, "logprobs", False))
             for n in names}
 
 
@@ -176,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
         if args.endpoints:
             raise ConfigError("give --endpoints or --launch, not both")
         launch_path = Path(args.launch)
-        launcher = make_launcher(DEFAULT_LAUNCHER, load_launch_config(launch_path), out / "launch")
+        lc = load_launch_config(launch_path)
+        if args.weights_dir:
+            lc = replace(lc, weight_reload=True)
+        launcher = make_launcher(DEFAULT_LAUNCHER, lc, out / "launch")
         configs = build_configs(args, pool_spec(args, load_config_file(launch_path)))
         endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]
     elif not args.endpoints:
@@ -189,6 +198,10 @@ def run(args: argparse.Namespace) -> int:
     for cfg in configs.values():
         cfg.router(len(endpoints))
     prompts = load_prompts(args.prompts)
+    if args.weights_dir and not Path(args.weights_dir).is_dir():
+        raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
+    if args.weights_dir and len(configs) != 1:
+        raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     busy = [n for n in configs if (out / n).is_dir() and any((out / n).iterdir())]
@@ -238,12 +251,15 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
                   + (f" restart={batch.restart_s:.1f}s" if batch.restart_s else "")
                   + (f" redraws={batch.redraws_max}/{batch.redraws_mean:.2f}" if batch.redraws_max else "")
                   + (f" redispatched={batch.redispatched}" if batch.redispatched else "")
+                  + (f" weights=v{batch.weight_version}" if batch.weight_version else "")
                   + (f" down={list(batch.down)}" if batch.down else ""), file=sys.stderr)
 
     with bar:
         runs = asyncio.run(run_policies_real(endpoints, prompts, configs, args.steps, out, resume=args.resume,
                                              meta=meta, on_step=tick,
                                              pools=None if launcher is None else launcher.pool_hook,
+                                             weights_dir=Path(args.weights_dir) if args.weights_dir else None,
+                                             reload=None if launcher is None else launcher.reload,
                                              live_meta=None if launcher is None else (
                                                  lambda: {"launch": launcher.describe()})))
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "

@@ -28,10 +28,22 @@ from tailsieve.engines.client import Endpoint
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_assign
 from tailsieve.engines.state import RolloutState, write_json_atomic
+from tailsieve.engines.weights import ReloadHook
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
 
 OnStep = Callable[[str, Batch], None]
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint in `folder`: a subfolder holding `config.json` and weights (`*.safetensors` or
+    `*.bin`), newest by modification time then name; None when there is none yet. Write a checkpoint under a temporary
+    name and rename it into place, so that a half-written one is never picked."""
+    if not folder.is_dir():
+        raise ConfigError(f"--weights-dir {folder} is not a folder")
+    found = [d for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / "config.json").is_file()
+             and (any(d.glob("*.safetensors")) or any(d.glob("*.bin")))]
+    return max(found, key=lambda d: (d.stat().st_mtime, d.name)).resolve() if found else None
 
 
 def batch_lines(batch: Batch) -> list[dict[str, Any]]:
@@ -40,7 +52,10 @@ def batch_lines(batch: Batch) -> list[dict[str, Any]]:
              "tokens": list(g.lengths), "finish_reasons": list(g.finish_reasons),
              "samples": [{"text": s.text, "tokens": s.tokens, "finish_reason": s.finish_reason,
                           "token_ids": None if s.token_ids is None else list(s.token_ids), "replica": s.replica,
-                          "attempts": s.attempts} for s in g.samples]}
+                          "attempts": s.attempts, "weight_version": s.weight_version}
+                         | ({} if s.logprobs is None else {"logprobs": list(s.logprobs)})
+                         | ({} if s.prompt_token_ids is None else {"prompt_token_ids": list(s.prompt_token_ids)})
+                         for s in g.samples]}
             | ({} if g.weight is None else {"weight": g.weight})
             for g in batch.groups]
 
@@ -145,14 +160,20 @@ async def run_policies_real(
     endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
     on_step: OnStep | None = None, pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
-    live_meta: Callable[[], Mapping[str, Any]] | None = None,
+    live_meta: Callable[[], Mapping[str, Any]] | None = None, weights_dir: Path | None = None,
+    reload: ReloadHook | None = None,
 ) -> dict[str, PolicyRun]:
     """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
     `pools(plan)`: a launcher's pool move before each step (its restart seconds count in the step; the deprecated
     `assign(m)` still works); `live_meta()`:
-    report keys read again at every write (the launcher's replicas and restart counts)."""
+    report keys read again at every write (the launcher's replicas and restart counts). `weights_dir`: before each
+    step the newest checkpoint there (`latest_checkpoint`) is loaded when it changed (one policy only); `reload`:
+    the restart fallback of that update (a launcher's `reload`)."""
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
+    if weights_dir is not None and len(configs) != 1:
+        raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
+    loaded: dict[str, Path | None] = dict.fromkeys(configs)
     out.mkdir(parents=True, exist_ok=True)
     outputs = {name: PolicyOutput(out, name) for name in configs}
     states: dict[str, RolloutState | None] = {}
@@ -170,12 +191,17 @@ async def run_policies_real(
         if assign is not None and pools is None:
             pools = pools_from_assign(assign)
         rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name],
-                                                                  pools=pools))
+                                                                  pools=pools, reload=reload))
                     for name, cfg in configs.items()}
         for _ in range(steps):
             for name, r in rollouts.items():
                 if r.rstate.step >= steps:
                     continue
+                if weights_dir is not None:
+                    ck = latest_checkpoint(weights_dir)
+                    if ck is not None and ck != loaded[name]:
+                        await r.update_weights(ck)
+                        loaded[name] = ck
                 batch = await r.step()
                 outputs[name].write(batch, r)
                 now = doc_meta if live_meta is None else doc_meta | dict(live_meta())

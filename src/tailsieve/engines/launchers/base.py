@@ -171,10 +171,12 @@ class ReplicaLauncher(abc.ABC):
 
     def reload(self, model: str, indices: Sequence[int] | None = None) -> float:
         """Serve the checkpoint `model` from now on: restart these replicas (default: all) on it, keeping the served
-        model name, and start any later restart on it too; the weight-update fallback when a server cannot reload in
-        place. Returns the wall seconds of the restarts."""
+        model name and the first model's tokenizer (a trainer's checkpoint may hold weights only), and start any later
+        restart on it too; the weight-update fallback when a server cannot reload in place. Returns the wall seconds
+        of the restarts."""
         c = self.config
-        self.config = replace(c, model=str(model), served_model_name=c.served_model_name or c.model)
+        args = c.args if "--tokenizer" in c.args else (*c.args, "--tokenizer", c.model)
+        self.config = replace(c, model=str(model), served_model_name=c.served_model_name or c.model, args=args)
         return self.restart(list(range(len(self.slots))) if indices is None else indices)
 
     def _timed_relaunch(self, indices: Sequence[int]) -> float:
