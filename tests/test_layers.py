@@ -19,11 +19,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
               "tailsieve.workloads", "tailsieve.analysis"),
     "policy": ("tailsieve.loop", "tailsieve.simulation", "tailsieve.engines", "tailsieve.cli", "tailsieve.workloads",
                "tailsieve.analysis"),
-    "loop.py": ("tailsieve.simulation", "tailsieve.engines", "tailsieve.cli", "tailsieve.workloads"),
-    "engines": ("tailsieve.simulation", "tailsieve.cli"),
+    "loop.py": ("tailsieve.simulation", "tailsieve.engines", "tailsieve.cli", "tailsieve.workloads",
+                "tailsieve.integrations"),
+    "engines": ("tailsieve.simulation", "tailsieve.cli", "tailsieve.integrations"),
     "analysis/metrics.py": ("tailsieve.simulation", "tailsieve.engines", "tailsieve.cli"),
     "workloads": ("tailsieve.policy", "tailsieve.simulation", "tailsieve.engines", "tailsieve.cli"),
-    "simulation": ("tailsieve.engines", "tailsieve.cli"),
+    "simulation": ("tailsieve.engines", "tailsieve.cli", "tailsieve.integrations"),
+    "integrations": ("tailsieve.simulation", "tailsieve.cli"),
 }
 
 

@@ -18,6 +18,7 @@ from tailsieve.engines.executor import EngineExecutor, RequestMode, Sample
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.engines.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
 from tailsieve.engines.rollout import Batch, GroupResult, Rollout, RolloutConfig
+from tailsieve.engines.sglang_native import SGLangNativeBackend, TokenPrompt
 from tailsieve.engines.state import RolloutState
 
 __all__ = [
@@ -41,10 +42,12 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "RolloutState",
+    "SGLangNativeBackend",
     "Sample",
     "SamplingParams",
     "ServerKind",
     "Template",
+    "TokenPrompt",
     "get_backend",
     "load_prompts",
     "paper_sampling",

@@ -4,7 +4,8 @@ A backend names the request path, adds its own body fields to the generic OpenAI
 request is aborted on the server, which paths answer a health probe, and (optionally) maps its server's responses
 onto the OpenAI format the client parses. Every hook has a default (the plain OpenAI behaviour), so a backend
 overrides only what differs. Backends are chosen by name (`Endpoint.kind`, `--kind`) from `BACKENDS`, which
-`@register_backend(name)` fills: `vllm`, `sglang` and `openai` are built in. See docs/engines.md.
+`@register_backend(name)` fills: `vllm`, `sglang` and `openai` are built in, and `sglang-native` (SGLang's own
+`/generate` with token ids and logprobs, `engines/sglang_native.py`). See docs/engines.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class EngineBackend:
     def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
         """Fields added to (or replacing ones in) the generic OpenAI body; none by default."""
         return {}
+
+    def request_body(self, body: dict[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
+        """The body actually sent, from the OpenAI body with `extra_body` applied: unchanged by default; a server
+        with its own request format (SGLang's native `/generate`) rewrites the whole body here."""
+        return body
 
     async def abort(self, session: aiohttp.ClientSession, endpoint: Endpoint, req: Request) -> None:
         """Abort a cancelled request on the server; by default nothing (closing the connection is enough)."""

@@ -155,8 +155,9 @@ class EngineClient:
         if self.options.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        body.update(self.backend(endpoint).extra_body(body, req, self.options))
-        return body
+        backend = self.backend(endpoint)
+        body.update(backend.extra_body(body, req, self.options))
+        return backend.request_body(body, req, self.options)
 
     async def complete(
         self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams, progress: list[int] | None = None

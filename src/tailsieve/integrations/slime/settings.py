@@ -1,0 +1,159 @@
+"""What a slime job tells TailSieve: slime's own arguments (step shape, sampling, router address, checkpoint
+folders) and TailSieve's settings, each read from `args.tailsieve_<name>` when the job's argument parser added it,
+else from the environment variable `TAILSIEVE_<NAME>`, else the default. SGLang workers are listed explicitly
+(`tailsieve_engines` / `TAILSIEVE_ENGINES`, comma-separated URLs) or discovered from sglang-router
+(`GET /workers`, older routers `GET /list_workers`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from tailsieve.engines.client import Endpoint, SamplingParams
+from tailsieve.errors import TailSieveError
+from tailsieve.policy.controller import CONTROLLERS
+
+__all__ = ["SlimeIntegrationError", "SlimeSettings", "discover_workers", "sampling_params", "setting"]
+
+
+class SlimeIntegrationError(TailSieveError):
+    """A slime job cannot run TailSieve (no workers, unreachable router, bad settings): one line."""
+
+
+def setting(args: Any, name: str, default: Any) -> Any:
+    """`args.tailsieve_<name>`, else `$TAILSIEVE_<NAME>`, else `default` (the environment's text is returned)."""
+    value = getattr(args, f"tailsieve_{name}", None)
+    if value is not None:
+        return value
+    return os.environ.get(f"TAILSIEVE_{name.upper()}", default)
+
+
+def _required(args: Any, name: str) -> Any:
+    value = getattr(args, name, None)
+    if value is None:
+        raise SlimeIntegrationError(f"slime args lack {name} (--{name.replace('_', '-')})")
+    return value
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() not in ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True, slots=True)
+class SlimeSettings:
+    """One job's step shape (slime's N and G), TailSieve's policy settings and where its state files go."""
+
+    groups: int  # N: args.rollout_batch_size
+    group_size: int  # G: args.n_samples_per_prompt
+    rho: float
+    policy: str
+    curve: str
+    max_redraws: int
+    stream: bool
+    seed: int | None
+    save_dir: str | None  # args.save
+    load_dir: str | None  # args.load
+    q: int | None = None  # the static policy's isolated groups and tail replicas (None: its defaults)
+    m: int | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> SlimeSettings:
+        """Read and check the settings (one-line `SlimeIntegrationError` on a bad value)."""
+        try:
+            rho = float(setting(args, "rho", 0.1))
+            redraws = int(setting(args, "max_redraws", 1))
+            raw_seed = setting(args, "seed", getattr(args, "rollout_seed", 0))
+            out = cls(int(_required(args, "rollout_batch_size")), int(_required(args, "n_samples_per_prompt")), rho,
+                      str(setting(args, "policy", "tailsieve")), str(setting(args, "curve", "h100-llama3-8b")),
+                      redraws, _flag(setting(args, "stream", True)),
+                      None if raw_seed in (None, "", "none") else int(raw_seed),
+                      getattr(args, "save", None), getattr(args, "load", None),
+                      _opt_int(setting(args, "q", None)), _opt_int(setting(args, "m", None)))
+        except (TypeError, ValueError) as exc:
+            raise SlimeIntegrationError(f"bad TailSieve setting: {exc}") from None
+        if out.groups < 1 or out.group_size < 1 or not (0.0 <= out.rho <= 1.0) or math.isnan(out.rho):
+            raise SlimeIntegrationError(f"need rollout_batch_size >= 1, n_samples_per_prompt >= 1 and 0 <= rho <= 1, "
+                                        f"got {out.groups}, {out.group_size}, {out.rho}")
+        if out.policy not in CONTROLLERS:
+            raise SlimeIntegrationError(f"unknown TailSieve policy {out.policy!r} (valid: {', '.join(CONTROLLERS)})")
+        return out
+
+
+def sampling_params(args: Any, *, evaluation: bool = False) -> SamplingParams:
+    """slime's rollout sampling arguments as `SamplingParams` (SGLang's extras: stop ids, no stop trim, ...)."""
+    prefix = "eval" if evaluation and getattr(args, "eval_temperature", None) is not None else "rollout"
+    top_k = getattr(args, f"{prefix}_top_k", None)
+    extra: list[tuple[str, Any]] = [("no_stop_trim", True), ("spaces_between_special_tokens", False)]
+    if getattr(args, "rollout_stop_token_ids", None):
+        extra.append(("stop_token_ids", list(args.rollout_stop_token_ids)))
+    if getattr(args, "rollout_skip_special_tokens", None) is not None:
+        extra.append(("skip_special_tokens", bool(args.rollout_skip_special_tokens)))
+    max_len = getattr(args, "eval_max_response_len", None) if evaluation else None
+    try:
+        return SamplingParams(
+            temperature=float(getattr(args, f"{prefix}_temperature", 1.0) or 0.0),
+            top_p=float(getattr(args, f"{prefix}_top_p", 1.0) or 1.0),
+            top_k=None if top_k in (None, -1) else int(top_k),
+            max_tokens=int(max_len or _required(args, "rollout_max_response_len")),
+            stop=tuple(getattr(args, "rollout_stop", None) or ()), extra=tuple(extra))
+    except TailSieveError as exc:
+        raise SlimeIntegrationError(f"bad slime sampling arguments: {exc}") from None
+
+
+def _worker_urls(data: Any) -> list[str]:
+    """URLs from sglang-router's answer: `{"workers": [{"url": ...}, ...]}`, `{"urls": [...]}` or a list."""
+    items = data.get("workers", data.get("urls")) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ValueError("no 'workers' or 'urls' list")
+    return [str(w["url"] if isinstance(w, dict) else w) for w in items]
+
+
+def _get_json(url: str, timeout_s: float) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return json.loads(resp.read().decode("utf-8"))
+
+
+def discover_workers(args: Any, timeout_s: float = 5.0) -> tuple[Endpoint, ...]:
+    """The SGLang workers: the explicit list, else sglang-router's; each a `sglang-native` endpoint."""
+    explicit = setting(args, "engines", None)
+    if explicit:
+        urls = explicit if isinstance(explicit, list | tuple) else str(explicit).split(",")
+    else:
+        ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+        if not ip or not port:
+            raise SlimeIntegrationError("no SGLang workers: set sglang_router_ip/port or TAILSIEVE_ENGINES")
+        base = f"http://{ip}:{port}"
+        urls = _router_urls(base, timeout_s)
+    try:
+        out = tuple(Endpoint.parse(str(u), "sglang-native") for u in urls if str(u).strip())
+    except TailSieveError as exc:
+        raise SlimeIntegrationError(f"bad SGLang worker URL: {exc}") from None
+    if not out:
+        raise SlimeIntegrationError("no SGLang workers (the router lists none)")
+    return out
+
+
+def _router_urls(base: str, timeout_s: float) -> list[str]:
+    for path in ("/workers", "/list_workers"):
+        try:
+            return _worker_urls(_get_json(base + path, timeout_s))
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                continue
+            raise SlimeIntegrationError(f"sglang-router {base}{path}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise SlimeIntegrationError(f"sglang-router {base} unreachable: {reason}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SlimeIntegrationError(f"sglang-router {base}{path}: unexpected answer ({exc})") from None
+    raise SlimeIntegrationError(f"sglang-router {base} has neither /workers nor /list_workers")
+
