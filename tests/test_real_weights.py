@@ -65,11 +65,12 @@ def test_update_changes_greedy_output_and_versions_every_step(reloadable: LocalL
                         sampling=SamplingParams(max_tokens=24))
 
     async def run() -> dict[str, Any]:
-        out: dict[str, Any] = {"before": [await greedy(u) for u in urls], "versions": []}
+        out: dict[str, Any] = {"before": [await greedy(u) for u in urls], "versions": [], "carried": 0}
         async with Rollout(urls, cfg, PROMPTS) as r:
             for t, ckpt in enumerate((perturbed, tiny_model, perturbed)):
                 b = await r.step()
                 out["versions"].append({s.weight_version for g in b.groups for s in g.samples})
+                out["carried"] += sum(c > 0 for c in b.redraws)  # groups cut before: regenerated, not resumed
                 assert b.weight_version == t and b.stale_samples == 0
                 for x in b.trainer_samples():
                     assert x.response_token_ids and x.logprobs and x.prompt_token_ids
@@ -82,6 +83,7 @@ def test_update_changes_greedy_output_and_versions_every_step(reloadable: LocalL
 
     out = asyncio.run(run())
     assert out["versions"] == [{0}, {1}, {2}]
+    assert out["carried"] > 0  # some consumed groups were carried over an update and still carry the new version
     before, (new, back, new_again) = out["before"], out["after"]
     assert before[0] == before[1] and new[0] == new[1]
     assert new[0] != before[0]  # the perturbed weights answer differently ...
