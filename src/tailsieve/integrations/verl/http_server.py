@@ -63,6 +63,7 @@ class HttpServerHandle:
         self.timeout_s = timeout_s
         self.inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
+        self.served: list[str] = []  # request ids this server received, in order
         self.generate = _Remote(self._generate)
         self.abort_request = _Remote(self._abort_request)
 
@@ -79,6 +80,7 @@ class HttpServerHandle:
                         **_: Any) -> Any:
         task = asyncio.ensure_future(self._post(request_id, _body(self.model, prompt_ids, sampling_params)))
         self.inflight[request_id] = task
+        self.served.append(request_id)
         extra = {"global_steps": self.weight_version, "request_id": request_id}
         try:
             data = await task
