@@ -169,7 +169,7 @@ def _client(endpoints: list[str]) -> Any:
 @requires_vllm
 @pytest.mark.real_server
 def test_client_sends_each_member_to_its_planned_replica_and_aborts_leftovers(vllm_pair: Any) -> None:  # noqa: F811
-    endpoints = vllm_pair.endpoints()
+    endpoints = list(vllm_pair.endpoints)
     client = _client(endpoints)
     s = _session(n=2, g=2, r=2)
     plan = s.begin()
