@@ -24,6 +24,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "analysis/metrics.py": ("tailsieve.simulation", "tailsieve.engines", "tailsieve.cli"),
     "workloads": ("tailsieve.policy", "tailsieve.simulation", "tailsieve.engines", "tailsieve.cli"),
     "simulation": ("tailsieve.engines", "tailsieve.cli"),
+    "integrations": ("tailsieve.simulation", "tailsieve.cli"),
 }
 
 

@@ -23,7 +23,6 @@ from tailsieve.integrations.verl.session import (
     routed,
 )
 from tailsieve.policy.step import Pool
-
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
 requires_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None,

@@ -41,7 +41,7 @@ class TailSieveReplayBuffer(ReplayBuffer):  # type: ignore[misc]  # verl ships n
         g = self.session.group_size if self.session else 0
         lens = [0] * g
         for k, tag in self.partitions[partition_id].items():
-            uid, sid, _ = (k.split("_") + ["", ""])[:3]
+            uid, sid, _ = [*k.split("_"), "", ""][:3]
             if uid == key and sid.isdigit() and int(sid) < g:
                 lens[int(sid)] += int(tag.get("response_len", 0))
         return lens
@@ -64,7 +64,9 @@ class TailSieveReplayBuffer(ReplayBuffer):  # type: ignore[misc]  # verl ships n
         """Exactly the N groups of the open step the session keeps (verl's sampling for validation)."""
         session = self.session
         if partition_id == "val" or session is None or session.plan is None:
-            return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+            base: tuple[Any, dict[str, Any]] = super().sample(global_steps=global_steps, partition_id=partition_id,
+                                                              batch_size=batch_size)
+            return base
         n = session.loop.router.config.groups
         if batch_size != n:
             raise ConfigError(f"replay buffer asked for {batch_size} groups but TailSieve consumes N = {n} per step "
@@ -85,7 +87,7 @@ class TailSieveReplayBuffer(ReplayBuffer):  # type: ignore[misc]  # verl ships n
         deadline = time.monotonic() + timeout_s
         while True:
             self._sync_metadata_from_transfer_queue()
-            running = keys & (self.running_keys[partition_id] | self.pending_keys[partition_id])
+            running: set[str] = keys & set(self.running_keys[partition_id] | self.pending_keys[partition_id])
             if not running or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_s)

@@ -205,7 +205,7 @@ class StepSession:
         if self.plan is None:
             raise RuntimeError("no open step: call begin() first")
         tail = {r.uid for r in self.plan.tail}
-        pinned = self.plan.pinned & {r.uid for r in self.plan.bulk}
+        pinned = set(self.plan.pinned) & {r.uid for r in self.plan.bulk}
         return tail, pinned, self.plan.bulk_quota - len(pinned)
 
     def _kept_bulk(self) -> list[int]:

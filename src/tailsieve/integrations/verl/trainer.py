@@ -39,9 +39,9 @@ def settings_from_config(config: Any) -> TailSieveSettings:
     v1 = config.trainer.v1
     if int(v1.get(TRAINER_NAME, {}).get("parameter_sync_step", 1)) != 1:
         raise ConfigError("trainer.v1.tailsieve.parameter_sync_step must be 1 (TailSieve cuts one batch per step)")
-    raw = OmegaConf.to_container(v1.get(TRAINER_NAME, None) or OmegaConf.create({}), resolve=True)
-    raw = {k: v for k, v in dict(raw or {}).items() if k != "parameter_sync_step"}  # type: ignore[arg-type]
-    return TailSieveSettings.from_mapping(raw)
+    raw: dict[str, Any] = dict(OmegaConf.to_container(v1.get(TRAINER_NAME, None) or OmegaConf.create({}),
+                                                      resolve=True) or {})
+    return TailSieveSettings.from_mapping({str(k): v for k, v in raw.items() if k != "parameter_sync_step"})
 
 
 @register_trainer(TRAINER_NAME)
@@ -63,8 +63,9 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
         """verl's hook: the TailSieve client over the manager's servers, replica i = server i."""
         manager = self.llm_server_manager
         servers = list(zip(manager.server_addresses, manager.server_handles, strict=True))
-        self.llm_client = manager.get_client(client_cls=TailSieveLLMServerClient, servers=servers)
-        return self.llm_client
+        client: TailSieveLLMServerClient = manager.get_client(client_cls=TailSieveLLMServerClient, servers=servers)
+        self.llm_client = client
+        return client
 
     def tailsieve_session(self) -> StepSession:
         """The step session, built on first use: N = data.train_batch_size, G = rollout.n, R = rollout servers."""
@@ -92,7 +93,7 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
         batch = tu.concat_tensordict([self._row(a) for a in assignments])
         tu.assign_non_tensor_stack(batch, "uid", [a.key for a in assignments])
         tu.assign_non_tensor_stack(batch, ROUTE_FIELD, [a.route for a in assignments])
-        if "agent_name" not in batch.keys():
+        if "agent_name" not in batch.keys():  # noqa: SIM118  # a TensorDict
             tu.assign_non_tensor_stack(batch, "agent_name", [AGENT_NAME] * len(assignments))
         tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
         self._submit_batch_to_rollout(batch)
