@@ -1,0 +1,261 @@
+"""One TailSieve step as a framework sees it, with no framework imported (the verl plugin's core).
+
+`StepSession` wraps the shared step loop (`tailsieve.loop.StepLoop`): `begin()` asks the router for the next plan
+and turns every planned group into an `Assignment` (pool, replica per member, a group key and one stable request
+id per member); the framework reports each group's completion (`mark_done`); `cut_ready()` says when the step can
+be cut (every tail group and every pinned bulk group complete, and the bulk quota reached: the same rule as
+`tailsieve.engines.executor`); `kept()` are the exactly N consumed groups and `leftovers()` the rest, whose
+requests are aborted and whose groups the router carries to the next step, where they are regenerated from
+scratch under new request ids (never resumed). `finish()` builds the `StepResult` and completes the step through
+the loop (contract check, controller update). Policy decides, the framework acts: nothing here re-implements the
+router or the controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tailsieve.errors import ConfigError
+from tailsieve.loop import LoopState, StepLoop, StepOutput, make_controller
+from tailsieve.model.curves import load_curve
+from tailsieve.policy.controller import CONTROLLERS
+from tailsieve.policy.ranking import DEFAULT_RANKING
+from tailsieve.policy.router import DEFAULT_REDRAWS, Router, RouterConfig
+from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+
+ROUTE_FIELD = "tailsieve_route"  # per-prompt field: the group's route (`Assignment.route`)
+_REQUEST_ID = re.compile(r"^ts-(\d+)-(\d+)-(\d+)-(\d+)$")
+_ROUTE = re.compile(r"^(ts-(\d+)-(\d+)-a(\d+))@(\d+(?:,\d+)*)$")
+
+
+def request_id(step: int, uid: int, member: int, attempt: int) -> str:
+    """The stable request id of one member of one attempt of a group: `ts-{step}-{uid}-{member}-{attempt}`."""
+    return f"ts-{step}-{uid}-{member}-{attempt}"
+
+
+def parse_request_id(rid: str) -> tuple[int, int, int, int] | None:
+    """(step, uid, member, attempt) of a TailSieve request id, None for any other id."""
+    m = _REQUEST_ID.match(rid)
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3]), int(m[4]))
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The request a running member sends: its TailSieve request id and the replica the plan gave it."""
+
+    request_id: str
+    replica: int
+
+
+_CURRENT: ContextVar[Routed | None] = ContextVar("tailsieve_routed", default=None)
+
+
+def member_route(route: str, member: int) -> Routed:
+    """The request id and replica of `member` of the group whose route is `route` (ConfigError if malformed)."""
+    m = _ROUTE.match(route)
+    if m is None:
+        raise ConfigError(f"malformed TailSieve route {route!r} (expected ts-STEP-UID-aATTEMPT@R0,R1,...)")
+    replicas = [int(r) for r in m[5].split(",")]
+    if not 0 <= member < len(replicas):
+        raise ConfigError(f"member {member} out of range for route {route!r} ({len(replicas)} members)")
+    return Routed(request_id(int(m[2]), int(m[3]), member, int(m[4])), replicas[member])
+
+
+@contextlib.contextmanager
+def routed(route: Routed) -> Iterator[Routed]:
+    """Within this context (this task and what it awaits), requests go out as `route` (see `current_route`)."""
+    token = _CURRENT.set(route)
+    try:
+        yield route
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_route() -> Routed | None:
+    """The route set by the enclosing `routed(...)`, None outside one."""
+    return _CURRENT.get()
+
+
+@dataclass(frozen=True, slots=True)
+class TailSieveSettings:
+    """The plugin's settings (verl: `trainer.v1.tailsieve.*`); N and G come from the framework's batch shape."""
+
+    policy: str = "tailsieve"  # controller by name (`tailsieve.policy.controller.CONTROLLERS`)
+    rho: float = 0.1  # over-provisioning: E = ceil(rho * N) extra groups per step
+    max_redraws: int = DEFAULT_REDRAWS
+    ranking: str = DEFAULT_RANKING
+    q: int | None = None  # static policy only
+    m: int | None = None
+    curve: str = "h100-llama3-8b"  # the TPOT curve the controller predicts with (`tailsieve profile` measures one)
+    poll_s: float = 0.2  # how often the replay buffer looks for completed groups
+    abort_timeout_s: float = 60.0  # how long end of sampling waits for aborted leftovers to settle
+
+    def __post_init__(self) -> None:
+        if self.policy not in CONTROLLERS:
+            raise ConfigError(f"trainer.v1.tailsieve.policy: unknown policy '{self.policy}' "
+                              f"(valid: {', '.join(CONTROLLERS)})")
+        if not self.poll_s > 0 or not self.abort_timeout_s > 0:
+            raise ConfigError("trainer.v1.tailsieve.poll_s and abort_timeout_s must be > 0")
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> TailSieveSettings:
+        """From a config mapping; unknown keys are a ConfigError naming the valid ones."""
+        raw = dict(raw or {})
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(valid))
+        if unknown:
+            raise ConfigError(f"unknown trainer.v1.tailsieve key(s) {', '.join(unknown)} (valid: {', '.join(valid)})")
+        return cls(**raw)
+
+    def loop(self, groups: int, group_size: int, replicas: int, prompts: Sequence[str]) -> StepLoop:
+        """The step loop (router + controller) for N groups of G on `replicas` servers drawing from `prompts`."""
+        if self.policy != "uniform" and replicas < 2:
+            raise ConfigError(f"TailSieve needs at least 2 rollout replicas (a tail and a bulk pool), got {replicas}")
+        rc = RouterConfig(groups=groups, group_size=group_size, replicas=replicas, rho=self.rho,
+                          max_redraws=self.max_redraws, ranking=self.ranking)
+        controller = make_controller(self.policy, rc, bulk_curve=load_curve(self.curve), q=self.q, m=self.m)
+        return StepLoop(Router(rc, prompts), controller)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One planned group: pool, replica per member, attempt (= times cut before), key and request ids."""
+
+    step: int
+    ref: GroupRef
+    pool: Pool
+    replicas: tuple[int, ...]
+    pinned: bool
+
+    @property
+    def attempt(self) -> int:
+        """0 for a fresh group, k for the k-th regeneration of a carried group."""
+        return self.ref.cuts
+
+    @property
+    def key(self) -> str:
+        """The group's key for this attempt (verl: the prompt uid in TransferQueue); new on every attempt."""
+        return f"ts-{self.step}-{self.ref.uid}-a{self.attempt}"
+
+    @property
+    def route(self) -> str:
+        """What travels with the prompt to the agent loop: the key and every member's replica."""
+        return f"{self.key}@{','.join(map(str, self.replicas))}"
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """One stable, abortable request id per member."""
+        return tuple(request_id(self.step, self.ref.uid, j, self.attempt) for j in range(len(self.replicas)))
+
+
+class StepSession:
+    """Runs the step loop one step at a time for a framework (see the module docstring)."""
+
+    def __init__(self, loop: StepLoop, state: LoopState | None = None) -> None:
+        self.loop = loop
+        self.state = state or loop.initial()
+        self.plan: StepPlan | None = None
+        self.assignments: dict[int, Assignment] = {}
+        self._done: dict[int, tuple[float, tuple[int, ...]]] = {}  # uid → (seconds since begin, member lengths)
+        self._progress: dict[int, tuple[int, ...]] = {}
+        self._t0 = 0.0
+
+    @property
+    def group_size(self) -> int:
+        """G."""
+        return self.loop.router.config.group_size
+
+    def begin(self) -> tuple[Assignment, ...]:
+        """Plan the next step: every group's assignment, tail pool first (carried groups come back here)."""
+        if self.plan is not None:
+            raise RuntimeError(f"step {self.plan.step} is still open: finish() it before the next begin()")
+        plan = self.loop.plan(self.state)
+        pool_of = {r.uid: Pool.TAIL for r in plan.tail} | {r.uid: Pool.BULK for r in plan.bulk}
+        self.plan = plan
+        self.assignments = {r.uid: Assignment(plan.step, r, pool_of[r.uid], plan.placement[r.uid],
+                                              r.uid in plan.pinned) for r in (*plan.tail, *plan.bulk)}
+        self._done, self._progress = {}, {}
+        self._t0 = time.perf_counter()
+        return tuple(self.assignments.values())
+
+    def by_key(self) -> dict[str, Assignment]:
+        """This step's assignments by group key."""
+        return {a.key: a for a in self.assignments.values()}
+
+    def mark_done(self, uid: int, lengths: Sequence[int]) -> None:
+        """Group `uid` completed now with these member lengths (first report wins)."""
+        if uid not in self.assignments:
+            raise KeyError(f"group {uid} is not part of the open step")
+        if uid not in self._done:
+            lens = tuple(int(x) for x in lengths)
+            lens = lens + (0,) * (self.group_size - len(lens))
+            self._done[uid] = (time.perf_counter() - self._t0, lens[: self.group_size])
+
+    def mark_progress(self, uid: int, lengths: Sequence[int]) -> None:
+        """Tokens generated so far by an unfinished group's members (for the cut groups' outcomes)."""
+        self._progress[uid] = tuple(int(x) for x in lengths)
+
+    def _need(self) -> tuple[set[int], set[int], int]:
+        if self.plan is None:
+            raise RuntimeError("no open step: call begin() first")
+        tail = {r.uid for r in self.plan.tail}
+        pinned = set(self.plan.pinned) & {r.uid for r in self.plan.bulk}
+        return tail, pinned, self.plan.bulk_quota - len(pinned)
+
+    def _kept_bulk(self) -> list[int]:
+        tail, pinned, need = self._need()
+        free = sorted((t, u) for u, (t, _) in self._done.items() if u not in tail and u not in pinned)
+        return [u for _, u in free[: max(need, 0)]]
+
+    def cut_ready(self) -> bool:
+        """Whether the step can be cut now: tail and pinned groups complete, the bulk quota reached."""
+        tail, pinned, need = self._need()
+        return (tail | pinned) <= set(self._done) and len(self._kept_bulk()) >= need
+
+    def kept(self) -> tuple[Assignment, ...]:
+        """The consumed groups once `cut_ready()`: exactly N, tail pool first."""
+        tail, pinned, _ = self._need()
+        keep = tail | pinned | set(self._kept_bulk())
+        return tuple(a for u, a in self.assignments.items() if u in keep)
+
+    def leftovers(self) -> tuple[Assignment, ...]:
+        """The groups cut at this step (aborted now, carried and regenerated from scratch next step)."""
+        keep = {a.ref.uid for a in self.kept()}
+        return tuple(a for u, a in self.assignments.items() if u not in keep)
+
+    def result(self) -> StepResult:
+        """The step's `StepResult` (call once `cut_ready()`)."""
+        if not self.cut_ready():
+            raise RuntimeError("the step is not ready to be cut: tail/pinned groups or the bulk quota are missing")
+        keep = {a.ref.uid for a in self.kept()}
+        out: list[GroupOutcome] = []
+        for uid, a in self.assignments.items():
+            if uid in keep:
+                t, lens = self._done[uid]
+                out.append(GroupOutcome(a.ref, a.pool, GroupStatus.DONE, t, lens, self.group_size))
+            else:
+                done = self._done.get(uid)
+                lens = done[1] if done else self._progress.get(uid, (0,) * self.group_size)
+                finished = self.group_size if done else 0
+                out.append(GroupOutcome(a.ref, a.pool, GroupStatus.ABORTED, None, lens, finished))
+        tail_s = max((o.finish_s or 0.0 for o in out if o.pool is Pool.TAIL), default=0.0)
+        bulk_s = max((o.finish_s or 0.0 for o in out if o.pool is Pool.BULK and o.finish_s is not None), default=0.0)
+        return StepResult(self._plan().step, tuple(out), tail_s, bulk_s, max(tail_s, bulk_s))
+
+    def finish(self) -> StepOutput:
+        """Complete the step through the loop (contract check, controller update); the state moves on."""
+        out = self.loop.complete(self.state, self._plan(), self.result())
+        self.state = out.state
+        self.plan = None
+        return out
+
+    def _plan(self) -> StepPlan:
+        if self.plan is None:
+            raise RuntimeError("no open step: call begin() first")
+        return self.plan
