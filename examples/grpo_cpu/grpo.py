@@ -34,7 +34,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 BIAS_DIM = 0  # the residual-stream coordinate make_initial_policy turns into a constant "bias unit"
-DIGIT_TARGET = 24  # digit tokens a response needs for full reward
+BIAS_RATIO = 100.0  # the bias unit's value over the RMS of the other embedding coordinates
+MIN_LEN = 48  # the reward divides by at least this many tokens: shorter answers cannot score 1
 TRUNCATED_FACTOR = 0.5  # reward multiplier of a response cut by max_tokens (finish_reason "length")
 PROMPT_WORDS = ("the", "model", "sums", "integers", "primes", "groups", "tokens", "answer", "number", "digits",
                 "solve", "compute", "value", "list", "string", "returns", "print", "range", "step", "proof")
@@ -69,19 +70,23 @@ def digit_token_ids(tokenizer: Any) -> frozenset[int]:
     return ids
 
 
-def reward(response_token_ids: Sequence[int], finish_reason: str | None, tokenizer: Any) -> float:
-    """Verifiable reward in [0, 1]: "write at least DIGIT_TARGET numbers, and finish".
+def reward(response_token_ids: Sequence[int], finish_reason: str | None, tokenizer: Any, *,
+           min_len: int = MIN_LEN, truncated_factor: float = TRUNCATED_FACTOR) -> float:
+    """Verifiable reward in [0, 1]: "answer in numbers, at least `min_len` tokens, and finish".
 
-    r = min(1, n_digit / DIGIT_TARGET), where n_digit counts the response's digit-string tokens (`digit_token_ids`),
-    times TRUNCATED_FACTOR (0.5) when the response was cut by the length cap (`finish_reason == "length"`).
-    The EOS token is not counted. Deterministic. At step 0 (~17% digit tokens, mean length ~40) r ≈ 0.25; raising it
-    needs more digit tokens AND longer answers (fewer EOS) that still end before the cap, so the length distribution
-    drifts up while the truncated tail is penalised.
+    r = n_digit / max(n, min_len), where n counts the response's tokens (a trailing EOS excluded) and n_digit those
+    that are digit strings (`digit_token_ids`: "7", " 25", "225", …), times `truncated_factor` (0.5) when the response
+    was cut by the length cap (`finish_reason == "length"`). Deterministic; an empty response scores 0.
+    At step 0 (≈16% digit tokens, lengths ≈ geometric with mean ≈ 40) r ≈ 0.1. Raising it needs more digit tokens
+    (the main lever), answers of at least `min_len` tokens (fewer early EOS) that still end before the cap: so the
+    length distribution drifts (the short head thins out) while the truncated tail is penalised.
     """
+    ids = list(response_token_ids)
+    if ids and ids[-1] == tokenizer.eos_token_id:
+        ids.pop()
     digits = digit_token_ids(tokenizer)
-    n_digit = sum(1 for t in response_token_ids if t in digits and t != tokenizer.eos_token_id)
-    r = min(1.0, n_digit / DIGIT_TARGET)
-    return r * TRUNCATED_FACTOR if finish_reason == "length" else r
+    r = sum(1 for t in ids if t in digits) / max(len(ids), min_len, 1)
+    return r * truncated_factor if finish_reason == "length" else r
 
 
 # ---------------------------------------------------------------- initial policy
@@ -119,7 +124,7 @@ def eos_probability(model: LlamaForCausalLM, eos_id: int, *, seed: int = 0) -> f
 
 
 @torch.no_grad()
-def _install_bias_unit(model: LlamaForCausalLM, ratio: float = 2.0) -> None:
+def _install_bias_unit(model: LlamaForCausalLM, ratio: float) -> None:
     """Make residual coordinate BIAS_DIM a constant: every token embedding gets the same value there (`ratio` × the
     RMS of the other coordinates) and no attention/MLP output writes to it, so after the final RMSNorm it is a
     near-constant feature — the bias a Llama lm_head lacks."""
@@ -149,7 +154,8 @@ def _calibrate_eos(model: LlamaForCausalLM, eos_id: int, eos_rate: float, seed: 
     head[eos_id, BIAS_DIM] = (lo + hi) / 2
 
 
-def make_initial_policy(src_folder: Path, dst_folder: Path, *, eos_rate: float = 1 / 40, seed: int = 0) -> Path:
+def make_initial_policy(src_folder: Path, dst_folder: Path, *, eos_rate: float = 1 / 40, seed: int = 0,
+                        bias_ratio: float | None = None) -> Path:
     """Copy the tiny random model from `src_folder` to `dst_folder` with a real length distribution: a constant
     "bias unit" in the residual stream (`_install_bias_unit`) and an EOS lm_head row on it, calibrated so sampling at
     temperature 1 stops with per-token probability ≈ `eos_rate` in any context (lengths ≈ geometric, mean
@@ -157,7 +163,7 @@ def make_initial_policy(src_folder: Path, dst_folder: Path, *, eos_rate: float =
     `dst_folder`. Deterministic in `seed` (it only picks the calibration contexts)."""
     src_folder, dst_folder = Path(src_folder), Path(dst_folder)
     model = LlamaForCausalLM.from_pretrained(str(src_folder), dtype=torch.float32)
-    _install_bias_unit(model)
+    _install_bias_unit(model, BIAS_RATIO if bias_ratio is None else bias_ratio)
     model.to(torch.bfloat16).to(torch.float32)  # calibrate on the weights vLLM will serve
     _calibrate_eos(model, model.config.eos_token_id, eos_rate, seed)
     _copy_non_weights(src_folder, dst_folder)
@@ -323,7 +329,7 @@ class GRPOTrainer:
                 loss.backward()
                 norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)))
                 self.optimizer.step()
-                losses.append(float(loss))
+                losses.append(loss.item())
                 clips.append(float(clip))
         return sum(losses) / len(losses), sum(clips) / len(clips), sum(norms) / len(norms)
 
@@ -365,7 +371,7 @@ def sample_group(model: LlamaForCausalLM, tokenizer: Any, prompt: str, *, group_
     return rows
 
 
-def offline_demo(steps: int = 20, *, seed: int = 0, groups: int = 8, group_size: int = 4, max_tokens: int = 96,
+def offline_demo(steps: int = 20, *, seed: int = 0, groups: int = 8, group_size: int = 4, max_tokens: int = 128,
                  eos_rate: float = 1 / 40, lr: float = 3e-3, workdir: Path | None = None,
                  log: bool = True) -> list[dict[str, float]]:
     """Build the tiny model and the initial policy in `workdir` (a temp folder by default), then `steps` times:
@@ -402,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workdir", type=Path, default=None)
     a = ap.parse_args(argv)
     offline_demo(a.steps, seed=a.seed, lr=a.lr, max_tokens=a.max_tokens, workdir=a.workdir)
