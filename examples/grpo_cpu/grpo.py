@@ -5,7 +5,7 @@ shows it learns. Pure torch + transformers: no vLLM, no TailSieve imports.
 Weights: the trainer keeps float32 master weights and `save()` writes a bfloat16 copy (`save_pretrained`,
 safetensors, same config and tokenizer files), which is what vLLM serves with `--dtype bfloat16`. The engine therefore
 samples from the bf16-rounded policy; `step()` reports the gap between the engine's log-probs and the trainer's as
-`logprob_gap` (a few 1e-3 nats for this model: bf16 noise, not an off-policy bug).
+`logprob_gap` (≈1e-3 nats per token against a bf16 copy of the same weights: bf16 noise, not an off-policy bug).
 
 Samples (`step(groups)`): each group is a list of samples, each a `Sample` or a mapping / object with the fields
 `prompt_token_ids`, `response_token_ids` (including the EOS token when the engine stopped on it, as vLLM returns it),
@@ -160,7 +160,12 @@ def make_initial_policy(src_folder: Path, dst_folder: Path, *, eos_rate: float =
     "bias unit" in the residual stream (`_install_bias_unit`) and an EOS lm_head row on it, calibrated so sampling at
     temperature 1 stops with per-token probability ≈ `eos_rate` in any context (lengths ≈ geometric, mean
     ≈ 1/eos_rate, a long tail up to the cap). Saved bf16 safetensors + the same config/tokenizer files; returns
-    `dst_folder`. Deterministic in `seed` (it only picks the calibration contexts)."""
+    `dst_folder`. Deterministic in `seed` (it only picks the calibration contexts).
+
+    The bias unit is `bias_ratio` (default BIAS_RATIO = 100) × the RMS of the other embedding coordinates, so it
+    dominates every RMSNorm: the EOS logit is then nearly constant across contexts and moves only slowly when
+    training nudges the other coordinates (with a weak unit, one Adam step at lr 3e-3 would halve the stop rate and
+    lengths would swing between short and always-capped)."""
     src_folder, dst_folder = Path(src_folder), Path(dst_folder)
     model = LlamaForCausalLM.from_pretrained(str(src_folder), dtype=torch.float32)
     _install_bias_unit(model, BIAS_RATIO if bias_ratio is None else bias_ratio)
@@ -410,7 +415,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this tiny model)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
     offline_demo(a.steps, seed=a.seed, lr=a.lr, max_tokens=a.max_tokens, workdir=a.workdir)
 
 
