@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch
 from grpo import GRPOTrainer, Sample, make_initial_policy, make_prompts, reward
 
 from tailsieve.engines.batch import Batch
@@ -72,14 +73,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--groups", type=int, default=8, help="N complete groups per step (default: %(default)s)")
     ap.add_argument("--group-size", type=int, default=4, help="G samples per group (default: %(default)s)")
     ap.add_argument("--rho", type=float, default=0.5, help="over-provisioning ρ (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, default=96, help="response length cap (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="response length cap (default: %(default)s)")
     ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of model, prompts, sampling (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the trainer (default: %(default)s)")
     ap.add_argument("--workdir", type=Path, help="model, checkpoints and server logs (default: a temp folder)")
     ap.add_argument("--json", action="store_true", help='print {"steps": [...]} on stdout at the end')
     ap.add_argument("--plot", type=Path, metavar="PNG", help="reward, lengths, q/m and step time per step")
     a = ap.parse_args(argv)
-    for name in ("steps", "groups", "group_size", "max_tokens"):
+    for name in ("steps", "groups", "group_size", "max_tokens", "threads"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     return a
@@ -102,6 +104,7 @@ def trainer_groups(batch: Batch, tokenizer: Any) -> list[list[Sample]]:
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
                 work: Path) -> list[StepRow]:
     """The training loop: rollout step → reward → GRPO update → save → reload into every replica."""
+    torch.set_num_threads(a.threads)
     trainer = GRPOTrainer(policy, lr=a.lr, seed=a.seed)
     prompts = [PromptRecord(f"p{i}", text) for i, text in enumerate(make_prompts(256, a.seed))]
     cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
