@@ -10,6 +10,7 @@ paused meanwhile, so the coroutine must not need it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -36,19 +37,32 @@ class LoopThread:
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run `coro` on the background loop and return its result (TimeoutError after `timeout_s`)."""
+        """Run `coro` on the background loop and return its result (TimeoutError after `timeout_s`, the
+        coroutine then cancelled)."""
         loop = self._start()
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("LoopThread.run called from its own loop thread (await the coroutine instead)")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def close(self) -> None:
-        """Stop the loop and join its thread (a later `run` starts a new one)."""
+        """Cancel what still runs there, stop the loop and join its thread (a later `run` starts a new one)."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop, self._thread = None, None
         if loop is not None and thread is not None:
+            async def drain() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(drain(), loop).result(10)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
             loop.close()
