@@ -277,3 +277,24 @@ def test_loop_thread_runs_with_and_without_a_running_loop() -> None:
     lt.close()
     assert lt.run(work(4)) == 8  # a new loop after close
     lt.close()
+
+
+@requires_verl
+def test_trainer_construction_and_restart_with_verl_init(tiny_model: Path, tmp_path: Path,  # noqa: F811
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailsieve.errors import ConfigError
+    from tailsieve.integrations.verl.trainer import TailSieveTrainer
+
+    fake = install_fake_tq(monkeypatch)
+    data = write_dataset(tmp_path / "train.parquet", 8)
+    with pytest.raises(ConfigError, match="needs trainer.v1.sampler.custom_sampler") as err:
+        TailSieveTrainer(verl_config(tiny_model, data, N, G, ("trainer.v1.sampler.custom_sampler.name=null",)))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="unknown trainer.v1.tailsieve key"):
+        TailSieveTrainer(verl_config(tiny_model, data, N, G, ("+trainer.v1.tailsieve.rho2=1",)))
+    trainer = TailSieveTrainer(verl_config(tiny_model, data, N, G))
+    # a restored TransferQueue with an in-flight TailSieve group: verl would re-issue it under its old key
+    fake.kv_put("ts-0-3-a0", "train", tag={"is_prompt": True, "status": "running", "global_steps": 1})
+    fake.kv_put("ts-0-3-a0_0_0", "train", tag={"status": "success", "response_len": 2})
+    assert trainer._reissue_inflight_prompts() == 0
+    assert fake.kv_list("train") == {"train": {}}

@@ -91,6 +91,7 @@ def verl_config(model: Path, data: Path, n: int, g: int, extra: tuple[str, ...] 
     overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"data.val_files={data}",
                  f"data.train_batch_size={n}", f"actor_rollout_ref.rollout.n={g}", "data.max_prompt_length=64",
                  "data.max_response_length=16", "data.dataloader_num_workers=0", "trainer.device=cpu",
+                 "actor_rollout_ref.rollout.name=vllm",
                  "actor_rollout_ref.rollout.calculate_log_probs=True",
                  "trainer.v1.trainer_mode=tailsieve",
                  "trainer.v1.sampler.custom_sampler.path=pkg://tailsieve.integrations.verl.buffer",

@@ -136,6 +136,17 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
             self.tailsieve_last = session.finish().record
         super().on_sample_end()
 
+    def _reissue_inflight_prompts(self, partition_id: str = PARTITION) -> int:
+        """verl re-issues checkpointed in-flight prompts under their old keys for every trainer mode but `sync`.
+        TailSieve's step session starts afresh at `fit()` (new keys from step 0 would collide with the restored
+        ones, and a restored group is regenerated from scratch anyway), so whatever was restored in the partition
+        is dropped instead; returns 0 (nothing re-issued)."""
+        listing = tq.kv_list(partition_id) or {}
+        stale = list(listing.get(partition_id, {}))
+        if stale:
+            tq.kv_clear(keys=stale, partition_id=partition_id)
+        return 0
+
     def on_train_end(self) -> None:
         """verl's end of training; stops the trainer's event-loop thread."""
         super().on_train_end()
