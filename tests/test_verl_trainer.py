@@ -298,3 +298,33 @@ def test_trainer_construction_and_restart_with_verl_init(tiny_model: Path, tmp_p
     fake.kv_put("ts-0-3-a0_0_0", "train", tag={"status": "success", "response_len": 2})
     assert trainer._reissue_inflight_prompts() == 0
     assert fake.kv_list("train") == {"train": {}}
+
+
+@requires_verl
+def test_failed_groups_are_never_consumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailsieve.integrations.verl.buffer import TailSieveReplayBuffer
+    from tailsieve.integrations.verl.session import TailSieveSettings
+
+    fake = install_fake_tq(monkeypatch)
+    buf = TailSieveReplayBuffer(trainer_mode="tailsieve", trainer_config={}, max_off_policy_threshold=None,
+                                max_off_policy_strategy="drop", sampler_kwargs={})
+    s = StepSession(TailSieveSettings(policy="static", q=1, m=1).loop(N, G, 2, [str(i) for i in range(40)]))
+    buf.attach(s, poll_s=0.01)
+    for step in range(2):
+        plan = s.begin()
+        bad = plan[0]  # step 0: a bulk group; step 1: the carried (tail) group
+        for a in plan:
+            status = "failure" if a is bad else "finished"
+            fake.kv_put(a.key, "train", tag={"is_prompt": True, "status": status, "global_steps": step})
+            for j in range(G if a is not bad else 1):
+                fake.kv_put(f"{a.key}_{j}_0", "train", tag={"status": "success", "response_len": 3})
+        if step == 1:
+            assert bad.pool is Pool.TAIL
+            with pytest.raises(RuntimeError, match=f"group\\(s\\) {bad.key} failed .* must complete"):
+                buf.sample(global_steps=step, partition_id="train", batch_size=N)
+            break
+        batch, _ = buf.sample(global_steps=step, partition_id="train", batch_size=N)
+        assert bad.key not in {k.split("_")[0] for k in batch.keys} and len(batch.keys) == N * G
+        assert [a.key for a in s.leftovers()] == [bad.key]  # cut, carried, regenerated next step
+        buf.discard([bad.key], timeout_s=1.0)
+        s.finish()
