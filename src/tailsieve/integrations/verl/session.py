@@ -30,6 +30,7 @@ from tailsieve.policy.router import DEFAULT_REDRAWS, Router, RouterConfig
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 ROUTE_FIELD = "tailsieve_route"  # per-prompt field: the group's route (`Assignment.route`)
+CUT_TAG = "tailsieve_cut"  # TransferQueue tag on a cut group's key: its unsent members are never sent
 _REQUEST_ID = re.compile(r"^ts-(\d+)-(\d+)-(\d+)-(\d+)$")
 _ROUTE = re.compile(r"^(ts-(\d+)-(\d+)-a(\d+))@(\d+(?:,\d+)*)$")
 
@@ -43,6 +44,12 @@ def parse_request_id(rid: str) -> tuple[int, int, int, int] | None:
     """(step, uid, member, attempt) of a TailSieve request id, None for any other id."""
     m = _REQUEST_ID.match(rid)
     return None if m is None else (int(m[1]), int(m[2]), int(m[3]), int(m[4]))
+
+
+def group_key(rid: str) -> str | None:
+    """The group key (`Assignment.key`, `ts-{step}-{uid}-a{attempt}`) of a TailSieve request id, else None."""
+    parsed = parse_request_id(rid)
+    return None if parsed is None else f"ts-{parsed[0]}-{parsed[1]}-a{parsed[3]}"
 
 
 @dataclass(frozen=True, slots=True)

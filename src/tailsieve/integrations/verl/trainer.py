@@ -6,8 +6,11 @@ verl runs a step as `prepare_step()` → `replay_buffer.sample(...)` → `on_sam
   submits every planned group: N + E fresh groups on the first step, then the q carried groups (tail pool, under new
   keys and request ids: regenerated from scratch) plus the fresh bulk groups. Each prompt carries its route.
 - `TailSieveReplayBuffer.sample()` returns exactly the N groups the step keeps.
-- `on_sample_end()` aborts the leftovers' requests on their servers, drops what they wrote, completes the step
-  through the step loop (contract check, controller update) and then does verl's sync end of sampling.
+- `on_sample_end()` cuts the leftovers: tags their keys cut in TransferQueue (members not yet sent are never sent,
+  see `TailSieveLLMServerClient.generate`), aborts their running requests on their servers, drops what they wrote,
+  completes the step through the step loop (contract check, controller update) and then does verl's sync end of
+  sampling. The aborts run on the trainer's own event-loop thread (`LoopThread`), so the hook works whether or not
+  the calling thread already runs an event loop.
 
 The client (`get_llm_client`) is `TailSieveLLMServerClient` over `LLMServerManager`'s servers in replica order, and
 the prompts run the `tailsieve_single_turn` agent loop unless they name their own.
@@ -15,9 +18,9 @@ the prompts run the `tailsieve_single_turn` agent loop unless they name their ow
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
+import transfer_queue as tq
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -27,11 +30,14 @@ from tailsieve.errors import ConfigError
 from tailsieve.integrations.verl.agent_loop import AGENT_NAME
 from tailsieve.integrations.verl.buffer import TailSieveReplayBuffer
 from tailsieve.integrations.verl.client import TailSieveLLMServerClient
-from tailsieve.integrations.verl.session import ROUTE_FIELD, Assignment, StepSession, TailSieveSettings
+from tailsieve.integrations.verl.loop_thread import LoopThread
+from tailsieve.integrations.verl.session import CUT_TAG, ROUTE_FIELD, Assignment, StepSession, TailSieveSettings
+from tailsieve.loop import StepRecord
 
 TRAINER_NAME = "tailsieve"
 SAMPLER_PATH = "pkg://tailsieve.integrations.verl.buffer"
 SAMPLER_NAME = "TailSieveReplayBuffer"
+PARTITION = "train"
 
 
 def settings_from_config(config: Any) -> TailSieveSettings:
@@ -58,12 +64,15 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
         self.llm_client: TailSieveLLMServerClient | None = None
         self._rows: dict[int, Any] = {}  # router uid → its prompt row (kept until the group is consumed)
         self._fresh: list[Any] = []  # prompt rows fetched from the dataloader, not yet drawn
+        self._loop = LoopThread("tailsieve-trainer")  # runs the aborts (see the module docstring)
+        self.tailsieve_last: StepRecord | None = None  # the last completed step's record
 
     def get_llm_client(self) -> TailSieveLLMServerClient:
         """verl's hook: the TailSieve client over the manager's servers, replica i = server i."""
         manager = self.llm_server_manager
         servers = list(zip(manager.server_addresses, manager.server_handles, strict=True))
-        client: TailSieveLLMServerClient = manager.get_client(client_cls=TailSieveLLMServerClient, servers=servers)
+        client: TailSieveLLMServerClient = manager.get_client(client_cls=TailSieveLLMServerClient, servers=servers,
+                                                                       tq_partition=PARTITION)
         self.llm_client = client
         return client
 
@@ -100,21 +109,45 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
         return {"tailsieve/submitted_groups": len(assignments),
                 "tailsieve/regenerated_groups": sum(a.attempt > 0 for a in assignments)}
 
-    def abort_leftovers(self) -> int:
-        """Abort the open step's leftover requests on their planned servers; returns how many were aborted."""
+    def cut_leftovers(self) -> int:
+        """Cut the open step's leftovers: tag their keys cut (unsent members are never sent), then abort their
+        requests on their planned servers; returns how many a server reported aborted."""
         session = self.tailsieve_session()
         client = self.llm_client or self.get_llm_client()
-        replicas = {rid: r for a in session.leftovers() for rid, r in zip(a.request_ids, a.replicas, strict=True)}
-        return asyncio.run(client.abort(list(replicas), replicas))
+        left = session.leftovers()
+        if not left:
+            return 0
+        keys = [a.key for a in left]
+        client.cut(keys)
+        tq.kv_batch_put(keys=keys, partition_id=PARTITION, tags=[{CUT_TAG: True} for _ in keys])
+        replicas = {rid: r for a in left for rid, r in zip(a.request_ids, a.replicas, strict=True)}
+        aborted: int = self._loop.run(client.abort(list(replicas), replicas), timeout_s=self.tailsieve.abort_timeout_s)
+        return aborted
 
     def on_sample_end(self) -> None:
-        """Abort and drop the leftovers, complete the TailSieve step, then verl's sync end of sampling."""
+        """Cut and drop the leftovers, complete the TailSieve step, then verl's sync end of sampling."""
         session = self.tailsieve_session()
         if session.plan is not None:
-            self.abort_leftovers()
-            self.replay_buffer.discard([a.key for a in session.leftovers()], timeout_s=self.tailsieve.abort_timeout_s)
+            self.cut_leftovers()
+            keys = [a.key for a in session.leftovers()]
+            self.replay_buffer.discard(keys, PARTITION, timeout_s=self.tailsieve.abort_timeout_s)
             for a in session.kept():
                 self._rows.pop(a.ref.uid, None)
-            out = session.finish()
-            self.tailsieve_last = out.record
+            self.tailsieve_last = session.finish().record
         super().on_sample_end()
+
+    def _reissue_inflight_prompts(self, partition_id: str = PARTITION) -> int:
+        """verl re-issues checkpointed in-flight prompts under their old keys for every trainer mode but `sync`.
+        TailSieve's step session starts afresh at `fit()` (new keys from step 0 would collide with the restored
+        ones, and a restored group is regenerated from scratch anyway), so whatever was restored in the partition
+        is dropped instead; returns 0 (nothing re-issued)."""
+        listing = tq.kv_list(partition_id) or {}
+        stale = list(listing.get(partition_id, {}))
+        if stale:
+            tq.kv_clear(keys=stale, partition_id=partition_id)
+        return 0
+
+    def on_train_end(self) -> None:
+        """verl's end of training; stops the trainer's event-loop thread."""
+        super().on_train_end()
+        self._loop.close()
