@@ -8,8 +8,8 @@ One `complete()` call is one HTTP request (a whole GRPO group with `n = G`, or o
 reports tokens generated so far into a caller-owned `progress` list, so a request cancelled at the cutoff still
 says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM, and
 runs the backend's abort hook in the background (SGLang posts `/abort_request`). Failures are classified:
-`ReplicaFault` (refused connection, 5xx, stall past the read timeout, dropped connection: the replica's fault) or
-`RequestRejected` (4xx: the request's).
+`ReplicaFault` (refused connection, 5xx, no new token for the stall timeout, past the deadline, dropped connection,
+a reply that fails validation in `engines/replies.py`: the replica's fault) or `RequestRejected` (4xx: the request's).
 The API key is read from an environment variable, sent as a bearer token, and never logged or repr'd.
 """
 

@@ -21,7 +21,7 @@ class FaultPolicy:
     """Timeouts, retries and backoff of a real run (seconds)."""
 
     connect_timeout_s: float = 5.0
-    stall_timeout_s: float = 60.0  # streaming: silence that marks a replica down; non-streaming: whole request
+    stall_timeout_s: float = 60.0  # streaming: time without a new token that marks a replica down; else whole request
     retries: int = 4  # re-dispatches of one request before the step fails
     backoff_s: float = 0.25  # delay before retry k is backoff_s · 2^(k−1), capped
     backoff_max_s: float = 8.0

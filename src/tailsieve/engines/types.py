@@ -167,7 +167,7 @@ class ClientOptions:
     api: Api = Api.COMPLETIONS
     stream: bool = True
     connect_timeout_s: float = 5.0
-    stall_timeout_s: float = 60.0  # streaming: max silence between chunks; else the whole request
+    stall_timeout_s: float = 60.0  # streaming: max time without a new token; else the whole request
     fresh_connections: bool = True  # keep-alive reuse sometimes ends in "Server disconnected" on vLLM
     api_key_env: str | None = DEFAULT_API_KEY_ENV
     return_token_ids: bool = True  # vLLM only; other kinds never get the field
