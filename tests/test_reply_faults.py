@@ -252,3 +252,15 @@ def test_profile_stall_flag_ends_a_keepalive_stream(tmp_path: Path, capsys: pyte
         assert time.monotonic() - t0 < BOUND_S
     err = capsys.readouterr().err
     assert rc == 1 and "stall: no tokens for 0.3s" in err
+
+
+@pytest.mark.parametrize("reply", ["choices-string", "tokens-negative", "empty-choice"])
+def test_a_bad_replica_that_answers_its_probes_does_not_fail_the_step(reply: str) -> None:
+    """Probed back within milliseconds (its /health is fine), the bad replica may get work again and fail again;
+    a failed request is re-dispatched after the replica is marked down, so the step still completes."""
+    flappy = replace(POLICY, probe_interval_s=0.02, probe_max_s=0.02, backoff_s=0.1, retries=2)
+    with BadFake(reply=reply) as bad, FakeServer() as good:
+        c = replace(cfg(True), faults=flappy, groups=4)
+        batch, events = asyncio.run(one_step([bad.url, good.url], c))
+    check_complete(batch)
+    assert sum(1 for i, up, _ in events if i == 0 and not up) >= 1
