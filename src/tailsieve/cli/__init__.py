@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from tailsieve import __version__
 from tailsieve.errors import TailSieveError
+from tailsieve.redact import redact
 
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
 COMMANDS: tuple[str, ...] = (
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (TailSieveError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = redact(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"tailsieve {args.command}: error: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -17,7 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.cli._common import plot_path, print_json, print_table
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient
-from tailsieve.engines.profile import DEFAULT_BATCHES, ProfilePoint, parse_batches, profile_endpoint, total_spec
+from tailsieve.engines.profile import (
+    DEFAULT_BATCHES,
+    ProfilePoint,
+    Retry,
+    parse_batches,
+    profile_endpoint,
+    total_spec,
+)
 from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
@@ -48,6 +55,11 @@ def register(sub: Any) -> None:
                    help="server kind: a registered engine backend (default: %(default)s)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (τ then includes prefill)")
     p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without a new token before a request counts as stalled (default: %(default)s)")
+    p.add_argument("--deadline", type=float, default=None, help="total seconds one request may take (default: none)")
+    p.add_argument("--retries", type=int, default=4,
+                   help="measurements of a batch again after a 5xx, refused connection or stall (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the curve JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -61,6 +73,21 @@ def _out_path(text: str) -> Path:
     return path
 
 
+def _seconds(flag: str, v: float) -> float:
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {v}")
+    return v
+
+
+def _options(args: argparse.Namespace) -> ClientOptions:
+    """The transport flags (every time finite and > 0; --retries >= 0)."""
+    if args.retries < 0:
+        raise ConfigError(f"--retries must be >= 0, got {args.retries}")
+    deadline = None if args.deadline is None else _seconds("--deadline", args.deadline)
+    return ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None,
+                         stall_timeout_s=_seconds("--stall-timeout", args.stall_timeout), deadline_s=deadline)
+
+
 def run(args: argparse.Namespace) -> int:
     """Profile the endpoint, write the curve, print the table."""
     out = _out_path(args.out)
@@ -72,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
     plain = load_curve(args.plain_curve) if args.plain_curve else None
     endpoint = Endpoint.parse(args.endpoint, args.kind)
-    opts = ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None)
+    opts = _options(args)
     con = Console(stderr=True)
     bar = Progress(TextColumn("profiling {task.description:<10}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=con, transient=True, disable=not sys.stderr.isatty())
@@ -84,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     async def go() -> tuple[TpotCurve, list[ProfilePoint]]:
         async with EngineClient(opts) as client:
             return await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                          model=args.model, on_point=tick, temperature=args.temperature)
+                                          model=args.model, on_point=tick, temperature=args.temperature,
+                                          retry=Retry(retries=args.retries))
 
     with bar:
         curve, points = asyncio.run(go())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -100,10 +101,26 @@ def register(sub: Any) -> None:
 def add_fault_args(p: argparse.ArgumentParser) -> None:
     """Transport and fault-handling flags."""
     p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
-    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds of silence that mark a replica down")
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without a new token that mark a replica down (keep-alive bytes do not count)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="total seconds one request may take before its replica is marked down (default: no limit)")
     p.add_argument("--retries", type=int, default=4, help="re-dispatches of one request before giving up")
     p.add_argument("--give-up-after", type=float, default=10.0,
                    help="seconds to wait for a replica to come back when none is healthy (default: %(default)s)")
+
+
+def fault_policy(args: argparse.Namespace) -> FaultPolicy:
+    """The fault flags as a `FaultPolicy`: every time finite (no flag can make a run wait forever)."""
+    checks = (("--stall-timeout", args.stall_timeout, False), ("--give-up-after", args.give_up_after, True),
+              ("--deadline", args.deadline, False))
+    for flag, v, zero in checks:
+        if v is not None and not (math.isfinite(v) and (v >= 0 if zero else v > 0)):
+            raise ConfigError(f"{flag} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {v}")
+    if args.retries < 0:
+        raise ConfigError(f"--retries must be >= 0, got {args.retries}")
+    return FaultPolicy(stall_timeout_s=args.stall_timeout, retries=args.retries,
+                       no_healthy_wait_s=args.give_up_after, deadline_s=args.deadline)
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
@@ -164,8 +181,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         "completions" if args.api == "auto" else args.api)
     replay = load_workload(args.replay_lengths, mode=args.replay_mode) if args.replay_lengths else None
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
-    faults = FaultPolicy(stall_timeout_s=args.stall_timeout, retries=args.retries,
-                         no_healthy_wait_s=args.give_up_after)
+    faults = fault_policy(args)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     if args.max_redraws < 1:

@@ -8,8 +8,8 @@ One `complete()` call is one HTTP request (a whole GRPO group with `n = G`, or o
 reports tokens generated so far into a caller-owned `progress` list, so a request cancelled at the cutoff still
 says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM, and
 runs the backend's abort hook in the background (SGLang posts `/abort_request`). Failures are classified:
-`ReplicaFault` (refused connection, 5xx, stall past the read timeout, dropped connection: the replica's fault) or
-`RequestRejected` (4xx: the request's).
+`ReplicaFault` (refused connection, 5xx, no new token for the stall timeout, past the deadline, dropped connection,
+a reply that fails validation in `engines/replies.py`: the replica's fault) or `RequestRejected` (4xx: the request's).
 The API key is read from an environment variable, sent as a bearer token, and never logged or repr'd.
 """
 
@@ -19,14 +19,23 @@ import asyncio
 import contextlib
 import json
 import os
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.backends import EngineBackend, get_backend
+from tailsieve.engines.replies import (
+    BadReply,
+    ReplyError,
+    StreamAcc,
+    loads,
+    model_names,
+    parse_chunk,
+    parse_full,
+    raise_stream_error,
+)
 from tailsieve.engines.types import (
     DEFAULT_API_KEY_ENV,
     Api,
@@ -43,6 +52,7 @@ from tailsieve.engines.types import (
     SamplingParams,
     ServerKind,
 )
+from tailsieve.redact import redact
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -65,18 +75,31 @@ __all__ = [
 
 
 @dataclass(slots=True)
-class _Acc:
-    text: list[str] = field(default_factory=list)
-    ids: list[int] | None = None
-    finish: str | None = None
-    tokens: int = 0
-    logprobs: list[float] | None = None
-    prompt_ids: tuple[int, ...] | None = None
+class _Clock:
+    """One request's timers: the stall limit (restarted by progress) and the optional total deadline."""
 
-    def choice(self, i: int) -> Choice:
-        """The finished choice."""
-        return Choice(i, "".join(self.text), self.tokens, self.finish, None if self.ids is None else tuple(self.ids),
-                      None if self.logprobs is None else tuple(self.logprobs), self.prompt_ids)
+    loop: asyncio.AbstractEventLoop
+    stall_s: float
+    deadline_s: float | None
+    t0: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.t0 = self.loop.time()
+
+    def elapsed(self) -> float:
+        """Seconds since the request started."""
+        return self.loop.time() - self.t0
+
+    def limit(self) -> float:
+        """When the request times out if nothing more happens (loop time)."""
+        stall = self.loop.time() + self.stall_s
+        return stall if self.deadline_s is None else min(stall, self.t0 + self.deadline_s)
+
+    def fault(self, url: str) -> ReplicaFault:
+        """The fault of a request that timed out: past its deadline, or stalled."""
+        if self.deadline_s is not None and self.elapsed() >= self.deadline_s - 1e-3:
+            return ReplicaFault(url, FaultKind.DEADLINE, f"request not done within its {self.deadline_s:g}s deadline")
+        return ReplicaFault(url, FaultKind.STALL, f"no tokens for {self.stall_s:g}s")
 
 
 class EngineClient:
@@ -125,8 +148,7 @@ class EngineClient:
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         o = self.options
-        return aiohttp.ClientTimeout(total=None, connect=o.connect_timeout_s, sock_connect=o.connect_timeout_s,
-                                     sock_read=o.stall_timeout_s)
+        return aiohttp.ClientTimeout(total=None, connect=o.connect_timeout_s, sock_connect=o.connect_timeout_s)
 
     def backend(self, endpoint: Endpoint) -> EngineBackend:
         """The backend named by `endpoint.kind` (one instance per name and client); unknown: `UnknownBackend`."""
@@ -162,86 +184,78 @@ class EngineClient:
     async def complete(
         self, endpoint: Endpoint, model: str, req: Request, params: SamplingParams, progress: list[int] | None = None
     ) -> Completion:
-        """Send one request and wait for all its choices; `progress[i]` tracks choice i's tokens while streaming."""
+        """Send one request and wait for all its choices; `progress[i]` tracks choice i's tokens while streaming.
+        The stall timer restarts only on chunks that carry tokens (keep-alive comments and empty events do not
+        count); `ClientOptions.deadline_s` bounds the whole request."""
         backend = self.backend(endpoint)
-        path = backend.path(self.options)
         body = self.body(endpoint, model, req, params)
-        t0 = time.perf_counter()
+        clock = _Clock(asyncio.get_running_loop(), self.options.stall_timeout_s, self.options.deadline_s)
         try:
-            async with self.session.post(endpoint.url + path, json=body, timeout=self._timeout(),
-                                         headers={"X-Request-Id": req.rid}) as resp:
+            async with asyncio.timeout_at(clock.limit()) as scope:
+                try:
+                    return await self._send(endpoint, backend, body, req, params, progress, clock, scope)
+                except asyncio.CancelledError:
+                    self._abort(backend, endpoint, req)
+                    raise
+        except TimeoutError:
+            raise clock.fault(endpoint.url) from None
+
+    async def _send(self, endpoint: Endpoint, backend: EngineBackend, body: dict[str, Any], req: Request,
+                    params: SamplingParams, progress: list[int] | None, clock: _Clock,
+                    scope: asyncio.Timeout) -> Completion:
+        """POST the body and parse the reply; transport failures and bad replies become `ReplicaFault`s."""
+        cap = req.max_tokens or params.max_tokens
+        try:
+            async with self.session.post(endpoint.url + backend.path(self.options), json=body,
+                                         timeout=self._timeout(), headers={"X-Request-Id": req.rid}) as resp:
                 if resp.status >= 400:
                     await _raise_status(endpoint, resp)
                 if self.options.stream:
-                    return await self._read_stream(resp, backend, req, t0, progress)
-                data = backend.response(await resp.json(content_type=None), req)
-        except asyncio.CancelledError:
-            self._abort(backend, endpoint, req)
-            raise
+                    prog = progress if progress is not None else [0] * req.n
+                    return await self._read_stream(resp, backend, req, StreamAcc(req.n, cap, prog), clock, scope)
+                data = backend.response(loads(await resp.read()), req)
+                return parse_full(data, req.n, cap, clock.elapsed())
         except (ReplicaFault, RequestRejected):
             raise
         except aiohttp.ClientConnectorError as exc:
             raise ReplicaFault(endpoint.url, FaultKind.REFUSED, _short(exc)) from None
-        except (TimeoutError, aiohttp.ServerTimeoutError):
-            raise ReplicaFault(endpoint.url, FaultKind.STALL,
-                               f"no data for {self.options.stall_timeout_s:g}s") from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except aiohttp.ServerTimeoutError as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.REFUSED, f"connect: {_short(exc)}") from None
+        except (aiohttp.ClientError, OSError, EOFError) as exc:
             raise ReplicaFault(endpoint.url, FaultKind.DISCONNECT, _short(exc)) from None
-        return _parse_full(data, body, time.perf_counter() - t0)
+        except ReplyError as exc:
+            raise BadReply(endpoint.url, str(exc)) from None
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+            # the backend's mapping hooks met a reply shape they do not expect: still the replica's fault
+            raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc)}") from None
 
-    async def _read_stream(
-        self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, t0: float, progress: list[int] | None
-    ) -> Completion:
-        accs = [_Acc() for _ in range(req.n)]
-        prog = progress if progress is not None else [0] * req.n
-        chat = self.options.api is Api.CHAT
+    async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
+                           clock: _Clock, scope: asyncio.Timeout) -> Completion:
         ttft: float | None = None
-        prompt_tokens = 0
         done = False
         async for raw in resp.content:
             line = raw.strip()
             if not line.startswith(b"data:"):
-                continue
+                continue  # SSE comments (`: keep-alive`), event names, blank lines: no progress
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 done = True
                 break
-            chunk = backend.chunk(json.loads(payload), req)
-            if chunk.get("error"):
-                _raise_stream_error(resp, chunk["error"])
-            usage = chunk.get("usage") or {}
-            prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
-            choices = chunk.get("choices") or []
-            for ch in choices:
-                i = int(ch.get("index", 0))
-                if not 0 <= i < req.n:
-                    continue
-                a = accs[i]
-                text = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
-                ids = ch.get("token_ids")
-                _add_extras(a, ch, chunk)
-                if text:
-                    a.text.append(text)
-                if ids is not None:
-                    a.ids = (a.ids or []) + list(ids)
-                    a.tokens += len(ids)
-                elif len(choices) == 1 and usage.get("completion_tokens") is not None and req.n == 1:
-                    a.tokens = int(usage["completion_tokens"])
-                elif text:
-                    a.tokens += 1
-                if ch.get("finish_reason") is not None:
-                    a.finish = str(ch["finish_reason"])
-                prog[i] = a.tokens
-                if ttft is None and (text or ids):
-                    ttft = time.perf_counter() - t0
-            if not choices and usage.get("completion_tokens") is not None and req.n == 1:
-                accs[0].tokens = int(usage["completion_tokens"])
-                prog[0] = accs[0].tokens
-        if any(a.finish is None for a in accs):
-            tail = "" if done else " ([DONE] missing)"
-            raise aiohttp.ClientPayloadError(f"stream ended before every choice finished{tail}")
-        out = tuple(a.choice(i) for i, a in enumerate(accs))
-        return Completion(out, prompt_tokens, time.perf_counter() - t0, ttft)
+            obj = loads(payload)
+            if isinstance(obj, dict) and obj.get("error"):
+                raise_stream_error(str(resp.url.origin()), obj["error"])
+            if not isinstance(obj, dict):
+                raise ReplyError(f"stream chunk is {type(obj).__name__}, expected an object")
+            mapped = backend.chunk(obj, req)
+            if isinstance(mapped, dict) and mapped.get("error"):
+                raise_stream_error(str(resp.url.origin()), mapped["error"])
+            chunk = parse_chunk(mapped, req.n, acc.cap)
+            acc.add(chunk)
+            if chunk.progress:
+                scope.reschedule(clock.limit())
+                if ttft is None and any(c.text or c.token_ids for c in chunk.choices):
+                    ttft = clock.elapsed()
+        return acc.result(done, clock.elapsed(), ttft)
 
     def _abort(self, backend: EngineBackend, endpoint: Endpoint, req: Request) -> None:
         """Run the backend's abort hook in the background (awaited briefly by `close`); its failures are ignored."""
@@ -275,32 +289,37 @@ class EngineClient:
             async with self.session.get(endpoint.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status >= 400:
                     await _raise_status(endpoint, r)
-                data = await r.json(content_type=None)
+                return model_names(loads(await r.read()))
         except aiohttp.ClientConnectorError as exc:
             raise ReplicaFault(endpoint.url, FaultKind.REFUSED, _short(exc)) from None
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        except ReplyError as exc:
+            raise BadReply(endpoint.url, str(exc)) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise ReplicaFault(endpoint.url, FaultKind.DISCONNECT, _short(exc)) from None
-        return [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
 
     async def metrics(self, endpoint: Endpoint) -> dict[str, float]:
         """Prometheus /metrics summed over label sets: `{"vllm:num_requests_running": 3.0, ...}`."""
-        async with self.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            text = await r.text()
-        return parse_metrics(text)
+        try:
+            async with self.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status >= 400:
+                    await _raise_status(endpoint, r)
+                return parse_metrics(await r.text())
+        except ReplyError as exc:
+            raise BadReply(endpoint.url, str(exc)) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ReplicaFault(endpoint.url, FaultKind.DISCONNECT, _short(exc)) from None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum every sample of each metric name (labels dropped); comments skipped."""
+    """Sum every sample of each sample name (labels dropped), read with `prometheus_client`'s text parser; a
+    malformed exposition is a `ReplyError`."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ReplyError(f"malformed /metrics text ({_short(exc)[:80]})") from None
     return out
 
 
@@ -310,8 +329,9 @@ def _short(exc: BaseException) -> str:
 
 
 async def _raise_status(endpoint: Endpoint, resp: aiohttp.ClientResponse) -> None:
+    """A 4xx/5xx reply as a one-line error; the server's text is redacted before it is cut (it may echo headers)."""
     try:
-        text = (await resp.text())[:300]
+        text = redact((await resp.content.read(65536)).decode("utf-8", "replace"))
     except (aiohttp.ClientError, OSError, TimeoutError):
         text = ""
     try:
@@ -324,68 +344,3 @@ async def _raise_status(endpoint: Endpoint, resp: aiohttp.ClientResponse) -> Non
     if resp.status >= 500 or resp.status in (408, 429):
         raise ReplicaFault(endpoint.url, FaultKind.HTTP_5XX, f"HTTP {resp.status} {msg}")
     raise RequestRejected(f"{endpoint.url}: HTTP {resp.status}: {msg}")
-
-
-def _raise_stream_error(resp: aiohttp.ClientResponse, err: Any) -> None:
-    """An error event inside a stream: 4xx codes are the request's fault, anything else the replica's."""
-    url = str(resp.url.origin())
-    info = err if isinstance(err, dict) else {"message": str(err)}
-    msg = " ".join(str(info.get("message", "")).split())[:200]
-    try:
-        code = int(info.get("code") or 500)
-    except (TypeError, ValueError):
-        code = 500
-    if 400 <= code < 500 and code not in (408, 429):
-        raise RequestRejected(f"{url}: HTTP {code} (in stream): {msg}")
-    raise ReplicaFault(url, FaultKind.HTTP_5XX, f"error in stream: {msg}")
-
-
-def _token_logprobs(ch: dict[str, Any]) -> list[float] | None:
-    """Sampled-token log-probabilities of a choice (completions: `token_logprobs`; chat: `content[].logprob`)."""
-    lp = ch.get("logprobs")
-    if not isinstance(lp, dict):
-        return None
-    if isinstance(lp.get("token_logprobs"), list):
-        return [float(x) if x is not None else float("nan") for x in lp["token_logprobs"]]
-    if isinstance(lp.get("content"), list):
-        return [float(c.get("logprob", float("nan"))) for c in lp["content"] if isinstance(c, dict)]
-    return None
-
-
-def _add_extras(a: _Acc, ch: dict[str, Any], outer: dict[str, Any]) -> None:
-    """Accumulate a choice's logprobs and take its prompt token ids (per choice, or response-level for chat)."""
-    lps = _token_logprobs(ch)
-    if lps is not None:
-        a.logprobs = (a.logprobs or []) + lps
-    pids = ch.get("prompt_token_ids") or outer.get("prompt_token_ids")
-    if a.prompt_ids is None and isinstance(pids, list):
-        a.prompt_ids = tuple(int(t) for t in pids)
-
-
-def _parse_full(data: Any, body: dict[str, Any], latency: float) -> Completion:
-    """Choices of a non-streamed response; per-choice tokens from token ids, usage (n = 1) or max_tokens."""
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        raise ValueError("response has no 'choices' list")
-    usage = data.get("usage") or {}
-    n = int(body.get("n", 1))
-    total = int(usage.get("completion_tokens") or 0)
-    raw: Sequence[dict[str, Any]] = sorted(data["choices"], key=lambda c: int(c.get("index", 0)))
-    out: list[Choice] = []
-    for ch in raw:
-        text = ch.get("text")
-        if text is None:
-            text = (ch.get("message") or {}).get("content") or ""
-        ids = ch.get("token_ids")
-        finish = ch.get("finish_reason")
-        if ids is not None:
-            tokens = len(ids)
-        elif n == 1:
-            tokens = total
-        elif finish == "length":
-            tokens = int(body["max_tokens"])
-        else:
-            tokens = round(total / max(n, 1))
-        acc = _Acc(text=[str(text)], ids=None if ids is None else [int(t) for t in ids], finish=finish, tokens=tokens)
-        _add_extras(acc, ch, data)
-        out.append(acc.choice(int(ch.get("index", 0))))
-    return Completion(tuple(out), int(usage.get("prompt_tokens") or 0), latency, None)

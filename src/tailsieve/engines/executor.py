@@ -229,8 +229,10 @@ class EngineExecutor:
         if target is None and await self.replicas.wait_any(self.replicas.policy.no_healthy_wait_s):
             target = self.replicas.pick(job.planned, st.pool_reps[job.pool], st.load)
         if target is None:
+            last = next((e.reason for e in reversed(self.replicas.events) if not e.up), None)
             raise NoHealthyReplica(f"no healthy replica among {len(self.replicas)} "
-                                   f"({', '.join(e.url for e in self.replicas.endpoints)})")
+                                   f"({', '.join(e.url for e in self.replicas.endpoints)})"
+                                   + (f"; last fault: {last}" if last else ""))
         job.replica, job.version = target, self.weight_version
         st.load[target] += len(job.members)
         req = self._request(job, st.specs[job.uid], st.plan.step)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tailsieve.engines.client import Endpoint, EngineClient, EngineError, FaultKind
+from tailsieve.engines.types import check_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,17 +21,26 @@ class FaultPolicy:
     """Timeouts, retries and backoff of a real run (seconds)."""
 
     connect_timeout_s: float = 5.0
-    stall_timeout_s: float = 60.0  # streaming: silence that marks a replica down; non-streaming: whole request
+    stall_timeout_s: float = 60.0  # streaming: time without a new token that marks a replica down; else whole request
     retries: int = 4  # re-dispatches of one request before the step fails
     backoff_s: float = 0.25  # delay before retry k is backoff_s · 2^(k−1), capped
     backoff_max_s: float = 8.0
     probe_interval_s: float = 1.0  # first probe of a down replica; doubles up to probe_max_s
     probe_max_s: float = 15.0
     no_healthy_wait_s: float = 10.0  # how long to wait for any replica to come back before giving up
+    deadline_s: float | None = None  # total seconds one request may take (None: only the stall timeout)
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or min(self.connect_timeout_s, self.stall_timeout_s, self.probe_interval_s) <= 0:
-            raise EngineError("fault policy: retries must be >= 0 and timeouts/intervals > 0")
+        if self.retries < 0:
+            raise EngineError(f"fault policy: retries must be >= 0, got {self.retries}")
+        for what, v in (("connect timeout", self.connect_timeout_s), ("stall timeout", self.stall_timeout_s),
+                        ("probe interval", self.probe_interval_s), ("probe max", self.probe_max_s)):
+            check_seconds(f"fault policy: {what}", v)
+        for what, v in (("backoff", self.backoff_s), ("backoff max", self.backoff_max_s),
+                        ("no-healthy wait", self.no_healthy_wait_s)):
+            check_seconds(f"fault policy: {what}", v, zero=True)
+        if self.deadline_s is not None:
+            check_seconds("fault policy: request deadline", self.deadline_s)
 
     def backoff(self, attempt: int) -> float:
         """Delay before the `attempt`-th retry (attempt 0 = first try: no delay)."""

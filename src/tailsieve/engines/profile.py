@@ -9,17 +9,56 @@ decode time per token while b requests decode together); without streaming, late
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
-from tailsieve.engines.client import Endpoint, EngineClient, EngineError, Request, SamplingParams
+from tailsieve.engines.client import (
+    Completion,
+    Endpoint,
+    EngineClient,
+    EngineError,
+    FaultKind,
+    ReplicaFault,
+    Request,
+    SamplingParams,
+)
 from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, read_counters
 from tailsieve.model.curves import TpotCurve
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 PROFILE_PROMPT = "Count from one to one thousand, one number per line:"
+TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, FaultKind.DEADLINE,
+                       FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How `profile` retries transient faults: attempt k waits backoff_s · 2^(k−1), capped at backoff_max_s."""
+
+    retries: int = 4
+    backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or not 0 <= self.backoff_s <= self.backoff_max_s < float("inf"):
+            raise EngineError(f"retry policy: need retries >= 0 and 0 <= backoff <= backoff max < inf, got {self}")
+
+    async def run(self, make: Callable[[], Awaitable[T]], what: str) -> T:
+        """`await make()`, again after a transient `ReplicaFault`; the last fault ends it as a one-line error."""
+        attempt = 0
+        while True:
+            try:
+                return await make()
+            except ReplicaFault as exc:
+                if exc.kind not in TRANSIENT or attempt >= self.retries:
+                    raise EngineError(f"{what}: {exc} (attempt {attempt + 1} of {self.retries + 1})") from None
+            attempt += 1
+            await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +93,9 @@ async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b:
     before = await read_counters(client, endpoint)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    comps = await asyncio.gather(*(
+    comps = await _all_or_none([
         client.complete(endpoint, model, Request(f"prof-{b}-{i}", PROFILE_PROMPT, seed=seed + i), params)
-        for i in range(b)))
+        for i in range(b)])
     wall = loop.time() - t0
     per: list[float] = []
     ttfts: list[float] = []
@@ -75,22 +114,39 @@ async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b:
                         float(np.median(ttfts) * 1e3) if ttfts else float("nan"), wall, total / wall, spec)
 
 
+async def _all_or_none(coros: list[Awaitable[Completion]]) -> list[Completion]:
+    """Every result, or the first failure with the other requests cancelled (no stray load on a retried batch)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def profile_endpoint(
     client: EngineClient, endpoint: Endpoint, *, batches: Sequence[int] = DEFAULT_BATCHES, max_tokens: int = 256,
     model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None, temperature: float = 1.0,
+    retry: Retry | None = None,
 ) -> tuple[TpotCurve, list[ProfilePoint]]:
-    """Warm up, then measure every batch size in increasing order; returns the curve and the raw points."""
+    """Warm up, then measure every batch size in increasing order; returns the curve and the raw points. A batch
+    that meets a transient fault (5xx, refused, stall, dropped connection) is measured again (`retry`)."""
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
+    retry = retry or Retry()
     if model is None:
-        names = await client.models(endpoint)
+        names = await retry.run(lambda: client.models(endpoint), "/v1/models")
         if not names:
             raise EngineError(f"{endpoint.url} serves no model")
         model = names[0]
-    await measure_batch(client, endpoint, model, 1, min(max_tokens, 16), temperature=temperature)
+    name = model
+    await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
+                    "warm-up")
     points: list[ProfilePoint] = []
     for b in batches:
-        pt = await measure_batch(client, endpoint, model, b, max_tokens, temperature=temperature)
+        pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens, temperature=temperature),
+                             f"batch {b}")
         points.append(pt)
         if on_point is not None:
             on_point(pt)
@@ -108,5 +164,5 @@ def total_spec(points: Sequence[ProfilePoint]) -> SpecMeasure | None:
     return SpecMeasure.total(parts) if parts else None
 
 
-__all__ = ["DEFAULT_BATCHES", "PROFILE_PROMPT", "ProfilePoint", "SpecCounters", "SpecMeasure", "measure_batch",
-           "parse_batches", "profile_endpoint", "total_spec"]
+__all__ = ["DEFAULT_BATCHES", "PROFILE_PROMPT", "TRANSIENT", "ProfilePoint", "Retry", "SpecCounters", "SpecMeasure",
+           "measure_batch", "parse_batches", "profile_endpoint", "total_spec"]

@@ -22,7 +22,16 @@ from typing import Any, cast
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.engines.batch import Batch, GroupResult, TrainerSample
-from tailsieve.engines.client import Api, ClientOptions, Endpoint, EngineClient, NoHealthyReplica, SamplingParams
+from tailsieve.engines.client import (
+    Api,
+    ClientOptions,
+    Endpoint,
+    EngineClient,
+    EngineError,
+    NoHealthyReplica,
+    ReplicaFault,
+    SamplingParams,
+)
 from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
@@ -138,7 +147,8 @@ class Rollout:
         self.client = EngineClient(ClientOptions(api=config.api, stream=config.stream,
                                                  connect_timeout_s=config.faults.connect_timeout_s,
                                                  stall_timeout_s=config.faults.stall_timeout_s,
-                                                 api_key_env=config.api_key_env, logprobs=config.logprobs))
+                                                 api_key_env=config.api_key_env, logprobs=config.logprobs,
+                                                 deadline_s=config.faults.deadline_s))
         self.replicas: Replicas | None = None
         self.executor: EngineExecutor | None = None
 
@@ -212,12 +222,26 @@ class Rollout:
         if not healthy:
             raise NoHealthyReplica(f"no endpoint answers /health: {', '.join(e.url for e in self.endpoints)}")
         model = self.config.model or self.endpoints[healthy[0]].model
-        if model is None:
-            names = await self.client.models(self.endpoints[healthy[0]])
-            if not names:
-                raise ConfigError(f"{self.endpoints[healthy[0]].url} serves no model")
-            model = names[0]
-        return model
+        return model if model is not None else await self._ask_model(replicas, healthy)
+
+    async def _ask_model(self, replicas: Replicas, healthy: list[int]) -> str:
+        """The first served name that a healthy endpoint's /v1/models lists; an endpoint whose reply is bad (or
+        lists nothing) is skipped, and marked down when the fault is the replica's."""
+        errors: list[str] = []
+        for i in healthy:
+            try:
+                names = await self.client.models(self.endpoints[i])
+            except ReplicaFault as exc:
+                replicas.mark_down(i, exc.kind, str(exc))
+                errors.append(str(exc))
+                continue
+            except EngineError as exc:
+                errors.append(str(exc))
+                continue
+            if names:
+                return names[0]
+            errors.append(f"{self.endpoints[i].url} serves no model")
+        raise ConfigError(f"no endpoint names a served model (/v1/models): {'; '.join(errors)}"[:600])
 
     def _params(self) -> SamplingParams:
         s = self.config.sampling

@@ -15,13 +15,13 @@ k(k−1)/2·log γ, with P(≥ k | drafted) = accepted_at_k / drafts; `draft_sha
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.client import Endpoint, EngineClient
 from tailsieve.model.curves import TpotCurve
@@ -32,7 +32,6 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATED = "vllm:generation_tokens_total"
-_POSITION = re.compile(r'position="(\d+)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +49,16 @@ class SpecCounters:
         """From Prometheus text; None when the server exposes no `spec_decode` counters (no speculation)."""
         sums: dict[str, float] = {}
         pos: dict[int, float] = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            head, _, value = line.rpartition(" ")
-            name = head.split("{", 1)[0].strip()
-            try:
-                v = float(value)
-            except ValueError:
-                continue
-            if name == PER_POS:
-                m = _POSITION.search(head)
-                if m:
-                    pos[int(m.group(1))] = pos.get(int(m.group(1)), 0.0) + v
-            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATED):
-                sums[name] = sums.get(name, 0.0) + v
+        try:
+            samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+        for sample in samples:
+            if sample.name == PER_POS and str(sample.labels.get("position", "")).isdigit():
+                k = int(sample.labels["position"])
+                pos[k] = pos.get(k, 0.0) + float(sample.value)
+            elif sample.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATED):
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
         if DRAFTS not in sums:
             return None
         per = tuple(pos.get(k, 0.0) for k in range(max(pos) + 1)) if pos else ()

@@ -3,11 +3,13 @@ options, and the error classes (`ReplicaFault`: the replica's fault; `RequestRej
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from tailsieve.errors import TailSieveError
+from tailsieve.redact import redact
 
 DEFAULT_API_KEY_ENV = "TAILSIEVE_API_KEY"
 
@@ -33,12 +35,17 @@ class FaultKind(StrEnum):
 
     REFUSED = "refused"
     HTTP_5XX = "5xx"
-    STALL = "stall"
+    STALL = "stall"  # no progress (tokens) for the stall timeout; keep-alive bytes do not count
+    DEADLINE = "deadline"  # the request ran past its total deadline
     DISCONNECT = "disconnect"
+    BAD_REPLY = "bad-reply"  # a reply that breaks the protocol (engines/replies.py)
 
 
 class EngineError(TailSieveError):
-    """A real-engine failure reported to the user as one line."""
+    """A real-engine failure reported to the user as one line (secrets redacted: the text may quote a server)."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(" ".join(redact(str(message)).split()), *args)
 
 
 class ReplicaFault(EngineError):
@@ -160,8 +167,22 @@ class ClientOptions:
     api: Api = Api.COMPLETIONS
     stream: bool = True
     connect_timeout_s: float = 5.0
-    stall_timeout_s: float = 60.0  # streaming: max silence between chunks; else the whole request
+    stall_timeout_s: float = 60.0  # streaming: max time without a new token; else the whole request
     fresh_connections: bool = True  # keep-alive reuse sometimes ends in "Server disconnected" on vLLM
     api_key_env: str | None = DEFAULT_API_KEY_ENV
     return_token_ids: bool = True  # vLLM only; other kinds never get the field
     logprobs: bool = False  # ask for each generated token's log-probability (trainer-ready samples)
+    deadline_s: float | None = None  # total seconds one request may take (None: no limit beyond the stall timeout)
+
+    def __post_init__(self) -> None:
+        check_seconds("stall timeout", self.stall_timeout_s)
+        check_seconds("connect timeout", self.connect_timeout_s)
+        if self.deadline_s is not None:
+            check_seconds("request deadline", self.deadline_s)
+
+
+def check_seconds(what: str, value: float, *, zero: bool = False) -> None:
+    """A finite number of seconds, > 0 (>= 0 with `zero`); else a one-line `EngineError` naming `what`."""
+    ok = isinstance(value, int | float) and math.isfinite(value) and (value >= 0 if zero else value > 0)
+    if not ok:
+        raise EngineError(f"{what} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {value!r}")

@@ -1,0 +1,307 @@
+"""The one validation boundary for server replies: every reply is untrusted until parsed here into frozen records.
+
+`parse_full` turns a non-streamed response (in OpenAI form, after the backend's `response` hook) into a
+`Completion`; `parse_chunk` turns one streamed `data:` event into a `Chunk`, and `StreamAcc` folds the chunks of one
+request into a `Completion`. Anything that breaks the protocol raises `ReplyError` with a one-line reason, which the
+client reports as `BadReply` (a `ReplicaFault` of kind `bad-reply`): the replica is marked down and its work is
+re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belong, `choices` a list of objects,
+`index` an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason`), text a
+string, token ids and counts non-negative integers, token counts within n × max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailsieve.engines.types import Choice, Completion, FaultKind, ReplicaFault, RequestRejected
+from tailsieve.redact import redact
+
+MAX_PROMPT_TOKENS = 2**31 - 1
+MAX_TOKEN_ID = 2**32
+
+
+class ReplyError(ValueError):
+    """A reply that breaks the protocol (one-line reason, no server text beyond a short quote)."""
+
+
+class BadReply(ReplicaFault):
+    """A replica's reply failed validation: mark it down, re-dispatch its work."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(url, FaultKind.BAD_REPLY, detail)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ReplyError(f"JSON constant {name} is not allowed")
+
+
+def loads(payload: bytes | str) -> Any:
+    """Strict JSON: NaN and ±Infinity are protocol violations, not numbers."""
+    try:
+        return json.loads(payload, parse_constant=_reject_constant)
+    except ReplyError:
+        raise
+    except ValueError as exc:
+        raise ReplyError(f"not JSON ({str(exc).splitlines()[0][:80]})") from None
+
+
+def _quote(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def count(v: Any, what: str, hi: int) -> int:
+    """A token count: an integer (not a bool) in [0, hi]."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+        raise ReplyError(f"{what} is {_quote(v)}, expected an integer in [0, {hi}]")
+    return v
+
+
+def _obj(v: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ReplyError(f"{what} is {type(v).__name__}, expected an object")
+    return v
+
+
+def _opt_obj(v: Any, what: str) -> Mapping[str, Any]:
+    return {} if v is None else _obj(v, what)
+
+
+def _ids(v: Any, what: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise ReplyError(f"{what} is {type(v).__name__}, expected a list")
+    return tuple(count(t, what, MAX_TOKEN_ID) for t in v)
+
+
+def _lp(v: Any) -> float:
+    if v is None:
+        return float("nan")
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ReplyError(f"logprob is {_quote(v)}, expected a number")
+    return float(v)
+
+
+def _logprobs(ch: Mapping[str, Any]) -> tuple[float, ...] | None:
+    """Sampled-token log-probabilities (completions: `token_logprobs`; chat: `content[].logprob`)."""
+    lp = ch.get("logprobs")
+    if lp is None:
+        return None
+    lp = _obj(lp, "logprobs")
+    if lp.get("token_logprobs") is not None:
+        raw = lp["token_logprobs"]
+        if not isinstance(raw, list):
+            raise ReplyError("logprobs.token_logprobs is not a list")
+        return tuple(_lp(x) for x in raw)
+    if lp.get("content") is not None:
+        raw = lp["content"]
+        if not isinstance(raw, list):
+            raise ReplyError("logprobs.content is not a list")
+        return tuple(_lp(_obj(c, "logprobs.content[]").get("logprob")) for c in raw)
+    return None
+
+
+def _text(ch: Mapping[str, Any], i: int) -> str | None:
+    """A choice's text: `text` (completions), else `message.content` / `delta.content` (chat); None when absent."""
+    if "text" in ch and ch["text"] is not None:
+        raw = ch["text"]
+    else:
+        inner = ch.get("message") if ch.get("message") is not None else ch.get("delta")
+        raw = _opt_obj(inner, f"choice {i} message").get("content")
+    if raw is not None and not isinstance(raw, str):
+        raise ReplyError(f"choice {i} text is {type(raw).__name__}, expected a string")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyChoice:
+    """One validated choice (a whole one, or what a stream chunk adds to it)."""
+
+    index: int
+    text: str | None
+    token_ids: tuple[int, ...] | None
+    finish_reason: str | None
+    logprobs: tuple[float, ...] | None
+    prompt_token_ids: tuple[int, ...] | None
+
+    @property
+    def progress(self) -> bool:
+        """Whether it carries generated tokens or finishes its choice (what resets the stall timer)."""
+        return bool(self.text or self.token_ids or self.finish_reason is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Validated token counts (`completion_tokens` None: not reported)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One validated stream event."""
+
+    choices: tuple[ReplyChoice, ...]
+    usage: Usage | None
+
+    @property
+    def progress(self) -> bool:
+        """Whether any choice made progress."""
+        return any(c.progress for c in self.choices)
+
+
+def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyChoice:
+    ch = _obj(raw, f"choice {position}")
+    if "index" in ch:
+        i = ch["index"]
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise ReplyError(f"choice index is {_quote(i)}, expected an integer in [0, {n})")
+    else:
+        i = position
+    finish = ch.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, expected a string")
+    pids = ch.get("prompt_token_ids") if ch.get("prompt_token_ids") is not None else outer.get("prompt_token_ids")
+    return ReplyChoice(i, _text(ch, i), _ids(ch.get("token_ids"), f"choice {i} token_ids"), finish or None,
+                       _logprobs(ch), _ids(pids, "prompt_token_ids"))
+
+
+def _usage(raw: Any, n: int, cap: int) -> Usage | None:
+    if raw is None:
+        return None
+    u = _obj(raw, "usage")
+    done = u.get("completion_tokens")
+    return Usage(count(u.get("prompt_tokens") or 0, "usage.prompt_tokens", MAX_PROMPT_TOKENS),
+                 None if done is None else count(done, "usage.completion_tokens", n * cap))
+
+
+def _choices(obj: Mapping[str, Any], n: int, *, required: bool) -> tuple[ReplyChoice, ...]:
+    raw = obj.get("choices")
+    if raw is None and not required:
+        return ()
+    if not isinstance(raw, list):
+        raise ReplyError(f"'choices' is {type(raw).__name__}, expected a list")
+    return tuple(_choice(c, k, n, obj) for k, c in enumerate(raw))
+
+
+def parse_chunk(obj: Any, n: int, cap: int) -> Chunk:
+    """One stream event (OpenAI chunk form) → `Chunk`; a violation raises `ReplyError`."""
+    o = _obj(obj, "stream chunk")
+    return Chunk(_choices(o, n, required=False), _usage(o.get("usage"), n, cap))
+
+
+def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
+    """A non-streamed response → `Completion` with exactly n finished choices; a violation raises `ReplyError`.
+    Per-choice tokens: the token ids, else usage (n = 1), else max_tokens for `length`, else an even share."""
+    o = _obj(obj, "response")
+    got = _choices(o, n, required=True)
+    usage = _usage(o.get("usage"), n, cap) or Usage()
+    by_index = {c.index: c for c in got}
+    if len(by_index) != len(got):
+        raise ReplyError("a choice index is repeated")
+    if len(got) != n:
+        raise ReplyError(f"{len(got)} choices returned, {n} requested")
+    total = usage.completion_tokens or 0
+    out: list[Choice] = []
+    for i in range(n):
+        c = by_index[i]
+        if c.finish_reason is None:
+            raise ReplyError(f"choice {i} has no finish_reason")
+        if c.token_ids is not None:
+            tokens = count(len(c.token_ids), f"choice {i} token count", cap)
+        elif n == 1:
+            tokens = total
+        else:
+            tokens = cap if c.finish_reason == "length" else round(total / n)
+        out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids))
+    return Completion(tuple(out), usage.prompt_tokens, latency_s, None)
+
+
+@dataclass(slots=True)
+class _Acc:
+    text: list[str] = field(default_factory=list)
+    ids: list[int] | None = None
+    finish: str | None = None
+    tokens: int = 0
+    logprobs: list[float] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+
+
+class StreamAcc:
+    """Folds the validated chunks of one streamed request into its `Completion`; `progress[i]` mirrors choice i's
+    tokens so far."""
+
+    def __init__(self, n: int, cap: int, progress: list[int]) -> None:
+        self.n, self.cap, self.progress = n, cap, progress
+        self.accs = [_Acc() for _ in range(n)]
+        self.prompt_tokens = 0
+
+    def add(self, chunk: Chunk) -> None:
+        """Apply one chunk (token counts past max_tokens are a `ReplyError`)."""
+        u = chunk.usage
+        if u is not None:
+            self.prompt_tokens = u.prompt_tokens or self.prompt_tokens
+        single = self.n == 1 and u is not None and u.completion_tokens is not None
+        for c in chunk.choices:
+            a = self.accs[c.index]
+            if c.logprobs is not None:
+                a.logprobs = (a.logprobs or []) + list(c.logprobs)
+            if a.prompt_ids is None and c.prompt_token_ids is not None:
+                a.prompt_ids = c.prompt_token_ids
+            if c.text:
+                a.text.append(c.text)
+            if c.token_ids is not None:
+                a.ids = (a.ids or []) + list(c.token_ids)
+                a.tokens = count(a.tokens + len(c.token_ids), f"choice {c.index} token count", self.cap)
+            elif single and len(chunk.choices) == 1 and u is not None:
+                a.tokens = u.completion_tokens or 0
+            elif c.text:
+                a.tokens = min(self.cap, a.tokens + 1)
+            if c.finish_reason is not None:
+                a.finish = c.finish_reason
+            self.progress[c.index] = a.tokens
+        if not chunk.choices and single and u is not None:
+            self.accs[0].tokens = self.progress[0] = u.completion_tokens or 0
+
+    def result(self, done: bool, latency_s: float, ttft_s: float | None) -> Completion:
+        """The finished completion; unfinished choices raise `ReplyError` after `[DONE]`, `EOFError` without it
+        (the connection dropped)."""
+        left = [i for i, a in enumerate(self.accs) if a.finish is None]
+        if left:
+            if done:
+                raise ReplyError(f"[DONE] before choice {left[0]} finished ({len(left)} of {self.n} unfinished)")
+            raise EOFError("stream ended before every choice finished ([DONE] missing)")
+        out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids),
+                           None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids)
+                    for i, a in enumerate(self.accs))
+        return Completion(out, self.prompt_tokens, latency_s, ttft_s)
+
+
+def raise_stream_error(url: str, err: Any) -> None:
+    """An error event inside a stream: 4xx codes are the request's fault, anything else the replica's."""
+    info = err if isinstance(err, Mapping) else {"message": str(err)}
+    msg = " ".join(redact(str(info.get("message", ""))).split())[:200]
+    try:
+        code = int(info.get("code") or 500)
+    except (TypeError, ValueError, OverflowError):
+        code = 500
+    if 400 <= code < 500 and code not in (408, 429):
+        raise RequestRejected(f"{url}: HTTP {code} (in stream): {msg}")
+    raise ReplicaFault(url, FaultKind.HTTP_5XX, f"error in stream: {msg}")
+
+
+def model_names(obj: Any) -> list[str]:
+    """The served names of a `/v1/models` reply (`{"data": [{"id": ...}, ...]}`)."""
+    data = _obj(obj, "/v1/models reply").get("data")
+    if not isinstance(data, list):
+        raise ReplyError(f"/v1/models 'data' is {type(data).__name__}, expected a list")
+    return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
+
+
+__all__ = ["BadReply", "Chunk", "ReplyChoice", "ReplyError", "StreamAcc", "Usage", "count", "loads", "model_names",
+           "parse_chunk", "parse_full", "raise_stream_error"]
