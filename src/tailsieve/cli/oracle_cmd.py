@@ -17,7 +17,7 @@ from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
 from tailsieve.model.oracle import DEFAULT_MAX_STATES, OracleBudgetError, alternate_lanes, topk_curve, two_lane_oracle
-from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace
+from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace, require_tokens
 
 DEFAULT_CURVE = "h100-llama3-8b"
 DEFAULT_MAX_SECONDS = 120.0
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     if args.sample is None and (args.repeat is not None or args.seed is not None):
         raise TailSieveError("--repeat and --seed need --sample")
-    trace = load_trace(args.trace)
+    trace = require_tokens(load_trace(args.trace))
     curve = load_curve(args.curve)
     lengths = trace.length
     n = int(lengths.size)

@@ -21,7 +21,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
 from tailsieve.model.curves import TpotCurve, load_curve
-from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace
+from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace, require_tokens
 
 DEFAULT_POLICIES = ("uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")
 SEER_MAX_PER_REPLICA = 4096  # seer-oracle's pairwise improvement holds (requests per replica)² cells
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
     curve = load_curve(args.curve)
-    trace = load_trace(args.trace)
+    trace = require_tokens(load_trace(args.trace))
     steps, left_out = trace_steps(trace, args.groups, args.group_size)
     per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
     if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):

@@ -104,8 +104,10 @@ def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ..
     for b in batch:
         if isinstance(b, bool) or not isinstance(b, int):
             raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
-        if not 0 < b <= MAX_BATCH:
-            raise CurveError(f"{where}: batch sizes must lie in 1..{MAX_BATCH:,}, got {b}")
+        if b <= 0:
+            raise CurveError(f"{where}: batch sizes must be positive, got {b}")
+        if b > MAX_BATCH:
+            raise CurveError(f"{where}: batch sizes must be at most {MAX_BATCH:,}, got {b}")
     for a, b in itertools.pairwise(batch):
         if b <= a:
             raise CurveError(f"{where}: batch sizes must be strictly increasing, got {a} then {b}")

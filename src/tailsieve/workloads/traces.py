@@ -219,8 +219,6 @@ def read_trace(
     if prompt_column is not None and pcol is None:
         raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are {', '.join(header)}")
     lengths = _int_column(rows, lcol, p, "length", required=True)
-    if not lengths.any():
-        raise TraceError(f"trace {p}: every length is 0 (nothing to generate)")
     if pcol is not None:
         prompts: list[str] = []
         for lineno, row in rows:
@@ -247,6 +245,13 @@ def read_trace(
             "prompt_tokens_column": tcol, "truncated_column": fcol}
     return Trace(source=str(p), prompt_id=pid, length=lengths, step=steps, sample=samples, prompt_tokens=ptoks,
                  truncated=trunc, meta=meta)
+
+
+def require_tokens(trace: Trace) -> Trace:
+    """`trace` when some length is > 0; a one-line error otherwise (speedups and ratios of nothing are undefined)."""
+    if not trace.length.any():
+        raise TraceError(f"trace {trace.source}: every length is 0 (nothing to generate, route or compare)")
+    return trace
 
 
 def bundled_trace_names() -> tuple[str, ...]:
