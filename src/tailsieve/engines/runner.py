@@ -69,7 +69,7 @@ def step_rows(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
     for lineno, line in enumerate(read_text(path, "resume file").splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"{path}, line {lineno}"
+        where = f"resume file {path}, line {lineno}"
         row = loads_json(line, where, line=False, allow_nan=True)
         if not isinstance(row, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -142,8 +142,8 @@ class PolicyOutput:
             except KeyError as exc:
                 raise ConfigError(f"{where}: missing key {exc}") from None
             except (TypeError, ValueError, OverflowError) as exc:
-                raise ConfigError(f"{where}: malformed step line ({str(exc).splitlines()[0] if str(exc) else exc!r})"
-                                  ) from None
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ConfigError(f"{where}: malformed step line ({why})") from None
             self.restart_s += restart
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
