@@ -33,8 +33,8 @@ MESSAGES: list[str] = []
 SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "database": None}
 
 
-class Hang(Exception):
-    """A case ran past CASE_TIMEOUT_S."""
+class Hang(BaseException):
+    """A case ran past CASE_TIMEOUT_S (a BaseException, so that the CLI's catch-all does not swallow it)."""
 
 
 def _alarm(signum: int, frame: object) -> None:
@@ -369,7 +369,8 @@ FLAG_VALUES: dict[str, dict[str, Any]] = {
                  "--restart-s": number_text, "--dispatch": st.sampled_from(("group", "request", "x")),
                  "--replay": st.sampled_from(("recorded", "resample", "synthetic", "")),
                  "--policy": st.sampled_from(("static", "all", "", ",", "nope", "tailsieve")),
-                 "--tail-spec": SPEC, "--bulk-spec": SPEC, "--spec-budgets": st.sampled_from(("1,2", "-1", "x", "99"))},
+                 "--tail-spec": SPEC, "--bulk-spec": SPEC, "--spec-budgets": st.sampled_from(("1,2", "-1", "x", "99")),
+                 "--spec": st.sampled_from(("mtp", "ngram:2", "x", "mtp,acceptance=nan"))},
     "route": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--q": SIZE, "--m": SIZE,
               "--policies": st.sampled_from(("topq", "seer-oracle", "", "nope", "uniform,topq-best")),
               "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/"))},

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_REPLICAS, check_step_size, finite, int_in
+from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import Dispatch, RouterConfig
@@ -54,6 +54,8 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
     finite(args.restart_s, "--restart-s", lo=0, hi=MAX_SECONDS)
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
+    if args.max_num_seqs is not None:
+        int_in(args.max_num_seqs, "--max-num-seqs", 1, MAX_STEP_REQUESTS)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
     if args.q is not None and args.q < 0:
