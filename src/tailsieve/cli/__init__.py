@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from tailsieve import __version__
 from tailsieve.errors import TailSieveError
@@ -25,9 +28,19 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+class CliParser(argparse.ArgumentParser):
+    """argparse with errors as exactly one line `tailsieve CMD: error: …` (no usage block) and exit status 2; every
+    command's parser is one (`add_subparsers` makes the subparsers of the parser's own class)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line and exit 2."""
+        print(f"{self.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every command registered."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="tailsieve",
         description="Partial-rollout-guided tail routing for synchronous LLM rollouts.",
     )
@@ -41,18 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; user errors print one line to stderr and return a non-zero exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's own parser, so the line names the command
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        owner = sub.choices.get(args.command, parser) if args.command else parser
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args))
-    except (TailSieveError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        msg = redact(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"tailsieve {args.command}: error: {msg}", file=sys.stderr)
+    except BrokenPipeError:
+        return 0
+    except (TailSieveError, ValueError, OSError, OverflowError, RecursionError, MemoryError, csv.Error) as exc:
+        _error_line(args.command, exc)
         return 1
     except KeyboardInterrupt:
         print(f"tailsieve {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except Exception as exc:  # a bug: still one line (TAILSIEVE_DEBUG=1 shows the traceback)
+        if os.environ.get("TAILSIEVE_DEBUG"):
+            raise
+        _error_line(args.command, exc, internal=True)
+        return 1
+
+
+def _error_line(command: str, exc: BaseException, *, internal: bool = False) -> None:
+    """`tailsieve CMD: error: …`, the exception's first line (its type when it has no message)."""
+    text = str(exc).strip()
+    msg = redact(text.splitlines()[0]) if text else type(exc).__name__
+    if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
+        msg = f"{'internal error: ' if internal else ''}{type(exc).__name__}: {msg}"
+    print(f"tailsieve {command}: error: {msg}", file=sys.stderr)

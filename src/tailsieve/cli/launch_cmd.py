@@ -9,7 +9,6 @@ import json
 import shlex
 import signal
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, l
 from tailsieve.engines.launchers import DEFAULT_LAUNCHER, LaunchError, ReplicaLauncher, make_launcher
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
-from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.inputs import finite
+from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec, read_config
 
 
 def register(sub: Any) -> None:
@@ -71,6 +71,12 @@ def _json_table(text: str, flag: str) -> dict[str, Any]:
     return obj
 
 
+def _table(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a table, got {obj!r}")
+    return dict(obj)
+
+
 def _split(text: str, flag: str) -> list[str]:
     try:
         return shlex.split(text)
@@ -82,12 +88,21 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
     """The config file's tables with the flags applied on top, validated."""
     table: dict[str, Any] = {}
     spec = PoolSpec()
+    if args.memory is not None:
+        finite(args.memory, "--memory", lo=0, lo_open=True)
+    if args.startup_timeout is not None:
+        finite(args.startup_timeout, "--startup-timeout", lo=0, lo_open=True)
     if args.config:
         path = Path(args.config)
         spec = load_config_file(path)
-        text = path.read_text(encoding="utf-8")
-        doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-        table = dict(doc.get("launch", {}))
+        table = _table(read_config(path).get("launch", {}), f"config {path}: launch")
+        for key in ("tail", "bulk"):
+            if key in table:
+                table[key] = _table(table[key], f"config {path}: launch.{key}")
+        for key, sub in (("args", table), ("tail.args", table.get("tail", {})), ("bulk.args", table.get("bulk", {}))):
+            v = sub.get(key.split(".")[-1])
+            if v is not None and (isinstance(v, str) or not isinstance(v, list)):
+                raise ConfigError(f"config {path}: launch.{key} must be a list of strings, got {v!r}")
     tail, bulk = spec.tail, spec.bulk
     if args.tail_spec:
         tail = parse_spec(args.tail_spec, "--tail-spec")
@@ -144,8 +159,8 @@ def sigterm_as_interrupt(launcher: ReplicaLauncher | None = None) -> Iterator[No
 def run(args: argparse.Namespace) -> int:
     """Start, report, serve, stop."""
     cfg, _ = launch_config(args)
-    if args.duration is not None and args.duration < 0:
-        raise ConfigError(f"--duration must be >= 0, got {args.duration}")
+    if args.duration is not None:
+        finite(args.duration, "--duration", lo=0)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")

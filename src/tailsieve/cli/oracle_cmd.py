@@ -17,10 +17,11 @@ from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
 from tailsieve.model.oracle import DEFAULT_MAX_STATES, OracleBudgetError, alternate_lanes, topk_curve, two_lane_oracle
-from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace
+from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace, require_tokens
 
 DEFAULT_CURVE = "h100-llama3-8b"
 DEFAULT_MAX_SECONDS = 120.0
+MAX_REPEAT = 100_000  # sampled groups (each one exact solve)
 FIXED_SHARE = 0.10  # App. A.4 "fixed 10% isolation": the ⌈n/10⌉ longest requests on the tail lane
 
 
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     if args.sample is None and (args.repeat is not None or args.seed is not None):
         raise TailSieveError("--repeat and --seed need --sample")
-    trace = load_trace(args.trace)
+    trace = require_tokens(load_trace(args.trace))
     curve = load_curve(args.curve)
     lengths = trace.length
     n = int(lengths.size)
@@ -139,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             raise TailSieveError(f"--sample {args.sample} is larger than the trace ({n} requests)")
         rng = np.random.default_rng(0 if args.seed is None else args.seed)
         repeat = 100 if args.repeat is None else args.repeat
+        if repeat > MAX_REPEAT:
+            raise TailSieveError(f"--repeat {repeat} is more than the {MAX_REPEAT:,} groups allowed")
         rows = [rng.choice(n, size=args.sample, replace=False) for _ in range(repeat)]
     source = args.trace or f"{DEFAULT_TRACE} (bundled)"
     groups = _solve_all(rows, lengths, curve, args)

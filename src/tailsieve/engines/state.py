@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import loads_json, read_text
 from tailsieve.policy.controller import ControlState
 from tailsieve.policy.router import RouterState
 from tailsieve.policy.step import GroupRef
@@ -59,11 +60,16 @@ class RolloutState:
     def load(cls, path: str | Path) -> RolloutState:
         """Read a saved state (one-line error if missing or malformed)."""
         p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"no saved rollout state at {p}")
+        obj = loads_json(read_text(p, "rollout state"), f"rollout state {p}")
+        if not isinstance(obj, dict):
+            raise ConfigError(f"rollout state {p} is malformed: expected a JSON object, got {type(obj).__name__}")
         try:
-            return cls.from_json(json.loads(p.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise ConfigError(f"no saved rollout state at {p}") from None
-        except (ValueError, KeyError, TypeError) as exc:
+            return cls.from_json(obj)
+        except KeyError as exc:
+            raise ConfigError(f"rollout state {p} is malformed: missing key {exc}") from None
+        except (ValueError, TypeError, AttributeError, IndexError, OverflowError) as exc:
             raise ConfigError(f"rollout state {p} is malformed: {exc}") from None
 
 

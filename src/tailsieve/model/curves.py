@@ -23,8 +23,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import CurveError
+from tailsieve.inputs import loads_json, read_text
 
 FloatArray = NDArray[np.float64]
+MAX_CURVE_POINTS = 100_000
+MAX_BATCH = 1_000_000  # largest batch size a curve point may name
+MIN_TPOT_MS, MAX_TPOT_MS = 1e-6, 1e6  # ms per token: a nanosecond to 1000 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +106,16 @@ def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ..
             raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
         if b <= 0:
             raise CurveError(f"{where}: batch sizes must be positive, got {b}")
+        if b > MAX_BATCH:
+            raise CurveError(f"{where}: batch sizes must be at most {MAX_BATCH:,}, got {b}")
     for a, b in itertools.pairwise(batch):
         if b <= a:
             raise CurveError(f"{where}: batch sizes must be strictly increasing, got {a} then {b}")
     for t in tpot_ms:
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
             raise CurveError(f"{where}: tpot_ms must be positive and finite, got {t!r}")
+        if not MIN_TPOT_MS <= t <= MAX_TPOT_MS:
+            raise CurveError(f"{where}: tpot_ms must lie in [{MIN_TPOT_MS:g}, {MAX_TPOT_MS:g}], got {t!r}")
 
 
 def _as_int(value: Any, where: str) -> int:
@@ -145,26 +153,28 @@ def curve_from_points(name: str, batch: Any, tpot_ms: Any, **meta: str) -> TpotC
 
 
 def read_curve_file(path: Path) -> TpotCurve:
-    """Read a curve from JSON `{"batch": [...], "tpot_ms": [...]}` or CSV with header `batch,tpot_ms`."""
+    """Read a curve from JSON `{"batch": [...], "tpot_ms": [...]}` or CSV with header `batch,tpot_ms` (UTF-8, a BOM
+    allowed); errors are one line naming the file (and line)."""
     name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CurveError(f"cannot read curve file {path}: {exc.strerror or exc}") from None
+    text = read_text(path, "curve file", CurveError)
     if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CurveError(f"curve file {path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        obj = loads_json(text, f"curve file {path}", CurveError)
         if not isinstance(obj, dict) or "batch" not in obj or "tpot_ms" not in obj:
             raise CurveError(f"curve file {path}: JSON must be an object with 'batch' and 'tpot_ms' lists")
+        if isinstance(obj["batch"], list) and len(obj["batch"]) > MAX_CURVE_POINTS:
+            raise CurveError(f"curve file {path}: more than {MAX_CURVE_POINTS:,} points")
         return curve_from_points(name, obj["batch"], obj["tpot_ms"], description=str(obj.get("description", "")))
-    rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
+    try:
+        rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
+    except csv.Error as exc:
+        raise CurveError(f"curve file {path}: malformed CSV ({exc})") from None
     if not rows:
         raise CurveError(f"curve file {path}: empty file")
     header = [h.strip() for h in rows[0]]
     if "batch" not in header or "tpot_ms" not in header:
         raise CurveError(f"curve file {path}: CSV header must contain 'batch,tpot_ms', got {','.join(header)!r}")
+    if len(rows) - 1 > MAX_CURVE_POINTS:
+        raise CurveError(f"curve file {path}: more than {MAX_CURVE_POINTS:,} points")
     ib, it = header.index("batch"), header.index("tpot_ms")
     batch, tpot = [], []
     for lineno, row in enumerate(rows[1:], start=2):

@@ -19,9 +19,7 @@ weights or the b contexts) — `tailsieve profile --plain-curve` fits both from 
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
@@ -32,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import load_document
 from tailsieve.model.curves import TpotCurve
 
 MAX_TOKENS = 32  # speculative tokens per iteration accepted by the configuration (vLLM allows fewer in practice)
@@ -326,23 +325,21 @@ def parse_spec(text: str, where: str) -> SpecConfig:
     return spec_from_mapping(obj, where)
 
 
-def load_config_file(path: Path) -> PoolSpec:
-    """A simulate config file (TOML, or JSON by suffix): tables `spec.tail` and `spec.bulk` (docs/speculative.md)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        doc: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"config {path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+def read_config(path: Path) -> dict[str, Any]:
+    """A config file's document (TOML, or JSON by suffix), checked at the boundary: UTF-8, size and nesting limits,
+    a table with only the keys `spec` and `launch`; errors are one line naming the file."""
+    doc: Any = load_document(path, "config file", ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"config {path}: must be a table/object with a 'spec' table")
     extra = sorted(set(doc) - {"spec", "launch"})  # [launch]: engines/launch_config.py reads it
     if extra:
         raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
+    return doc
+
+
+def load_config_file(path: Path) -> PoolSpec:
+    """A simulate config file (TOML, or JSON by suffix): tables `spec.tail` and `spec.bulk` (docs/speculative.md)."""
+    doc = read_config(path)
     spec = doc.get("spec", {})
     if not isinstance(spec, dict):
         raise ConfigError(f"config {path}: spec must be a table with 'tail' and 'bulk', got {spec!r}")

@@ -9,7 +9,6 @@ runs without a file. Errors are one line naming the file, the line and the probl
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import TraceError
+from tailsieve.inputs import MAX_FILE_BYTES, MAX_INT, MAX_LENGTH, loads_json
 
 DEFAULT_TRACE = "kodcode-r1"
 _BUNDLED = {
@@ -74,6 +74,8 @@ def _pick(header: list[str], aliases: tuple[str, ...], override: str | None) -> 
 
 def _read_text(path: Path) -> list[str]:
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise TraceError(f"trace {path}: larger than {MAX_FILE_BYTES:,} bytes")
         text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
@@ -91,10 +93,7 @@ def _jsonl_rows(path: Path, lines: list[str]) -> tuple[list[str], list[tuple[int
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"trace {path}, line {lineno}: invalid JSON ({exc.msg})") from None
+        obj = loads_json(line, f"trace {path}, line {lineno}", TraceError, line=False)
         if not isinstance(obj, dict):
             raise TraceError(f"trace {path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
         header.update(dict.fromkeys(obj))
@@ -150,7 +149,7 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
     return _csv_rows(path, lines)
 
 
-def _int_cell(value: Any, path: Path, lineno: int, column: str, what: str) -> int:
+def _int_cell(value: Any, path: Path, lineno: int, column: str, what: str, limit: int = MAX_INT) -> int:
     try:
         if isinstance(value, bool):
             raise ValueError
@@ -162,6 +161,8 @@ def _int_cell(value: Any, path: Path, lineno: int, column: str, what: str) -> in
         raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is not an integer: {value!r}") from None
     if n < 0:
         raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is negative: {n}")
+    if n > limit:
+        raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is {n}, more than the {limit:,} allowed")
     return n
 
 
@@ -178,13 +179,16 @@ def _bool_cell(value: Any, path: Path, lineno: int, column: str) -> bool:
 def _int_column(
     rows: list[tuple[int, dict[str, Any]]], col: str, path: Path, what: str, *, required: bool
 ) -> NDArray[np.int64]:
-    """Parse one integer column; a fast vectorised path, then a row loop that names the first bad line."""
+    """Parse one integer column; a fast vectorised path, then a row loop that names the first bad line. Lengths
+    (and prompt token counts) are at most `MAX_LENGTH`, other integers at most `MAX_INT`."""
+    limit = MAX_LENGTH if what in ("length", "prompt tokens") else MAX_INT
     values = [row.get(col) for _, row in rows]
     try:
-        if any(isinstance(v, bool) for v in values):
+        if any(isinstance(v, bool | list | dict) for v in values):
             raise TypeError
         arr = np.asarray(values, dtype=np.float64)
-        if np.isfinite(arr).all() and (arr == np.floor(arr)).all() and (arr >= 0).all() and arr.max() < 2**62:
+        if (arr.ndim == 1 and np.isfinite(arr).all() and (arr == np.floor(arr)).all() and (arr >= 0).all()
+                and arr.max() <= limit):
             return arr.astype(np.int64)
     except (TypeError, ValueError):
         pass
@@ -195,7 +199,7 @@ def _int_column(
             if required:
                 raise TraceError(f"trace {path}, line {lineno}: missing {what} '{col}'")
             raise TraceError(f"trace {path}, line {lineno}: empty {what} '{col}'")
-        out[i] = _int_cell(v, path, lineno, col, what)
+        out[i] = _int_cell(v, path, lineno, col, what, limit)
     return out
 
 
@@ -241,6 +245,13 @@ def read_trace(
             "prompt_tokens_column": tcol, "truncated_column": fcol}
     return Trace(source=str(p), prompt_id=pid, length=lengths, step=steps, sample=samples, prompt_tokens=ptoks,
                  truncated=trunc, meta=meta)
+
+
+def require_tokens(trace: Trace) -> Trace:
+    """`trace` when some length is > 0; a one-line error otherwise (speedups and ratios of nothing are undefined)."""
+    if not trace.length.any():
+        raise TraceError(f"trace {trace.source}: every length is 0 (nothing to generate, route or compare)")
+    return trace
 
 
 def bundled_trace_names() -> tuple[str, ...]:

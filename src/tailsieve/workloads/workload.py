@@ -23,7 +23,7 @@ from tailsieve.hashing import stable_hash
 from tailsieve.model.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
 from tailsieve.workloads.regimes import REGIMES
 from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
-from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, bundled_trace_names, load_trace
+from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, bundled_trace_names, load_trace, require_tokens
 
 _TAG_RESAMPLE = 21
 
@@ -290,7 +290,7 @@ def load_workload(
     if m is ReplayMode.SYNTHETIC:
         raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
                           f"got '{spec}'")
-    trace = load_trace(spec, length_column=length_column, prompt_column=prompt_column)
+    trace = require_tokens(load_trace(spec, length_column=length_column, prompt_column=prompt_column))
     bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
     name = str(spec) if bundled else Path(spec).stem
     cap = _TRACE_MAX_LENGTH.get(str(spec)) if bundled else None

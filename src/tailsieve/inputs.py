@@ -1,0 +1,142 @@
+"""The validated input boundary shared by every file reader and flag check (docs/inputs.md).
+
+Files (curves, traces, prompts, TOML/JSON configs, resume state) are read through `read_text`, `loads_json` and
+`loads_toml`: UTF-8 (a byte-order mark is allowed), a size limit, a nesting-depth limit, no non-standard JSON
+constants (NaN, Infinity) unless asked, and every error one line naming the file (and line). Flags are checked with
+`finite`, `int_in` and `float_in`: finite numbers inside documented ranges, errors naming the flag.
+
+Limits: `MAX_LENGTH` tokens per response (10^9; sums over any realistic step stay far inside int64),
+`MAX_STEP_REQUESTS` requests per step (N·G), `MAX_JSON_DEPTH` nesting levels, `MAX_FILE_BYTES` per document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tailsieve.errors import ConfigError, TailSieveError
+
+MAX_LENGTH = 10**9  # tokens in one response (or one prompt); larger values are rejected where they are read
+MAX_INT = 2**53  # other integer cells (steps, samples): exact in float64
+MAX_STEP_REQUESTS = 1_000_000  # N·G: requests in one simulated or routed step
+MAX_REPLICAS = 4096
+MAX_JSON_DEPTH = 64  # nesting levels of a JSON/TOML document or JSONL line
+MAX_FILE_BYTES = 1 << 30  # 1 GiB of text per file
+
+ErrorType = Callable[[str], TailSieveError]
+
+
+def read_text(path: Path, what: str, error: ErrorType = ConfigError, *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A file's UTF-8 text (BOM stripped); one-line errors `WHAT PATH: …` for missing, unreadable, too large or
+    non-UTF-8 files."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{what} {path}: {size:,} bytes, more than the {max_bytes:,} allowed")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    return decode(data, f"{what} {path}", error)
+
+
+def decode(data: bytes, where: str, error: ErrorType = ConfigError) -> str:
+    """UTF-8 text of `data` (BOM stripped), or a one-line error naming `where` and the offending byte offset."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{where}: not UTF-8 text (line {line}, byte {exc.start}: {exc.reason})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_depth_ok(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `obj` nests at most `limit` containers deep (iterative, stops at the first violation)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        cur, depth = stack.pop()
+        if isinstance(cur, dict):
+            items: Any = cur.values()
+        elif isinstance(cur, list):
+            items = cur
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((v, depth + 1) for v in items if isinstance(v, dict | list))
+    return True
+
+
+def loads_json(text: str, where: str, error: ErrorType = ConfigError, *, allow_nan: bool = False,
+               line: bool = True) -> Any:
+    """Parse one JSON document (or, with `line=False`, one JSONL line whose number `where` already names); `where`
+    names the file in every error."""
+    try:
+        obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        at = f" at line {exc.lineno}" if line else ""
+        raise error(f"{where}: invalid JSON{at} ({exc.msg})") from None
+    except ValueError as exc:  # NaN / Infinity
+        raise error(f"{where}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
+    if not json_depth_ok(obj):
+        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return obj
+
+
+def loads_toml(text: str, where: str, error: ErrorType = ConfigError) -> dict[str, Any]:
+    """Parse a TOML document with the same depth limit and one-line errors; floats must be finite."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{where}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise error(f"{where}: TOML nested more than {MAX_JSON_DEPTH} levels deep") from None
+    if not json_depth_ok(doc):
+        raise error(f"{where}: TOML nested more than {MAX_JSON_DEPTH} levels deep")
+    return doc
+
+
+def load_document(path: Path, what: str, error: ErrorType = ConfigError) -> Any:
+    """A whole config file: JSON by suffix `.json`, else TOML."""
+    text = read_text(path, what, error)
+    where = f"{what.removesuffix(' file')} {path}"
+    return loads_json(text, where, error) if path.suffix.lower() == ".json" else loads_toml(text, where, error)
+
+
+def finite(value: float, flag: str, *, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False) -> float:
+    """A finite number in [lo, hi] ((lo, hi] when `lo_open`); ConfigError naming the flag otherwise."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        lo_s = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
+        hi_s = "" if hi is None else f"<= {hi:g}"
+        bound = " and ".join(s for s in (lo_s, hi_s) if s)
+        raise ConfigError(f"{flag} must be a finite number{' ' + bound if bound else ''}, got {value!r}")
+    return float(value)
+
+
+def int_in(value: int, flag: str, lo: int, hi: int | None = None) -> int:
+    """An integer in [lo, hi]; ConfigError naming the flag otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ConfigError(f"{flag} must be an integer {rng}, got {value!r}")
+    return value
+
+
+def check_step_size(groups: int, group_size: int, flags: str = "--groups × --group-size") -> None:
+    """N·G at most `MAX_STEP_REQUESTS` (a size guard instead of allocating terabytes)."""
+    if groups * group_size > MAX_STEP_REQUESTS:
+        raise ConfigError(f"{flags} = {groups} × {group_size} = {groups * group_size:,} requests per step; "
+                          f"at most {MAX_STEP_REQUESTS:,} are supported")
