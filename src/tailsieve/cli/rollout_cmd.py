@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -117,14 +116,8 @@ def add_fault_args(p: argparse.ArgumentParser) -> None:
 
 
 def fault_policy(args: argparse.Namespace) -> FaultPolicy:
-    """The fault flags as a `FaultPolicy`: every time finite (no flag can make a run wait forever)."""
-    checks = (("--stall-timeout", args.stall_timeout, False), ("--give-up-after", args.give_up_after, True),
-              ("--deadline", args.deadline, False))
-    for flag, v, zero in checks:
-        if v is not None and not (math.isfinite(v) and (v >= 0 if zero else v > 0)):
-            raise ConfigError(f"{flag} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {v}")
-    if args.retries < 0:
-        raise ConfigError(f"--retries must be >= 0, got {args.retries}")
+    """The fault flags as a `FaultPolicy` (`check_flags` has made every time finite: no flag can make a run wait
+    forever)."""
     return FaultPolicy(stall_timeout_s=args.stall_timeout, retries=args.retries,
                        no_healthy_wait_s=args.give_up_after, deadline_s=args.deadline)
 
@@ -221,6 +214,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--top-k must be -1 (off), 0 (off) or a positive integer, got {args.top_k}")
     finite(args.stall_timeout, "--stall-timeout", lo=0, lo_open=True, hi=MAX_WAIT_S)
     finite(args.give_up_after, "--give-up-after", lo=0, hi=MAX_WAIT_S)
+    if args.deadline is not None:
+        finite(args.deadline, "--deadline", lo=0, lo_open=True, hi=MAX_WAIT_S)
     int_in(args.retries, "--retries", 0, MAX_RETRIES)
     for flag, v in (("--q", args.q), ("--m", args.m), ("--q0", args.q0), ("--m0", args.m0)):
         if v is not None and v < 0:
