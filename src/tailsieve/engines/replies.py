@@ -161,8 +161,10 @@ def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyC
         i = ch["index"]
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
             raise ReplyError(f"choice index is {_quote(i)}, expected an integer in [0, {n})")
-    else:
+    elif position < n:
         i = position
+    else:
+        raise ReplyError(f"choice {position} has no index and there are only {n} choice(s)")
     finish = ch.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, expected a string")
@@ -219,7 +221,15 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
         else:
             tokens = cap if c.finish_reason == "length" else round(total / n)
         out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids))
-    return Completion(tuple(out), usage.prompt_tokens, latency_s, None)
+    return Completion(_aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
+
+
+def _aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
+    """Logprobs must describe the returned tokens one to one (a trainer pairs them)."""
+    for c in choices:
+        if c.logprobs is not None and c.token_ids is not None and len(c.logprobs) != len(c.token_ids):
+            raise ReplyError(f"choice {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
+    return choices
 
 
 @dataclass(slots=True)
@@ -279,7 +289,7 @@ class StreamAcc:
         out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids),
                            None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids)
                     for i, a in enumerate(self.accs))
-        return Completion(out, self.prompt_tokens, latency_s, ttft_s)
+        return Completion(_aligned(out), self.prompt_tokens, latency_s, ttft_s)
 
 
 def raise_stream_error(url: str, err: Any) -> None:
