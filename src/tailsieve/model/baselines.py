@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import lane_makespans, makespan
+from tailsieve.model.topq_search import search
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -380,19 +381,12 @@ class TopQBest(Policy):
     min_replicas: ClassVar[int] = 2
 
     def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
-        """Evaluate every configuration exactly, one vectorised call per m."""
+        """Branch and bound over the splits (`topq_search`): the full evaluation's answer without its R·N²·G cost."""
         self.check_replicas(replicas)
-        flat = batch.lengths.ravel()
-        g = batch.group_size
         rank = group_tail_rank(batch)
-        qs = np.arange(1, batch.n_groups + 1)
-        uniform = np.arange(batch.n_groups, dtype=np.int64) % replicas
-        best_t = float(_many_makespans(flat, np.repeat(uniform, g)[None, :], replicas, curve).max())
-        best_q, best_m, best_groups = 0, 0, uniform
-        for m in range(1, replicas):
-            lanes = topq_lanes(rank, qs, m, replicas)
-            t = _many_makespans(flat, np.repeat(lanes, g, axis=1), replicas, curve).max(axis=1)
-            i = int(np.argmin(t))
-            if t[i] < best_t:
-                best_t, best_q, best_m, best_groups = float(t[i]), int(qs[i]), m, lanes[i]
-        return make_assignment(self.name, batch, best_groups, replicas, curve, q=best_q, m=best_m)
+
+        def lanes(q: int, m: int) -> IntArray:
+            return topq_lanes(rank, np.array([q]), m, replicas)[0]
+
+        best = search(batch.lengths, rank, replicas, curve, lanes)
+        return make_assignment(self.name, batch, lanes(best.q, best.m), replicas, curve, q=best.q, m=best.m)
