@@ -34,6 +34,7 @@ FloatArray = NDArray[np.float64]
 
 _MARGIN = 1e-9  # relative slack on the bounds: floating-point rounding never prunes a split that ties the best
 _CHUNK_ELEMS = 1 << 21  # gathered elements per bound chunk (memory stays O(N·R + this))
+_BATCH = 128  # candidates per all-replica bound batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +75,17 @@ def replica_bound(longest: FloatArray, total: FloatArray, curve: TpotCurve, n: i
 
 
 def class_stats(
-    seq_s: FloatArray, seq_l: FloatArray, pos: IntArray, size: IntArray, mods: IntArray
+    seq_s: FloatArray, seq_l: FloatArray, pos: IntArray, size: IntArray, mods: IntArray, live: NDArray[np.bool_]
 ) -> tuple[FloatArray, FloatArray]:
     """Token total and longest request of the round-robin replica holding sequence position `pos[i]`.
 
     Row i of `seq_s` / `seq_l` is a pool's groups in batch order (token totals / longest members), `size[i]` of them;
-    for every modulus k in `mods` the replica is positions ≡ pos[i] (mod k). Returns two (rows, len(mods)) arrays.
-    Work: Σ_i size[i]·Σ_k 1/k gathered elements.
+    for every modulus k in `mods` the replica is positions ≡ pos[i] (mod k); pairs with `live` false are skipped
+    (zeros). Returns two (rows, len(mods)) arrays. Work: Σ_i size[i]·Σ_k 1/k gathered elements.
     """
     rows, width = seq_s.shape
     start = pos[:, None] % mods[None, :]
-    count = (size[:, None] - start + mods[None, :] - 1) // mods[None, :]
+    count = np.where(live, (size[:, None] - start + mods[None, :] - 1) // mods[None, :], 0)
     count = np.maximum(count, 0).ravel()
     first = np.cumsum(count) - count
     pair = np.repeat(np.arange(count.size), count)
@@ -99,7 +100,9 @@ def class_stats(
     return total.reshape(rows, mods.size), longest.reshape(rows, mods.size)
 
 
-def pool_sequences(in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatArray) -> tuple[FloatArray, FloatArray, IntArray]:
+def pool_sequences(
+    in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatArray
+) -> tuple[FloatArray, FloatArray, IntArray]:
     """Each row's pool in batch order: token totals, longest members (zero-padded) and each group's position."""
     pos = np.cumsum(in_pool, axis=1) - 1
     rows, cols = np.nonzero(in_pool)
@@ -112,7 +115,7 @@ def pool_sequences(in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatA
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """Per-group quantities the bounds use, indexed by tail rank (rank 0 = the longest member, `group_tail_rank`)."""
+    """Per-group quantities the bounds use; rank 0 is the group with the longest member (`group_tail_rank`)."""
 
     by_rank: IntArray  # group index at each rank
     rank: IntArray  # rank of each group
@@ -120,6 +123,7 @@ class GroupStats:
     longest: FloatArray  # longest member per group (batch order)
     alone: FloatArray  # exact makespan of each group alone on a replica (batch order)
     prefix_alone: FloatArray  # prefix_alone[q − 1] = max over ranks < q of `alone`
+    n_env: int  # requests in the batch: the envelope's range
 
 
 def group_stats(lengths: IntArray, rank: IntArray, curve: TpotCurve) -> GroupStats:
@@ -127,55 +131,102 @@ def group_stats(lengths: IntArray, rank: IntArray, curve: TpotCurve) -> GroupSta
     n, g = lengths.shape
     by_rank = np.argsort(rank, kind="stable")
     alone = lane_makespans(lengths.ravel(), np.repeat(np.arange(n), g), n, curve)
-    return GroupStats(by_rank, rank, lengths.sum(axis=1).astype(np.float64),
-                      lengths.max(axis=1).astype(np.float64), alone, np.maximum.accumulate(alone[by_rank]))
+    return GroupStats(by_rank, rank, lengths.sum(axis=1).astype(np.float64), lengths.max(axis=1).astype(np.float64),
+                      alone, np.maximum.accumulate(alone[by_rank]), n * g)
 
 
-def bound_chunk(st: GroupStats, qs: IntArray, replicas: int, curve: TpotCurve, n_env: int) -> FloatArray:
-    """Lower bounds on T_step for q in `qs` (rows) and m = 1..R−1 (columns), from two replicas per split.
+def class_grid(st: GroupStats, qs: IntArray, live: NDArray[np.bool_], replicas: int, curve: TpotCurve) -> FloatArray:
+    """Lower bounds on T_step for q in `qs` (rows) and m = 1..R−1 (columns) where `live`, from two replicas each.
 
     Tail: the replica holding the rank-0 group (exact `prefix_alone` while q ≤ m: one group per tail replica).
     Bulk: the replica holding group rank q, the longest bulk group. Both through `replica_bound` (§2.1, u-form).
     """
     n = st.rank.size
     ms = np.arange(1, replicas, dtype=np.int64)
-    monotone = curve.is_monotone
     in_tail = st.rank[None, :] < qs[:, None]
-    exact_tail = st.prefix_alone[qs - 1]
-    seq_s, seq_l, pos = pool_sequences(in_tail, st.sums, st.longest)
-    ts, tl = class_stats(seq_s, seq_l, pos[:, st.by_rank[0]], qs, ms)
-    tail = replica_bound(tl, ts, curve, n_env)
-    if monotone:
-        tail = np.maximum(tail, exact_tail[:, None])
-    tail = np.where(ms[None, :] >= qs[:, None], exact_tail[:, None], tail)
-    bulk = np.zeros_like(tail)
-    live = qs < n
-    if live.any():
-        lq = qs[live]
-        seq_s, seq_l, pos = pool_sequences(~in_tail[live], st.sums, st.longest)
-        crit = st.by_rank[lq]
-        bs, bl = class_stats(seq_s, seq_l, pos[np.arange(lq.size), crit], n - lq, replicas - ms)
-        bulk[live] = replica_bound(bl, bs, curve, n_env)
-        if monotone:
-            bulk[live] = np.maximum(bulk[live], st.alone[crit][:, None])
-    return np.asarray(np.maximum(tail, bulk), dtype=np.float64)
+    exact_tail = np.broadcast_to(st.prefix_alone[qs - 1][:, None], live.shape)
+    multi = live & (ms[None, :] < qs[:, None])
+    tail = exact_tail.copy()
+    if multi.any():
+        seq_s, seq_l, pos = pool_sequences(in_tail, st.sums, st.longest)
+        ts, tl = class_stats(seq_s, seq_l, pos[:, st.by_rank[0]], qs, ms, multi)
+        spread = replica_bound(tl, ts, curve, st.n_env)
+        tail = np.where(multi, np.maximum(spread, exact_tail) if curve.is_monotone else spread, exact_tail)
+    bulk = np.zeros(live.shape)
+    rows = np.flatnonzero(qs < n)
+    if rows.size:
+        crit = st.by_rank[qs[rows]]
+        seq_s, seq_l, pos = pool_sequences(~in_tail[rows], st.sums, st.longest)
+        bs, bl = class_stats(seq_s, seq_l, pos[np.arange(rows.size), crit], n - qs[rows], replicas - ms, live[rows])
+        bulk[rows] = replica_bound(bl, bs, curve, st.n_env)
+        if curve.is_monotone:
+            bulk[rows] = np.maximum(bulk[rows], st.alone[crit][:, None])
+    return np.asarray(np.where(live, np.maximum(tail, bulk), np.inf), dtype=np.float64)
 
 
-def bound_grid(st: GroupStats, replicas: int, curve: TpotCurve, group_size: int) -> FloatArray:
-    """`bound_chunk` over every q = 1..N, in chunks that keep the gathered arrays near `_CHUNK_ELEMS`; (N, R−1)."""
+def split_lanes(rank: IntArray, qs: IntArray, ms: IntArray, replicas: int) -> IntArray:
+    """Replica of each group (columns) for each split (q, m) (rows), as `topq_lanes` places them (m ≥ 1)."""
+    is_tail = rank[None, :] < qs[:, None]
+    m = ms[:, None]
+    tpos = np.cumsum(is_tail, axis=1) - 1
+    bpos = np.cumsum(~is_tail, axis=1) - 1
+    return np.asarray(np.where(is_tail, replicas - m + tpos % m, bpos % (replicas - m)), dtype=np.int64)
+
+
+def replica_grid(st: GroupStats, qs: IntArray, ms: IntArray, replicas: int, curve: TpotCurve) -> FloatArray:
+    """Lower bound on T_step for each split (q[i], m[i]): `replica_bound` of every replica, maximised (O(N) each)."""
+    lanes = split_lanes(st.rank, qs, ms, replicas)
+    flat = (lanes + (np.arange(qs.size) * replicas)[:, None]).ravel()
+    total = np.bincount(flat, weights=np.tile(st.sums, qs.size), minlength=qs.size * replicas)
+    longest = np.zeros(qs.size * replicas)
+    np.maximum.at(longest, flat, np.tile(st.longest, qs.size))
+    return np.asarray(replica_bound(longest, total, curve, st.n_env).reshape(qs.size, replicas).max(axis=1))
+
+
+def pool_grid(st: GroupStats, replicas: int, curve: TpotCurve) -> FloatArray:
+    """Cheap lower bounds on T_step for every split, (N, R−1), from pool totals only (O(N·R)).
+
+    Averaging `replica_bound` over a pool's k replicas (it is jointly convex in (L_1, ΣL), positively homogeneous
+    and, when every envelope line has a non-negative intercept, non-decreasing in L_1) bounds the pool's slowest
+    replica by bound(ΣL_1, ΣL)/k, with ΣL_1 at least the pool's longest request plus the shortest group maximum
+    for every other occupied replica. Tail splits with q ≤ m are exact (`prefix_alone`).
+    """
     n = st.rank.size
-    per_row = max(1, int(n * (np.log(replicas) + 6)))
-    rows = max(1, _CHUNK_ELEMS // per_row)
-    qs = np.arange(1, n + 1, dtype=np.int64)
-    return np.concatenate([bound_chunk(st, qs[i:i + rows], replicas, curve, n * group_size)
-                           for i in range(0, n, rows)])
+    q = np.arange(1, n + 1, dtype=np.float64)[:, None]
+    m = np.arange(1, replicas, dtype=np.float64)[None, :]
+    ell = st.longest[st.by_rank]  # non-increasing
+    s_tail = np.cumsum(st.sums[st.by_rank])[:, None]
+    s_bulk = float(st.sums.sum()) - s_tail
+    n_env = st.n_env
+    xs, ys = _envelope(curve, n_env)
+    slopes = np.diff(ys) / np.maximum(np.diff(xs), 1.0)
+    exact = st.prefix_alone[:, None]
+    tail = np.broadcast_to(exact, (n, replicas - 1)).copy()
+    bulk = np.zeros((n, replicas - 1))
+    if curve.is_monotone:
+        bulk[:-1] = st.alone[st.by_rank[1:]][:, None]
+    if np.all(ys[:-1] - slopes * xs[:-1] >= 0):
+        last = ell[:, None]
+        ell_tail = np.cumsum(ell)[:, None]
+        l_tail = np.maximum(ell[0] + (np.minimum(q, m) - 1) * last, ell_tail / np.ceil(q / m))
+        tail_avg = replica_bound(l_tail, np.broadcast_to(s_tail, l_tail.shape), curve, n_env) / m
+        tail = np.where(m >= q, tail, np.maximum(tail, tail_avg) if curve.is_monotone else tail_avg)
+        k = replicas - m
+        nb = n - q
+        l_bulk = np.append(ell[1:], 0.0)[:, None] + np.maximum(np.minimum(nb, k) - 1, 0) * ell[-1]
+        l_bulk = np.maximum(l_bulk, (float(ell.sum()) - ell_tail) / np.maximum(np.ceil(nb / k), 1.0))
+        bulk_avg = replica_bound(l_bulk, np.broadcast_to(s_bulk, l_bulk.shape), curve, n_env) / k
+        bulk = np.maximum(bulk, bulk_avg)
+    elif not curve.is_monotone:
+        tail = np.where(m >= q, tail, 0.0)
+    return np.asarray(np.maximum(tail, bulk), dtype=np.float64)
 
 
 Lanes = Callable[[int, int], IntArray]  # (q, m) → replica of each group
 
 
 def search(lengths: IntArray, rank: IntArray, replicas: int, curve: TpotCurve, lanes: Lanes) -> Split:
-    """The best split: exact makespans in increasing bound order until the bound passes the best (module doc)."""
+    """The best split (module doc): pool bounds, then replica-class bounds, then all-replica bounds, then exact."""
     n, g = lengths.shape
     flat = lengths.ravel()
 
@@ -183,13 +234,37 @@ def search(lengths: IntArray, rank: IntArray, replicas: int, curve: TpotCurve, l
         return float(lane_makespans(flat, np.repeat(lanes(q, m), g), replicas, curve).max())
 
     best = Split(0, 0, exact(0, 0))
-    bounds = bound_grid(group_stats(lengths, rank, curve), replicas, curve, g)
-    live = np.flatnonzero(bounds.ravel() * (1.0 - _MARGIN) <= best.makespan_s)
-    order = live[np.argsort(bounds.ravel()[live], kind="stable")]
-    for k in order:
-        if bounds.flat[k] * (1.0 - _MARGIN) > best.makespan_s:
+    st = group_stats(lengths, rank, curve)
+    coarse = pool_grid(st, replicas, curve)
+    fine = np.full(coarse.shape, np.inf)
+    rows = max(1, _CHUNK_ELEMS // max(1, int(n * (np.log(replicas) + 6))))
+    for i in range(0, n, rows):
+        qs = np.arange(i + 1, min(i + rows, n) + 1, dtype=np.int64)
+        live = coarse[i:i + qs.size] * (1.0 - _MARGIN) <= best.makespan_s
+        if live.any():
+            fine[i:i + qs.size] = class_grid(st, qs, live, replicas, curve)
+    cand = np.flatnonzero(fine.ravel() * (1.0 - _MARGIN) <= best.makespan_s)
+    cand = cand[np.argsort(fine.ravel()[cand], kind="stable")]
+    for i in range(0, cand.size, _BATCH):
+        if fine.flat[cand[i]] * (1.0 - _MARGIN) > best.makespan_s:
             break
-        q, m = int(k // (replicas - 1)) + 1, int(k % (replicas - 1)) + 1
+        best = _settle(st, cand[i:i + _BATCH], fine, best, replicas, curve, exact)
+    return best
+
+
+def _settle(st: GroupStats, cand: IntArray, fine: FloatArray, best: Split, replicas: int, curve: TpotCurve,
+            exact: Callable[[int, int], float]) -> Split:
+    """Exact makespans of the candidates (flat grid indices) whose all-replica bound does not exceed the best."""
+    cand = cand[fine.flat[cand] * (1.0 - _MARGIN) <= best.makespan_s]
+    if cand.size == 0:
+        return best
+    qs = cand // (replicas - 1) + 1
+    ms = cand % (replicas - 1) + 1
+    tight = replica_grid(st, qs, ms, replicas, curve)
+    for j in np.argsort(tight, kind="stable"):
+        if tight[j] * (1.0 - _MARGIN) > best.makespan_s:
+            break
+        q, m = int(qs[j]), int(ms[j])
         t = exact(q, m)
         if (t, m, q) < (best.makespan_s, best.m, best.q):
             best = Split(q, m, t)
