@@ -35,6 +35,7 @@ FloatArray = NDArray[np.float64]
 _MARGIN = 1e-9  # relative slack on the bounds: floating-point rounding never prunes a split that ties the best
 _CHUNK_ELEMS = 1 << 21  # gathered elements per bound chunk (memory stays O(N·R + this))
 _BATCH = 128  # candidates per all-replica bound batch
+_CRITICAL = 2  # replicas per pool whose round-robin class the class bounds gather (those of the longest groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,29 @@ def _envelope(curve: TpotCurve, n: int) -> tuple[FloatArray, FloatArray]:
         xs.append(b)
         ys.append(y)
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+@lru_cache(maxsize=64)
+def _upper_envelope(curve: TpotCurve, n: int) -> tuple[FloatArray, FloatArray]:
+    """Vertices of the upper concave envelope of τ on b = 1..n (monotone-chain scan)."""
+    tau = curve.table(max(n, 1))
+    xs: list[int] = []
+    ys: list[float] = []
+    for b in range(1, n + 1):
+        y = float(tau[b])
+        while len(xs) >= 2 and (ys[-1] - ys[-2]) * (b - xs[-2]) <= (y - ys[-2]) * (xs[-1] - xs[-2]):
+            xs.pop()
+            ys.pop()
+        xs.append(b)
+        ys.append(y)
+    return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+def replica_upper(longest: FloatArray, total: FloatArray, curve: TpotCurve, n: int) -> FloatArray:
+    """Upper bound L_1·τ̂(ΣL / L_1) on a replica's makespan, τ̂ the upper concave envelope (`replica_bound`'s dual)."""
+    xs, ys = _upper_envelope(curve, int(n))
+    safe = np.maximum(longest, 1.0)
+    return np.asarray(np.where(longest > 0, longest * np.interp(total / safe, xs, ys), 0.0), dtype=np.float64)
 
 
 def replica_bound(longest: FloatArray, total: FloatArray, curve: TpotCurve, n: int) -> FloatArray:
@@ -149,38 +173,60 @@ def class_grid(st: GroupStats, qs: IntArray, live: NDArray[np.bool_], replicas: 
     tail = exact_tail.copy()
     if multi.any():
         seq_s, seq_l, pos = pool_sequences(in_tail, st.sums, st.longest)
-        ts, tl = class_stats(seq_s, seq_l, pos[:, st.by_rank[0]], qs, ms, multi)
-        spread = replica_bound(tl, ts, curve, st.n_env)
+        spread = np.zeros(live.shape)
+        for j in range(min(_CRITICAL, int(qs.min()))):
+            ts, tl = class_stats(seq_s, seq_l, pos[:, st.by_rank[j]], qs, ms, multi)
+            spread = np.maximum(spread, replica_bound(tl, ts, curve, st.n_env))
         tail = np.where(multi, np.maximum(spread, exact_tail) if curve.is_monotone else spread, exact_tail)
     bulk = np.zeros(live.shape)
     rows = np.flatnonzero(qs < n)
     if rows.size:
-        crit = st.by_rank[qs[rows]]
         seq_s, seq_l, pos = pool_sequences(~in_tail[rows], st.sums, st.longest)
-        bs, bl = class_stats(seq_s, seq_l, pos[np.arange(rows.size), crit], n - qs[rows], replicas - ms, live[rows])
-        bulk[rows] = replica_bound(bl, bs, curve, st.n_env)
-        if curve.is_monotone:
-            bulk[rows] = np.maximum(bulk[rows], st.alone[crit][:, None])
+        for j in range(_CRITICAL):
+            ok = rows[qs[rows] + j < n]
+            if ok.size == 0:
+                break
+            crit = st.by_rank[qs[ok] + j]
+            sub = np.searchsorted(rows, ok)
+            bs, bl = class_stats(seq_s[sub], seq_l[sub], pos[sub, crit], n - qs[ok], replicas - ms, live[ok])
+            bulk[ok] = np.maximum(bulk[ok], replica_bound(bl, bs, curve, st.n_env))
+            if curve.is_monotone:
+                bulk[ok] = np.maximum(bulk[ok], st.alone[crit][:, None])
     return np.asarray(np.where(live, np.maximum(tail, bulk), np.inf), dtype=np.float64)
 
 
 def split_lanes(rank: IntArray, qs: IntArray, ms: IntArray, replicas: int) -> IntArray:
     """Replica of each group (columns) for each split (q, m) (rows), as `topq_lanes` places them (m ≥ 1)."""
     is_tail = rank[None, :] < qs[:, None]
-    m = ms[:, None]
-    tpos = np.cumsum(is_tail, axis=1) - 1
-    bpos = np.cumsum(~is_tail, axis=1) - 1
+    m = ms[:, None].astype(np.int32)
+    tpos = np.cumsum(is_tail, axis=1, dtype=np.int32) - 1
+    bpos = np.arange(rank.size, dtype=np.int32)[None, :] - tpos - 1
     return np.asarray(np.where(is_tail, replicas - m + tpos % m, bpos % (replicas - m)), dtype=np.int64)
 
 
-def replica_grid(st: GroupStats, qs: IntArray, ms: IntArray, replicas: int, curve: TpotCurve) -> FloatArray:
-    """Lower bound on T_step for each split (q[i], m[i]): `replica_bound` of every replica, maximised (O(N) each)."""
+def replica_stats(st: GroupStats, qs: IntArray, ms: IntArray, replicas: int) -> tuple[IntArray, FloatArray, FloatArray]:
+    """Each split's group lanes, and every replica's longest request and token total, (B, N), (B, R), (B, R)."""
     lanes = split_lanes(st.rank, qs, ms, replicas)
     flat = (lanes + (np.arange(qs.size) * replicas)[:, None]).ravel()
     total = np.bincount(flat, weights=np.tile(st.sums, qs.size), minlength=qs.size * replicas)
     longest = np.zeros(qs.size * replicas)
     np.maximum.at(longest, flat, np.tile(st.longest, qs.size))
-    return np.asarray(replica_bound(longest, total, curve, st.n_env).reshape(qs.size, replicas).max(axis=1))
+    return lanes, longest.reshape(qs.size, replicas), total.reshape(qs.size, replicas)
+
+
+def exact_max(flat: IntArray, group_lanes: IntArray, longest: FloatArray, total: FloatArray, replicas: int,
+              curve: TpotCurve, n_env: int) -> float:
+    """T_step of one split, bit-identical to `lane_makespans(...).max()`, evaluating only the replicas that can be
+    the slowest: those whose upper bound reaches the largest lower bound (`replica_upper`, `replica_bound`)."""
+    low = replica_bound(longest, total, curve, n_env)
+    high = replica_upper(longest, total, curve, n_env)
+    keep = high * (1.0 + _MARGIN) >= float(low.max()) * (1.0 - _MARGIN)
+    compact = np.cumsum(keep) - 1
+    groups = keep[group_lanes]
+    g = flat.size // group_lanes.size
+    sub = np.repeat(groups, g)
+    spans = lane_makespans(flat[sub], np.repeat(compact[group_lanes[groups]], g), int(keep.sum()), curve)
+    return float(spans.max())
 
 
 def pool_grid(st: GroupStats, replicas: int, curve: TpotCurve) -> FloatArray:
@@ -248,24 +294,25 @@ def search(lengths: IntArray, rank: IntArray, replicas: int, curve: TpotCurve, l
     for i in range(0, cand.size, _BATCH):
         if fine.flat[cand[i]] * (1.0 - _MARGIN) > best.makespan_s:
             break
-        best = _settle(st, cand[i:i + _BATCH], fine, best, replicas, curve, exact)
+        best = _settle(st, cand[i:i + _BATCH], fine, best, replicas, curve, flat)
     return best
 
 
 def _settle(st: GroupStats, cand: IntArray, fine: FloatArray, best: Split, replicas: int, curve: TpotCurve,
-            exact: Callable[[int, int], float]) -> Split:
+            flat: IntArray) -> Split:
     """Exact makespans of the candidates (flat grid indices) whose all-replica bound does not exceed the best."""
     cand = cand[fine.flat[cand] * (1.0 - _MARGIN) <= best.makespan_s]
     if cand.size == 0:
         return best
     qs = cand // (replicas - 1) + 1
     ms = cand % (replicas - 1) + 1
-    tight = replica_grid(st, qs, ms, replicas, curve)
+    lanes, longest, total = replica_stats(st, qs, ms, replicas)
+    tight = replica_bound(longest, total, curve, st.n_env).max(axis=1)
     for j in np.argsort(tight, kind="stable"):
         if tight[j] * (1.0 - _MARGIN) > best.makespan_s:
             break
         q, m = int(qs[j]), int(ms[j])
-        t = exact(q, m)
+        t = exact_max(flat, lanes[j], longest[j], total[j], replicas, curve, st.n_env)
         if (t, m, q) < (best.makespan_s, best.m, best.q):
             best = Split(q, m, t)
     return best
