@@ -98,43 +98,46 @@ def replica_bound(longest: FloatArray, total: FloatArray, curve: TpotCurve, n: i
     return np.asarray(out, dtype=np.float64)
 
 
-def class_stats(
-    seq_s: FloatArray, seq_l: FloatArray, pos: IntArray, size: IntArray, mods: IntArray, live: NDArray[np.bool_]
-) -> tuple[FloatArray, FloatArray]:
-    """Token total and longest request of the round-robin replica holding sequence position `pos[i]`.
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """One pool per row, concatenated: row i's groups in batch order are `sums/longest[offset[i]:offset[i] + size[i]]`,
+    `before[i, g]` pool groups precede group g (inclusive)."""
 
-    Row i of `seq_s` / `seq_l` is a pool's groups in batch order (token totals / longest members), `size[i]` of them;
-    for every modulus k in `mods` the replica is positions ≡ pos[i] (mod k); pairs with `live` false are skipped
-    (zeros). Returns two (rows, len(mods)) arrays. Work: Σ_i size[i]·Σ_k 1/k gathered elements.
+    sums: FloatArray
+    longest: FloatArray
+    offset: IntArray
+    size: IntArray
+    before: NDArray[np.int32]
+
+
+def pools(in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatArray) -> Pools:
+    """`Pools` of the groups where `in_pool` (rows × N) holds."""
+    size = in_pool.sum(axis=1)
+    return Pools(np.broadcast_to(sums, in_pool.shape)[in_pool], np.broadcast_to(longest, in_pool.shape)[in_pool],
+                 np.cumsum(size) - size, size, np.cumsum(in_pool, axis=1, dtype=np.int32))
+
+
+def class_stats(p: Pools, rows: IntArray, crit: IntArray, mods: IntArray, live: NDArray[np.bool_]) -> tuple[FloatArray, FloatArray]:
+    """Token total and longest request of the round-robin replica holding group `crit[i]` in pool row `rows[i]`.
+
+    For every modulus k in `mods` that replica is the pool positions ≡ position of crit[i] (mod k); pairs with `live`
+    false are skipped (zeros). Returns two (len(rows), len(mods)) arrays; work Σ_i size·Σ_k 1/k gathered elements.
     """
-    rows, width = seq_s.shape
+    pos = p.before[rows, crit].astype(np.int64) - 1
+    size = p.size[rows]
     start = pos[:, None] % mods[None, :]
-    count = np.where(live, (size[:, None] - start + mods[None, :] - 1) // mods[None, :], 0)
-    count = np.maximum(count, 0).ravel()
+    count = np.where(live, (size[:, None] - start + mods[None, :] - 1) // mods[None, :], 0).ravel()
     first = np.cumsum(count) - count
     pair = np.repeat(np.arange(count.size), count)
-    step = np.arange(pair.size) - first[pair]
-    flat = (pair // mods.size) * width + start.ravel()[pair] + np.tile(mods, rows)[pair] * step
+    base = (p.offset[rows][:, None] + start).ravel() - first * np.tile(mods, rows.size)
+    flat = base[pair] + np.tile(mods, rows.size)[pair] * np.arange(pair.size)
     total = np.zeros(count.size)
     longest = np.zeros(count.size)
     nz = count > 0
     if pair.size:
-        total[nz] = np.add.reduceat(seq_s.ravel()[flat], first[nz])
-        longest[nz] = np.maximum.reduceat(seq_l.ravel()[flat], first[nz])
-    return total.reshape(rows, mods.size), longest.reshape(rows, mods.size)
-
-
-def pool_sequences(
-    in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatArray
-) -> tuple[FloatArray, FloatArray, IntArray]:
-    """Each row's pool in batch order: token totals, longest members (zero-padded) and each group's position."""
-    pos = np.cumsum(in_pool, axis=1) - 1
-    rows, cols = np.nonzero(in_pool)
-    seq_s = np.zeros(in_pool.shape)
-    seq_l = np.zeros(in_pool.shape)
-    seq_s[rows, pos[rows, cols]] = sums[cols]
-    seq_l[rows, pos[rows, cols]] = longest[cols]
-    return seq_s, seq_l, pos
+        total[nz] = np.add.reduceat(p.sums[flat], first[nz])
+        longest[nz] = np.maximum.reduceat(p.longest[flat], first[nz])
+    return total.reshape(rows.size, mods.size), longest.reshape(rows.size, mods.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,26 +175,23 @@ def class_grid(st: GroupStats, qs: IntArray, live: NDArray[np.bool_], replicas: 
     multi = live & (ms[None, :] < qs[:, None])
     tail = exact_tail.copy()
     if multi.any():
-        seq_s, seq_l, pos = pool_sequences(in_tail, st.sums, st.longest)
+        tp = pools(in_tail, st.sums, st.longest)
         spread = np.zeros(live.shape)
         for j in range(min(_CRITICAL, int(qs.min()))):
-            ts, tl = class_stats(seq_s, seq_l, pos[:, st.by_rank[j]], qs, ms, multi)
+            ts, tl = class_stats(tp, np.arange(qs.size), np.full(qs.size, st.by_rank[j]), ms, multi)
             spread = np.maximum(spread, replica_bound(tl, ts, curve, st.n_env))
         tail = np.where(multi, np.maximum(spread, exact_tail) if curve.is_monotone else spread, exact_tail)
     bulk = np.zeros(live.shape)
-    rows = np.flatnonzero(qs < n)
-    if rows.size:
-        seq_s, seq_l, pos = pool_sequences(~in_tail[rows], st.sums, st.longest)
-        for j in range(_CRITICAL):
-            ok = rows[qs[rows] + j < n]
-            if ok.size == 0:
-                break
-            crit = st.by_rank[qs[ok] + j]
-            sub = np.searchsorted(rows, ok)
-            bs, bl = class_stats(seq_s[sub], seq_l[sub], pos[sub, crit], n - qs[ok], replicas - ms, live[ok])
-            bulk[ok] = np.maximum(bulk[ok], replica_bound(bl, bs, curve, st.n_env))
-            if curve.is_monotone:
-                bulk[ok] = np.maximum(bulk[ok], st.alone[crit][:, None])
+    bp = pools(~in_tail, st.sums, st.longest)
+    for j in range(_CRITICAL):
+        ok = np.flatnonzero(qs + j < n)
+        if ok.size == 0:
+            break
+        crit = st.by_rank[qs[ok] + j]
+        bs, bl = class_stats(bp, ok, crit, replicas - ms, live[ok])
+        bulk[ok] = np.maximum(bulk[ok], replica_bound(bl, bs, curve, st.n_env))
+        if curve.is_monotone:
+            bulk[ok] = np.maximum(bulk[ok], st.alone[crit][:, None])
     return np.asarray(np.where(live, np.maximum(tail, bulk), np.inf), dtype=np.float64)
 
 
