@@ -80,3 +80,22 @@ def lane_makespans(lengths: ArrayLike, lanes: ArrayLike, n_lanes: int, curve: Tp
     d = marginal_tpot(curve, int(rank.max()))
     out: FloatArray = np.bincount(sorted_lane, weights=arr[order] * d[rank], minlength=n_lanes).astype(np.float64)
     return out
+
+
+def dealt_makespans(desc: ArrayLike, lanes: int, curve: TpotCurve) -> FloatArray:
+    """Makespans of `lanes` replicas when lengths sorted descending are dealt round-robin (lane j: j, j + k, …).
+
+    Lane j's requests arrive longest first, so its §2.1 sum Σ_i L_i(τ(i) − τ(i−1)) is a column of a (rows × k)
+    array accumulated row by row: the same sequence of additions as `lane_makespans`, hence the same floats.
+    """
+    arr = as_lengths(desc)
+    if lanes <= 0:
+        raise ValueError(f"lanes must be positive, got {lanes}")
+    rows = -(-arr.size // lanes)
+    if rows == 0:
+        return np.zeros(lanes)
+    grid = np.zeros(rows * lanes)
+    grid[: arr.size] = arr
+    terms = grid.reshape(rows, lanes) * marginal_tpot(curve, rows)[1:, None]
+    out: FloatArray = np.cumsum(terms, axis=0)[-1]
+    return out
