@@ -18,6 +18,7 @@ from tailsieve.errors import ConfigError
 IntArray = NDArray[np.int64]
 
 MAX_IMPROVE_ROUNDS = 100_000
+_PROBE = 8  # lightest bins searched first for a value that prunes the others
 
 
 def _pair_max(wx: IntArray, wy: IntArray, la: int, lb: IntArray) -> IntArray:
@@ -26,30 +27,46 @@ def _pair_max(wx: IntArray, wy: IntArray, la: int, lb: IntArray) -> IntArray:
     return np.asarray(np.where(d > 0, np.maximum(la - d, lb + d), la), dtype=np.int64)
 
 
+def pair_values(w: IntArray, xs: IntArray, bins: IntArray, loads: IntArray, keys: IntArray, span: int,
+                la: int) -> IntArray:
+    """Best pair maximum per (x in `xs`, bin in `bins`): the bin's weights nearest w_x − (l_a − l_b)/2, (X, B)."""
+    lb = loads[bins][None, :]
+    wx = w[xs][:, None]
+    lo_seg = np.searchsorted(keys, bins * span, side="left")
+    hi_seg = np.searchsorted(keys, (bins + 1) * span, side="left")
+    target = np.clip(wx - (la - lb + 1) // 2, -1, span - 1)  # ⌊w_x − (l_a − l_b)/2⌋
+    pos = np.searchsorted(keys, bins[None, :] * span + target, side="right")
+    below = keys[np.maximum(pos - 1, 0)] - bins * span
+    above = keys[np.minimum(pos, keys.size - 1)] - bins * span
+    return np.asarray(np.minimum(np.where(pos - 1 >= lo_seg, _pair_max(wx, below, la, lb), la),
+                                 np.where(pos < hi_seg, _pair_max(wx, above, la, lb), la)), dtype=np.int64)
+
+
 def best_move(w: IntArray, out: IntArray, loads: IntArray, keys: IntArray, span: int) -> tuple[int, int, int] | None:
-    """The round's move (x, y or −1, destination bin), or None when no pair lowers the heaviest bin."""
+    """The round's move (x, y or −1, destination bin), or None when no pair lowers the heaviest bin.
+
+    The lightest bins give a value v₁ first; a pair maximum is at least (l_a + l_b)/2 and l_a − w_x, so only bins
+    and items that can still reach min(v₁, l_a − 1) are searched, which keeps every tie of the exhaustive scan.
+    """
     a = int(np.argmax(loads))
     la = int(loads[a])
     in_a = np.flatnonzero(out == a)
     elig = np.flatnonzero(loads < la)
     if in_a.size == 0 or elig.size == 0:
         return None
-    lb = loads[elig][None, :]
-    wx = w[in_a][:, None]
-    lo_seg = np.searchsorted(keys, elig * span, side="left")
-    hi_seg = np.searchsorted(keys, (elig + 1) * span, side="left")
-    target = np.clip(wx - (la - lb + 1) // 2, -1, span - 1)  # ⌊w_x − (l_a − l_b)/2⌋
-    pos = np.searchsorted(keys, elig[None, :] * span + target, side="right")
-    below = keys[np.maximum(pos - 1, 0)] - elig * span
-    above = keys[np.minimum(pos, keys.size - 1)] - elig * span
-    val = np.minimum(np.where(pos - 1 >= lo_seg, _pair_max(wx, below, la, lb), la),
-                     np.where(pos < hi_seg, _pair_max(wx, above, la, lb), la))
+    light = np.sort(elig[np.argsort(loads[elig], kind="stable")[:_PROBE]])
+    cap = min(int(pair_values(w, in_a, light, loads, keys, span, la).min()), la - 1)
+    bins = elig[la + loads[elig] <= 2 * cap]
+    xs = in_a[la - w[in_a] <= cap]
+    if bins.size == 0 or xs.size == 0:
+        return None
+    val = pair_values(w, xs, bins, loads, keys, span, la)
     v = int(val.min())
     if v >= la:
         return None
     col = int(np.flatnonzero((val == v).any(axis=0))[0])
-    x = int(in_a[np.flatnonzero(val[:, col] == v)[0]])
-    b = int(elig[col])
+    x = int(xs[np.flatnonzero(val[:, col] == v)[0]])
+    b = int(bins[col])
     in_b = np.flatnonzero(out == b)
     cand = _pair_max(w[x], np.concatenate(([0], w[in_b])), la, loads[b])
     k = int(np.flatnonzero(cand == v)[0])
