@@ -61,6 +61,16 @@ def finish_times(lengths: ArrayLike, curve: TpotCurve) -> FloatArray:
     return out
 
 
+def lane_order(keys: FloatArray, lanes: IntArray, n_lanes: int) -> IntArray:
+    """`np.lexsort((keys, lanes))` (by lane, then key, then index): a stable key sort, then a stable radix sort of
+    the lanes when they fit in 16 bits (about twice as fast on large pools; the same permutation)."""
+    if n_lanes > np.iinfo(np.int16).max:
+        return np.asarray(np.lexsort((keys, lanes)), dtype=np.int64)
+    by_key = np.argsort(keys, kind="stable")
+    out: IntArray = by_key[np.argsort(lanes[by_key].astype(np.int16), kind="stable")]
+    return out
+
+
 def lane_makespans(lengths: ArrayLike, lanes: ArrayLike, n_lanes: int, curve: TpotCurve) -> FloatArray:
     """Makespan of each of `n_lanes` replicas for an assignment `lanes[i]` of request i (App. D, per replica)."""
     arr = as_lengths(lengths)
@@ -73,7 +83,7 @@ def lane_makespans(lengths: ArrayLike, lanes: ArrayLike, n_lanes: int, curve: Tp
         return np.zeros(n_lanes)
     if lane.min() < 0 or lane.max() >= n_lanes:
         raise ValueError(f"lane indices must lie in [0, {n_lanes - 1}], got {lane.min()}..{lane.max()}")
-    order = np.lexsort((-arr, lane))  # by lane, longest first within a lane
+    order = lane_order(-arr, lane, n_lanes)  # by lane, longest first within a lane
     sorted_lane = lane[order]
     starts = np.searchsorted(sorted_lane, sorted_lane, side="left")
     rank = np.arange(arr.size) - starts + 1  # 1-based rank within its lane
