@@ -128,13 +128,16 @@ def class_stats(p: Pools, rows: IntArray, crit: IntArray, mods: IntArray, live: 
     start = pos[:, None] % mods[None, :]
     count = np.where(live, (size[:, None] - start + mods[None, :] - 1) // mods[None, :], 0).ravel()
     first = np.cumsum(count) - count
-    pair = np.repeat(np.arange(count.size), count)
-    base = (p.offset[rows][:, None] + start).ravel() - first * np.tile(mods, rows.size)
-    flat = base[pair] + np.tile(mods, rows.size)[pair] * np.arange(pair.size)
+    nz = count > 0
     total = np.zeros(count.size)
     longest = np.zeros(count.size)
-    nz = count > 0
-    if pair.size:
+    if nz.any():
+        step = np.tile(mods, rows.size)[nz]
+        head = (p.offset[rows][:, None] + start).ravel()[nz]
+        tail = head + step * (count[nz] - 1)
+        inc = np.repeat(step, count[nz])
+        inc[first[nz]] = head - np.concatenate(([0], tail[:-1]))  # jump to the next replica's first position
+        flat = np.cumsum(inc)
         total[nz] = np.add.reduceat(p.sums[flat], first[nz])
         longest[nz] = np.maximum.reduceat(p.longest[flat], first[nz])
     return total.reshape(rows.size, mods.size), longest.reshape(rows.size, mods.size)
