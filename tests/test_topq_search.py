@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import curves
+from tailsieve.model.balancing import improve
 from tailsieve.model.baselines import (
     GroupBatch,
     StreamRLOracle,
@@ -24,7 +25,6 @@ from tailsieve.model.baselines import (
     lpt,
     topq_lanes,
 )
-from tailsieve.model.balancing import improve
 from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
 from tailsieve.model.makespan import dealt_makespans, lane_makespans
 from tailsieve.model.topq_search import replica_bound, replica_upper

@@ -342,7 +342,7 @@ class TopQBest(Policy):
         rank = group_tail_rank(batch)
 
         def lanes(q: int, m: int) -> IntArray:
-            return topq_lanes(rank, np.array([q]), m, replicas)[0]
+            return np.asarray(topq_lanes(rank, np.array([q]), m, replicas)[0], dtype=np.int64)
 
         best = search(batch.lengths, rank, replicas, curve, lanes)
         return make_assignment(self.name, batch, lanes(best.q, best.m), replicas, curve, q=best.q, m=best.m)

@@ -117,7 +117,9 @@ def pools(in_pool: NDArray[np.bool_], sums: FloatArray, longest: FloatArray) -> 
                  np.cumsum(size) - size, size, np.cumsum(in_pool, axis=1, dtype=np.int32))
 
 
-def class_stats(p: Pools, rows: IntArray, crit: IntArray, mods: IntArray, live: NDArray[np.bool_]) -> tuple[FloatArray, FloatArray]:
+def class_stats(
+    p: Pools, rows: IntArray, crit: IntArray, mods: IntArray, live: NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray]:
     """Token total and longest request of the round-robin replica holding group `crit[i]` in pool row `rows[i]`.
 
     For every modulus k in `mods` that replica is the pool positions ≡ position of crit[i] (mod k); pairs with `live`
@@ -211,7 +213,8 @@ def replica_stats(st: GroupStats, qs: IntArray, ms: IntArray, replicas: int) -> 
     """Each split's group lanes, and every replica's longest request and token total, (B, N), (B, R), (B, R)."""
     lanes = split_lanes(st.rank, qs, ms, replicas)
     flat = (lanes + (np.arange(qs.size) * replicas)[:, None]).ravel()
-    total = np.bincount(flat, weights=np.tile(st.sums, qs.size), minlength=qs.size * replicas)
+    total = np.asarray(np.bincount(flat, weights=np.tile(st.sums, qs.size), minlength=qs.size * replicas),
+                       dtype=np.float64)
     longest = np.zeros(qs.size * replicas)
     np.maximum.at(longest, flat, np.tile(st.longest, qs.size))
     return lanes, longest.reshape(qs.size, replicas), total.reshape(qs.size, replicas)
