@@ -167,37 +167,45 @@ def group_stats(lengths: IntArray, rank: IntArray, curve: TpotCurve) -> GroupSta
                       alone, np.maximum.accumulate(alone[by_rank]), n * g)
 
 
-def class_grid(st: GroupStats, qs: IntArray, live: NDArray[np.bool_], replicas: int, curve: TpotCurve) -> FloatArray:
-    """Lower bounds on T_step for q in `qs` (rows) and m = 1..R−1 (columns) where `live`, from two replicas each.
+def class_grid(st: GroupStats, qs: IntArray, live: NDArray[np.bool_], replicas: int, curve: TpotCurve,
+               cap: float) -> FloatArray:
+    """Lower bounds on T_step for q in `qs` (rows) and m = 1..R−1 (columns) where `live` (inf elsewhere).
 
-    Tail: the replica holding the rank-0 group (exact `prefix_alone` while q ≤ m: one group per tail replica).
-    Bulk: the replica holding group rank q, the longest bulk group. Both through `replica_bound` (§2.1, u-form).
+    Per pool, the round-robin replicas holding its `_CRITICAL` longest groups (ranks 0, 1, … in the tail; q, q + 1, …
+    in the bulk) through `replica_bound` (§2.1, u-form); a tail with q ≤ m is exact (`prefix_alone`, one group per
+    replica). Pairs whose bound already exceeds `cap` (the best exact makespan) skip the remaining gathers.
     """
     n = st.rank.size
     ms = np.arange(1, replicas, dtype=np.int64)
     in_tail = st.rank[None, :] < qs[:, None]
     exact_tail = np.broadcast_to(st.prefix_alone[qs - 1][:, None], live.shape)
-    multi = live & (ms[None, :] < qs[:, None])
-    tail = exact_tail.copy()
-    if multi.any():
-        tp = pools(in_tail, st.sums, st.longest)
-        spread = np.zeros(live.shape)
-        for j in range(min(_CRITICAL, int(qs.min()))):
-            ts, tl = class_stats(tp, np.arange(qs.size), np.full(qs.size, st.by_rank[j]), ms, multi)
-            spread = np.maximum(spread, replica_bound(tl, ts, curve, st.n_env))
-        tail = np.where(multi, np.maximum(spread, exact_tail) if curve.is_monotone else spread, exact_tail)
-    bulk = np.zeros(live.shape)
+    multi = ms[None, :] < qs[:, None]
+    out = np.where(live, np.where(multi, exact_tail if curve.is_monotone else 0.0, exact_tail), np.inf)
     bp = pools(~in_tail, st.sums, st.longest)
+    tp = pools(in_tail, st.sums, st.longest) if (live & multi).any() else None
     for j in range(_CRITICAL):
-        ok = np.flatnonzero(qs + j < n)
-        if ok.size == 0:
-            break
-        crit = st.by_rank[qs[ok] + j]
-        bs, bl = class_stats(bp, ok, crit, replicas - ms, live[ok])
-        bulk[ok] = np.maximum(bulk[ok], replica_bound(bl, bs, curve, st.n_env))
-        if curve.is_monotone:
-            bulk[ok] = np.maximum(bulk[ok], st.alone[crit][:, None])
-    return np.asarray(np.where(live, np.maximum(tail, bulk), np.inf), dtype=np.float64)
+        rows = np.flatnonzero(qs + j < n)
+        if rows.size:
+            crit = st.by_rank[qs[rows] + j]
+            _raise(out, rows, class_stats(bp, rows, crit, replicas - ms, _open(out, rows, cap)), curve, st.n_env)
+            if curve.is_monotone:
+                out[rows] = np.maximum(out[rows], st.alone[crit][:, None])
+        if tp is not None and j < int(qs.min()):
+            rows = np.arange(qs.size)
+            crit = np.full(qs.size, st.by_rank[j])
+            _raise(out, rows, class_stats(tp, rows, crit, ms, _open(out, rows, cap) & multi), curve, st.n_env)
+    return out
+
+
+def _open(out: FloatArray, rows: IntArray, cap: float) -> NDArray[np.bool_]:
+    """Pairs of these rows whose bound does not yet exceed `cap`."""
+    return np.asarray(out[rows] * (1.0 - _MARGIN) <= cap)
+
+
+def _raise(out: FloatArray, rows: IntArray, stats: tuple[FloatArray, FloatArray], curve: TpotCurve, n_env: int) -> None:
+    """Raise `out[rows]` to the replica bound of the gathered (token total, longest) class statistics."""
+    total, longest = stats
+    out[rows] = np.maximum(out[rows], replica_bound(longest, total, curve, n_env))
 
 
 def split_lanes(rank: IntArray, qs: IntArray, ms: IntArray, replicas: int) -> IntArray:
@@ -294,7 +302,7 @@ def search(lengths: IntArray, rank: IntArray, replicas: int, curve: TpotCurve, l
         qs = np.arange(i + 1, min(i + rows, n) + 1, dtype=np.int64)
         live = coarse[i:i + qs.size] * (1.0 - _MARGIN) <= best.makespan_s
         if live.any():
-            fine[i:i + qs.size] = class_grid(st, qs, live, replicas, curve)
+            fine[i:i + qs.size] = class_grid(st, qs, live, replicas, curve, best.makespan_s)
     cand = np.flatnonzero(fine.ravel() * (1.0 - _MARGIN) <= best.makespan_s)
     cand = cand[np.argsort(fine.ravel()[cand], kind="stable")]
     for i in range(0, cand.size, _BATCH):
