@@ -26,7 +26,7 @@ from tailsieve.model.baselines import (
     topq_lanes,
 )
 from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
-from tailsieve.model.makespan import dealt_makespans, lane_makespans
+from tailsieve.model.makespan import dealt_makespans, lane_makespans, lane_order
 from tailsieve.model.topq_search import replica_bound, replica_upper
 
 
@@ -169,3 +169,12 @@ def test_replica_bounds_bracket_the_makespan(lengths: list[int], curve: TpotCurv
     longest, total = np.array([arr.max()]), np.array([arr.sum()])
     assert replica_bound(longest, total, curve, arr.size)[0] <= t * (1 + 1e-12) + 1e-12
     assert replica_upper(longest, total, curve, arr.size)[0] >= t * (1 - 1e-12) - 1e-12
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-40000, 40000).map(float), st.floats(-50, 50, allow_nan=False),
+                          st.sampled_from([0.0, -0.0])), max_size=60), st.integers(1, 9))
+def test_lane_order_is_lexsort(keys: list[float], n_lanes: int) -> None:
+    k = np.asarray(keys, dtype=np.float64)
+    lanes = np.arange(k.size, dtype=np.int64) * 7 % n_lanes
+    assert np.array_equal(lane_order(k, lanes, n_lanes), np.lexsort((k, lanes)))

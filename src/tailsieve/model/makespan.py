@@ -61,12 +61,20 @@ def finish_times(lengths: ArrayLike, curve: TpotCurve) -> FloatArray:
     return out
 
 
+def _as_int16(keys: FloatArray) -> NDArray[np.int16] | FloatArray:
+    """Whole-number keys within ±32767 (token counts up to 32k) as int16, which numpy sorts by radix; others as is."""
+    if keys.size == 0 or not (-32767 <= float(keys.min()) and float(keys.max()) <= 32767):
+        return keys
+    small = keys.astype(np.int16)
+    return small if np.array_equal(small, keys) else keys
+
+
 def lane_order(keys: FloatArray, lanes: IntArray, n_lanes: int) -> IntArray:
     """`np.lexsort((keys, lanes))` (by lane, then key, then index): a stable key sort, then a stable radix sort of
-    the lanes when they fit in 16 bits (about twice as fast on large pools; the same permutation)."""
+    the lanes when they fit in 16 bits (several times faster on large pools; the same permutation)."""
     if n_lanes > np.iinfo(np.int16).max:
         return np.asarray(np.lexsort((keys, lanes)), dtype=np.int64)
-    by_key = np.argsort(keys, kind="stable")
+    by_key = np.argsort(_as_int16(keys), kind="stable")
     out: IntArray = by_key[np.argsort(lanes[by_key].astype(np.int16), kind="stable")]
     return out
 

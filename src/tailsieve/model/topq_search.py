@@ -35,7 +35,7 @@ FloatArray = NDArray[np.float64]
 _MARGIN = 1e-9  # relative slack on the bounds: floating-point rounding never prunes a split that ties the best
 _CHUNK_ELEMS = 1 << 21  # gathered elements per bound chunk (memory stays O(N·R + this))
 _BATCH = 128  # candidates per all-replica bound batch
-_CRITICAL = 2  # replicas per pool whose round-robin class the class bounds gather (those of the longest groups)
+_CRITICAL = 3  # replicas per pool whose round-robin class the class bounds gather (those of the longest groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +211,12 @@ def _raise(out: FloatArray, rows: IntArray, stats: tuple[FloatArray, FloatArray]
 def split_lanes(rank: IntArray, qs: IntArray, ms: IntArray, replicas: int) -> IntArray:
     """Replica of each group (columns) for each split (q, m) (rows), as `topq_lanes` places them (m ≥ 1)."""
     is_tail = rank[None, :] < qs[:, None]
-    m = ms[:, None].astype(np.int32)
-    tpos = np.cumsum(is_tail, axis=1, dtype=np.int32) - 1
-    bpos = np.arange(rank.size, dtype=np.int32)[None, :] - tpos - 1
-    return np.asarray(np.where(is_tail, replicas - m + tpos % m, bpos % (replicas - m)), dtype=np.int64)
+    before = np.cumsum(is_tail, axis=1, dtype=np.int32)  # tail groups up to and including each group
+    out = (np.arange(rank.size, dtype=np.int32)[None, :] - before) % (replicas - ms[:, None]).astype(np.int32)
+    rows, cols = np.nonzero(is_tail)
+    m = ms[rows].astype(np.int32)
+    out[rows, cols] = replicas - m + (before[rows, cols] - 1) % m
+    return np.asarray(out, dtype=np.int64)
 
 
 def replica_stats(st: GroupStats, qs: IntArray, ms: IntArray, replicas: int) -> tuple[IntArray, FloatArray, FloatArray]:
