@@ -63,7 +63,7 @@ def finish_times(lengths: ArrayLike, curve: TpotCurve) -> FloatArray:
 
 def _as_int16(keys: FloatArray) -> NDArray[np.int16] | FloatArray:
     """Whole-number keys within ±32767 (token counts up to 32k) as int16, which numpy sorts by radix; others as is."""
-    if keys.size == 0 or not (-32767 <= float(keys.min()) and float(keys.max()) <= 32767):
+    if keys.size == 0 or not (float(keys.min()) >= -32767 and float(keys.max()) <= 32767):
         return keys
     small = keys.astype(np.int16)
     return small if np.array_equal(small, keys) else keys
