@@ -4,9 +4,10 @@ policy in ≤ 60 s and ≤ 2 GB, and the exact `topq-best` against the exhaustiv
 Run: `.venv/bin/python bench/bench_cluster.py` (about 2 minutes on 2 cores; `--quick` runs the simulate at
 N = 1024, R = 64). Three parts, all measured in this run:
 
-1. `topq-best` old vs new on the same batches: the steps of a `uniform` run at N = 256, R = 16 (KodCode R1,
-   resample, h100-llama3-8b), solved by the exhaustive R·N²·G evaluation (kept here, as in the tests) and by the
-   branch and bound of `model.topq_search`; median seconds per step, the ratio, and whether every (q, m, T) agrees.
+1. `topq-best` old vs new on the same batches: the steps of a `uniform` run at N = 256, R = 16 and N = 512,
+   R = 32 (KodCode R1, resample, h100-llama3-8b), solved by the exhaustive R·N²·G evaluation (kept here, as in the
+   tests) and by the branch and bound of `model.topq_search`; median CPU seconds per step, the ratio, and whether
+   every (q, m, T) agrees.
 2. The whole `simulate` command in a subprocess: wall seconds, CPU seconds and peak RSS (the child's rusage).
 3. `--per-policy`: CPU seconds per policy at that size, in this process.
 """
@@ -119,10 +120,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="simulate at N = 1024, R = 64 instead")
     parser.add_argument("--per-policy", action="store_true", help="also CPU seconds per policy (about +1 minute)")
-    parser.add_argument("--compare-steps", type=int, default=5, help="steps of the old-vs-new topq-best comparison")
+    parser.add_argument("--compare-steps", type=int, nargs=2, default=[8, 3], metavar=("AT_256", "AT_512"),
+                        help="steps of the old-vs-new topq-best comparison at N=256/R=16 and N=512/R=32 (0 skips)")
     args = parser.parse_args()
     curve = load_curve("h100-llama3-8b")
-    compare_topq(256, 16, args.compare_steps, curve)
+    for (groups, replicas), steps in zip(((256, 16), (512, 32)), args.compare_steps, strict=True):
+        if steps > 0:
+            compare_topq(groups, replicas, steps, curve)
     groups, replicas = (1024, 64) if args.quick else (4096, 256)
     run_simulate(groups, replicas)
     if args.per_policy:
