@@ -3,18 +3,20 @@
 `topq-best` picks, among the uniform split (0, 0) and every top-(q, m) split with q in 1..N and m in 1..R−1,
 the one with the smallest exact step makespan T_step = max_r T_r (App. D), ties to (0, 0), then fewer tail
 replicas m, then fewer groups q. Evaluating all N·(R−1) splits exactly costs R·N²·G; this module gets the same
-answer by branch and bound:
+answer by branch and bound. With the §2.1 makespan written as T = Σ_i u_i τ(i) (u_i = time with i requests
+active, so Σ u_i = L_1 and Σ i·u_i = ΣL), any replica satisfies L_1·τ̆(ΣL / L_1) ≤ T ≤ L_1·τ̂(ΣL / L_1), τ̆ / τ̂
+the lower convex / upper concave envelope of τ on 1..n (`replica_bound`, `replica_upper`). Four tiers, each on the
+survivors of the previous one:
 
-1. A lower bound on T_step for every split, from two replicas whose contents are found cheaply: the tail replica
-   holding the longest group and the bulk replica holding the longest bulk group. With the §2.1 makespan written
-   as T = Σ_i u_i τ(i) (u_i = time with i requests active, Σ u_i = L_1, Σ i·u_i = Σ L), any replica satisfies
-   T ≥ L_1·τ̆(ΣL / L_1), τ̆ the lower convex envelope of τ on 1..n (`replica_bound`). A tail replica with a
-   single group is known exactly; with a non-decreasing τ every replica also costs at least its longest group.
-2. Exact makespans (the same `lane_makespans` arithmetic as the full evaluation, so bit-identical) of the splits
-   in increasing bound order, until the bound exceeds the best exact makespan found.
+1. `pool_grid`: every split, from pool totals only (O(N·R)); a tail with q ≤ m is exact (one group per replica).
+2. `class_grid`: the round-robin replicas holding each pool's `_CRITICAL` longest groups, gathered from the pool in
+   batch order (O(N·log R) elements per q).
+3. `replica_stats`: every replica's longest request and token total (O(N) per split).
+4. `exact_max`: exact T_step in increasing bound order until the bound passes the best found, evaluating only the
+   replicas whose upper bound reaches the largest lower bound, with `lane_makespans` (bit-identical floats).
 
-The bounds only prune, so the answer equals the full evaluation's; `tests/test_topq_search.py` checks that
-against the brute-force reference on random batches.
+A split is dropped only when its bound exceeds the best exact makespan by more than `_MARGIN`, so ties are always
+evaluated and broken as in the exhaustive scan; `tests/test_topq_search.py` keeps that scan as the reference.
 """
 
 from __future__ import annotations
