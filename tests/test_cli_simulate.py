@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tailsieve.cli import main
+from tailsieve.cli.sim_args import progress_bar
 from tailsieve.simulation.runs import policy_names
 
 SMALL = ["--groups", "8", "--group-size", "4", "--replicas", "4", "--steps", "5"]
@@ -65,6 +66,19 @@ def test_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     assert "resample, default" in cap.out and "speedup" in cap.out and "capture" in cap.out
     assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
     assert cap.err == ""  # no progress bar when stderr is not a terminal
+
+
+def test_progress_names_each_finished_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with progress_bar(4, enabled=True, steps=2) as tick:
+        for name in ("uniform", "topq-best"):
+            tick(name, 1)
+            tick(name, 2)
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert "uniform: 2 steps in" in cap.err and "topq-best: 2 steps in" in cap.err
+    with progress_bar(4, enabled=False, steps=2) as tick:
+        tick("uniform", 2)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ and the stderr progress bar."""
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -105,12 +106,27 @@ def load_inputs(args: argparse.Namespace) -> Workload:
 
 
 @contextmanager
-def progress_bar(total: int, enabled: bool) -> Iterator[Callable[[str, int], None]]:
-    """A rich progress bar on stderr (never stdout); yields the per-step callback."""
+def progress_bar(total: int, enabled: bool, steps: int | None = None) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar on stderr (never stdout); yields the per-step callback `(policy, steps done)`.
+
+    With `steps` (steps per policy) the bar names the policy's step and a line per finished policy stays above the
+    bar with its wall time, so a long run (`simulate --groups 4096 --replicas 256`) shows where it is. Nothing at all
+    is written when `enabled` is false (stderr not a terminal).
+    """
     con = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=con, transient=True, disable=not enabled)
     task = bar.add_task("simulating", total=total)
-    with bar:
-        yield lambda name, _i: bar.update(task, advance=1, description=name)
+    started: dict[str, float] = {}
+    last = [time.perf_counter()]  # when the previous step ended: the start of a policy's first step
 
+    def tick(name: str, done: int) -> None:
+        now = time.perf_counter()
+        start = started.setdefault(name, last[0])
+        last[0] = now
+        bar.update(task, advance=1, description=name if steps is None else f"{name} {done}/{steps}")
+        if enabled and steps is not None and done == steps:
+            bar.console.print(f"{name}: {steps} steps in {now - start:.1f} s", highlight=False)
+
+    with bar:
+        yield tick

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     curve = load_curve(args.curve)
     workload = load_inputs(args)
     total = config.steps * len(policies) + 1  # + the capture measurement
-    with progress_bar(total, enabled=sys.stderr.isatty()) as tick:
+    with progress_bar(total, enabled=sys.stderr.isatty(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
         capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)

@@ -19,15 +19,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.model.balancing import improve
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.makespan import lane_makespans, makespan
+from tailsieve.model.makespan import dealt_makespans, lane_makespans, makespan
+from tailsieve.model.topq_search import search
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 Info = Mapping[str, int | float]
-
-_MAX_IMPROVE_ROUNDS = 100_000
-
 
 @dataclass(frozen=True, slots=True, eq=False)
 class GroupBatch:
@@ -180,40 +179,6 @@ def lpt(weights: ArrayLike, bins: int) -> IntArray:
     return out
 
 
-def improve(weights: ArrayLike, bin_of: ArrayLike, bins: int) -> IntArray:
-    """Pairwise improvement: move or swap items out of the heaviest bin while that bin's pair maximum drops.
-
-    Each accepted move lowers the heaviest bin and leaves its partner below the old maximum, so the maximum load
-    never rises and the sum of squared loads strictly falls (termination).
-    """
-    w = np.asarray(weights, dtype=np.int64)
-    out = np.array(bin_of, dtype=np.int64)
-    loads = np.bincount(out, weights=w, minlength=bins).astype(np.int64)
-    for _ in range(_MAX_IMPROVE_ROUNDS):
-        a = int(np.argmax(loads))
-        la = int(loads[a])
-        in_a = np.flatnonzero(out == a)
-        best, move = la, (-1, -1, -1)
-        for b in np.flatnonzero(loads < la):
-            lb = int(loads[b])
-            in_b = np.concatenate(([-1], np.flatnonzero(out == b)))  # -1: a weightless partner, i.e. a plain move
-            d = w[in_a][:, None] - np.where(in_b >= 0, w[in_b], 0)[None, :]
-            pair_max = np.where(d > 0, np.maximum(la - d, lb + d), la)
-            x, y = np.unravel_index(int(np.argmin(pair_max)), pair_max.shape)
-            if pair_max[x, y] < best:
-                best, move = int(pair_max[x, y]), (int(in_a[x]), int(in_b[y]), int(b))
-        x_item, y_item, dest = move
-        if x_item < 0:
-            break
-        delta = int(w[x_item]) - (int(w[y_item]) if y_item >= 0 else 0)
-        out[x_item] = dest
-        if y_item >= 0:
-            out[y_item] = a
-        loads[a] -= delta
-        loads[dest] += delta
-    return out
-
-
 def balance(weights: ArrayLike, bins: int) -> IntArray:
     """Bin of each item: LPT followed by pairwise improvement (never a higher maximum load than LPT)."""
     return improve(weights, lpt(weights, bins), bins)
@@ -221,14 +186,6 @@ def balance(weights: ArrayLike, bins: int) -> IntArray:
 
 def _max_load(weights: IntArray, bin_of: IntArray, bins: int) -> int:
     return int(np.bincount(bin_of, weights=weights, minlength=bins).max())
-
-
-def _many_makespans(flat: IntArray, lanes: IntArray, replicas: int, curve: TpotCurve) -> FloatArray:
-    """Per-replica makespans of C candidate assignments at once: `lanes` is (C, n), result (C, R)."""
-    c = lanes.shape[0]
-    offset = (np.arange(c, dtype=np.int64) * replicas)[:, None]
-    spans = lane_makespans(np.tile(flat, c), (lanes + offset).ravel(), c * replicas, curve)
-    return spans.reshape(c, replicas)
 
 
 def _pools(is_tail: NDArray[np.bool_], m: int, replicas: int) -> IntArray:
@@ -297,15 +254,15 @@ class StreamRLOracle(Policy):
         n = flat.size
         k = min(n, max(1, math.ceil(self.fraction * n - 1e-9)))
         by_rank = np.argsort(-flat, kind="stable")  # request index at each descending-length position
-        is_tail = np.arange(n) < k  # over descending-length positions
+        desc = flat[by_rank]
         ds = np.arange(1, replicas) if self.dedicated is None else np.array([self.dedicated])
-        lanes_by_rank = np.stack([_pools(is_tail, int(d), replicas) for d in ds])
-        lanes = np.empty_like(lanes_by_rank)
-        lanes[:, by_rank] = lanes_by_rank
-        spans = _many_makespans(flat, lanes, replicas, curve)
-        best = int(np.argmin(spans.max(axis=1)))
-        return make_assignment(self.name, batch, lanes[best].reshape(batch.lengths.shape), replicas, curve,
-                               dedicated=int(ds[best]), isolated_requests=k)
+        spans = [max(dealt_makespans(desc[:k], int(d), curve).max(), dealt_makespans(desc[k:], replicas - int(d),
+                                                                                         curve).max()) for d in ds]
+        best = int(ds[int(np.argmin(spans))])
+        lanes = np.empty(n, dtype=np.int64)
+        lanes[by_rank] = _pools(np.arange(n) < k, best, replicas)
+        return make_assignment(self.name, batch, lanes.reshape(batch.lengths.shape), replicas, curve,
+                               dedicated=best, isolated_requests=k)
 
 
 @register("seer-oracle")
@@ -380,19 +337,12 @@ class TopQBest(Policy):
     min_replicas: ClassVar[int] = 2
 
     def assign(self, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
-        """Evaluate every configuration exactly, one vectorised call per m."""
+        """Branch and bound over the splits (`topq_search`): the full evaluation's answer without its R·N²·G cost."""
         self.check_replicas(replicas)
-        flat = batch.lengths.ravel()
-        g = batch.group_size
         rank = group_tail_rank(batch)
-        qs = np.arange(1, batch.n_groups + 1)
-        uniform = np.arange(batch.n_groups, dtype=np.int64) % replicas
-        best_t = float(_many_makespans(flat, np.repeat(uniform, g)[None, :], replicas, curve).max())
-        best_q, best_m, best_groups = 0, 0, uniform
-        for m in range(1, replicas):
-            lanes = topq_lanes(rank, qs, m, replicas)
-            t = _many_makespans(flat, np.repeat(lanes, g, axis=1), replicas, curve).max(axis=1)
-            i = int(np.argmin(t))
-            if t[i] < best_t:
-                best_t, best_q, best_m, best_groups = float(t[i]), int(qs[i]), m, lanes[i]
-        return make_assignment(self.name, batch, best_groups, replicas, curve, q=best_q, m=best_m)
+
+        def lanes(q: int, m: int) -> IntArray:
+            return np.asarray(topq_lanes(rank, np.array([q]), m, replicas)[0], dtype=np.int64)
+
+        best = search(batch.lengths, rank, replicas, curve, lanes)
+        return make_assignment(self.name, batch, lanes(best.q, best.m), replicas, curve, q=best.q, m=best.m)

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import lane_order
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -40,7 +41,7 @@ def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve:
     requests): b requests going from x = a to c add kv·b·(a + c − 1)(c − a)/2 (prompts not counted)."""
     if lengths.size == 0:
         return np.zeros(0)
-    order = np.lexsort((lengths, lanes))
+    order = lane_order(lengths, lanes, n_lanes)
     ln = lanes[order]
     ls = lengths[order]
     first = np.searchsorted(ln, ln, side="left")

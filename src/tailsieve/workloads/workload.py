@@ -128,17 +128,31 @@ class ResampleSource:
 
     samples: dict[str, _PromptSamples]
     seed: int
+    _memo: dict[tuple[str, int, int, int], NDArray[np.int64]] = field(default_factory=dict, repr=False, compare=False)
 
     def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
-        """Common-random-number resampling."""
+        """Common-random-number resampling. Memoised: every policy of a `simulate` run (and the capture
+        measurement) draws the same (prompt, generation) again, and seeding a generator is most of a draw's cost."""
         ps = self.samples[prompt_id]
-        pool = ps.all
+        at = -1
         if ps.steps is not None and ps.steps.size > 1:
-            pool = ps.by_step[int(np.argmin(np.abs(ps.steps - step)))]  # ties: the earlier step
-        h = stable_hash(prompt_id)
-        ss = np.random.SeedSequence([self.seed, _TAG_RESAMPLE, h & 0xFFFFFFFF, h >> 32, generation])
-        u = np.random.default_rng(ss).random(group_size)
-        return pool[np.minimum((u * pool.size).astype(np.int64), pool.size - 1)]
+            at = int(np.argmin(np.abs(ps.steps - step)))  # ties: the earlier step
+        key = (prompt_id, generation, at, group_size)
+        out = self._memo.get(key)
+        if out is None:
+            pool = ps.all if at < 0 else ps.by_step[at]
+            h = stable_hash(prompt_id)
+            ss = np.random.SeedSequence([self.seed, _TAG_RESAMPLE, h & 0xFFFFFFFF, h >> 32, generation])
+            u = np.random.default_rng(ss).random(group_size)
+            out = pool[np.minimum((u * pool.size).astype(np.int64), pool.size - 1)]
+            out.setflags(write=False)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = out
+        return out
+
+
+_MEMO_LIMIT = 1 << 18  # resampled groups kept per source (under 100 MB)
 
 
 # --------------------------------------------------------------------------------------------------------- workload
