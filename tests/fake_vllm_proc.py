@@ -2,7 +2,8 @@
 tailsieve passes, records its argv and placement environment (one JSON line appended to $FAKE_VLLM_RECORD), then
 serves the fake OpenAI API of engine_fake.py until SIGTERM. Test-only flags: --fake-crash (exit during start-up
 with a server-like error), --fake-boot S (start-up delay), --fake-ignore-term (needs SIGKILL), --fake-child (a
-child process in the same group, like vLLM's engine core)."""
+child process in the same group, like vLLM's engine core), --fake-crash-if PATH (crash during start-up when PATH
+exists: a restart that fails)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def main() -> int:
     p.add_argument("--fake-boot", type=float, default=0.0)
     p.add_argument("--fake-ignore-term", action="store_true")
     p.add_argument("--fake-child", action="store_true")
+    p.add_argument("--fake-crash-if", help="crash during start-up when this file exists")
     args, _ = p.parse_known_args()
     record = os.environ.get("FAKE_VLLM_RECORD")
     if record:
@@ -39,7 +41,7 @@ def main() -> int:
         with open(record, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
     print("INFO fake vLLM starting", flush=True)
-    if args.fake_crash:
+    if args.fake_crash or (args.fake_crash_if and os.path.exists(args.fake_crash_if)):
         time.sleep(0.3)
         print("Traceback (most recent call last):\nValueError: fake engine failed to start", file=sys.stderr)
         return 1

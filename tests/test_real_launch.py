@@ -110,3 +110,63 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
     finally:
         la.stop()
     assert pids and all(gone(p) for p in pids)
+
+
+def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_model: Path,  # noqa: F811
+                                                                          tmp_path: Path) -> None:
+    """Issue 12: SIGKILL one replica's API server mid-step (its engine core is left running, as `kill -9 PID`
+    leaves it): the step still completes with every group on the other replica, the launcher reaps the dead
+    server's whole process group and restarts it in place, and a later step dispatches to it again."""
+    from tailsieve.engines.local import tiny_launch_config
+
+    la = LocalLauncher(tiny_launch_config(tiny_model, max_num_seqs=64, grace_s=20, restart_backoff_s=1.0),
+                       tmp_path / "launch")
+    rc = RolloutConfig(groups=4, group_size=2, rho=0.5, policy="static", q=1, m=1, seed=None,
+                       controller=ControllerConfig(),
+                       sampling=SamplingParams(temperature=0.0, max_tokens=384, ignore_eos=True))
+    prompts = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(400))
+    timeline: dict[str, float] = {}
+    try:
+        la.start()
+        old = la.replicas[0].proc
+        assert old is not None
+        old_pid = old.pid
+
+        async def go() -> list[Batch]:
+            out = []
+            async with Rollout(la.endpoints, rc, prompts, pools=la.pool_hook) as r:
+                task = asyncio.create_task(r.step())
+                await asyncio.sleep(1.0)
+                assert not task.done(), "the step ended before the kill: raise max_tokens"
+                os.kill(old_pid, 9)  # the API server only
+                timeline["kill"] = time.monotonic()
+                out.append(await task)
+                timeline["step_done"] = time.monotonic()
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    b = await r.step()
+                    out.append(b)
+                    if any(s.replica == 0 for g in b.groups for s in g.samples):
+                        timeline["served"] = time.monotonic()
+                        break
+            return out
+
+        batches = asyncio.run(go())
+        first = batches[0]
+        assert len(first.groups) == 4 and all(set(g.lengths) == {384} for g in first.groups)
+        assert first.redispatched > 0 and first.down == (0,)
+        assert "served" in timeline, "replica 0 never served again"
+        assert la.replicas[0].restarts == 1 and la.replicas[1].restarts == 0 and la.replicas[0].state == "up"
+        assert gone(old_pid)  # the old server's engine core and workers were reaped with it
+        rec = la.recoveries[0]
+        assert rec["how"] == "killed by signal SIGKILL" and rec["reaped"] and "back_s" in rec
+        events = la.drain_events()
+        assert any("replica 0 (bulk pool" in e and "killed by signal SIGKILL" in e for e in events), events
+        print(f"\nkill → step done {timeline['step_done'] - timeline['kill']:.1f}s; kill → reaped+restart began "
+              f"{rec['restart_began_s']:.1f}s; kill → healthy again {rec['back_s']:.1f}s "
+              f"(start-up {rec['boot_s']:.1f}s); kill → first sample served by it "
+              f"{timeline['served'] - timeline['kill']:.1f}s over "
+              f"{len(batches)} steps; events: {events}")
+    finally:
+        la.stop()
+    assert all(gone(r.proc.pid) for r in la.replicas if r.proc)

@@ -207,6 +207,11 @@ def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Con
               "Ctrl-C stops every replica")
     end = None if duration is None else time.monotonic() + duration
     while end is None or time.monotonic() < end:
+        events = launcher.drain_events()
+        for ev in events:  # a replica died / is restarting / is back: the others keep serving
+            err.print(ev, markup=False, highlight=False)
+        if events:
+            write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": False})
         lost = launcher.failure()
         if lost is not None:
             raise LaunchError(lost)

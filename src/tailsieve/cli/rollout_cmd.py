@@ -302,6 +302,8 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
 
     def tick(name: str, batch: Batch) -> None:
         bar.update(task, advance=1, description=f"{name} step {batch.step}")
+        for ev in [] if launcher is None else launcher.drain_events():  # a replica died / restarts / is back
+            con.print(ev, markup=False, highlight=False)
         if not sys.stderr.isatty():
             r = batch.record
             print(f"{name} step {r.step}: {r.makespan_s:.2f}s q={r.q} m={r.m}"

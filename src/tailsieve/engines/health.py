@@ -1,4 +1,5 @@
-"""Replica health: a faulty replica is marked down, probed with exponential backoff, and taken back when it answers.
+"""Replica health: a faulty replica is marked down, probed with exponential backoff, and taken back when it answers;
+`reprobe_down` checks every down replica once more right before each step's dispatch.
 
 `Replicas` maps the router's replica indices to endpoints and picks a healthy substitute for a down one (the same
 pool first, least loaded). `FaultPolicy` holds every timeout, retry and backoff constant.
@@ -88,9 +89,9 @@ class Replicas:
         if i not in self._probes or self._probes[i].done():
             self._probes[i] = asyncio.get_running_loop().create_task(self._probe(i))
 
-    def _mark_up(self, i: int) -> None:
+    def _mark_up(self, i: int, reason: str = "probe answered") -> None:
         self.up[i] = True
-        self.events.append(HealthEvent(time.time(), i, True, "probe answered"))
+        self.events.append(HealthEvent(time.time(), i, True, reason))
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -102,6 +103,19 @@ class Replicas:
                 self._mark_up(i)
                 return
             delay = min(self.policy.probe_max_s, delay * 2)
+
+    async def reprobe_down(self) -> list[int]:
+        """Health-check every down replica once, now, and mark up those that answer (called right before a step's
+        dispatch, so a replica that came back while its probe was backing off serves this step). Returns them."""
+        down = [i for i, u in enumerate(self.up) if not u]
+        if not down:
+            return []
+        timeout = min(5.0, self.policy.connect_timeout_s)
+        answers = await asyncio.gather(*(self.client.health(self.endpoints[i], timeout_s=timeout) for i in down))
+        back = [i for i, ok in zip(down, answers, strict=True) if ok and not self.up[i]]
+        for i in back:
+            self._mark_up(i, "re-probed before dispatch")
+        return back
 
     async def check_all(self) -> None:
         """Probe every replica now (at run start): the ones that do not answer are marked down."""

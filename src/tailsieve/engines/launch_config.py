@@ -98,8 +98,15 @@ class LaunchConfig:
     grace_s: float = 20.0  # SIGTERM → SIGKILL
     warmup_tokens: int = 16  # one generation of this many tokens after /health, counted in the start-up (0: none)
     weight_reload: bool = False  # vLLM development-mode endpoints on (in-place weight reload, `update_weights`)
+    restart_retries: int = 3  # a replica that dies while serving is restarted up to this many times in a row
+    restart_backoff_s: float = 1.0  # delay before restart attempt k: restart_backoff_s · 2^(k−1), at most 30 s
 
     def __post_init__(self) -> None:
+        if isinstance(self.restart_retries, bool) or not isinstance(self.restart_retries, int) \
+                or self.restart_retries < 0:
+            raise ConfigError(f"launch.restart_retries must be an integer >= 0, got {self.restart_retries!r}")
+        if not 0 <= self.restart_backoff_s < float("inf"):
+            raise ConfigError(f"launch.restart_backoff_s must be >= 0, got {self.restart_backoff_s!r}")
         r = self.replicas
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPLICAS:
             raise ConfigError(f"launch.replicas must be an integer in 1..{MAX_REPLICAS}, got {r!r}")
@@ -184,7 +191,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 POOL_KEYS = ("speculative", "args")
 LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
                "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
-               "warmup_tokens", "weight_reload", "tail", "bulk")
+               "warmup_tokens", "weight_reload", "restart_retries", "restart_backoff_s", "tail", "bulk")
 
 
 def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
@@ -229,7 +236,8 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     kw: dict[str, Any] = {}
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
-                     ("grace_s", float), ("warmup_tokens", int), ("weight_reload", bool)):
+                     ("grace_s", float), ("warmup_tokens", int), ("weight_reload", bool),
+                     ("restart_retries", int), ("restart_backoff_s", float)):
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)

@@ -307,7 +307,10 @@ class Rollout:
 
     async def _pool_move(self, plan: StepPlan) -> float:
         """The pool hook (a launcher moving replicas), off the event loop; its restart seconds."""
-        return 0.0 if self.pools is None else float(await asyncio.to_thread(self.pools, plan))
+        spent = 0.0 if self.pools is None else float(await asyncio.to_thread(self.pools, plan))
+        if self.replicas is not None:  # right before dispatch: a replica back up serves this step, not the next
+            await self.replicas.reprobe_down()
+        return spent
 
     async def step(self) -> Batch:
         """Run one step and return its N complete groups; state advances only when the step succeeds."""

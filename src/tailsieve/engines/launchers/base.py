@@ -6,7 +6,8 @@ A launcher owns R replicas of one `LaunchConfig`. Concerns, one required method 
 them again with their slots' current flags, waiting for health). Everything about pools is shared here: the
 initial pools come from the router's `pool_split`; `assign(tail_replicas)` makes exactly those replica ids the
 tail pool and restarts only the replicas whose flags change; `pool_hook(plan)` is `assign(plan.tail_replicas)`,
-the pool hook the step loop calls before each step. Hooks with defaults: `request_stop`, `failure`, `dry_run`.
+the pool hook the step loop calls before each step. Hooks with defaults: `request_stop`, `failure`,
+`drain_events`, `dry_run`.
 """
 
 from __future__ import annotations
@@ -96,8 +97,14 @@ class ReplicaLauncher(abc.ABC):
         return
 
     def failure(self) -> str | None:
-        """One line naming a replica that died while serving, None while all run. Default: None."""
+        """One line when the launcher can serve no more (every replica died and could not be restarted), None while
+        some replica runs or is being restarted. Default: None."""
         return None
+
+    def drain_events(self) -> list[str]:
+        """Status lines since the last call (a replica died, is restarting, is back); each names the replica.
+        Default: none."""
+        return []
 
     def dry_run(self) -> list[str]:
         """Lines saying what `start` would run, starting nothing. Default: each replica's pool and URL."""

@@ -3,10 +3,14 @@ together, health-checked, restarted in place when their pool's flags change, and
 
 `start()` checks the model path and the ports, launches every replica (CPU: `taskset -c CORES` and
 `VLLM_CPU_OMP_THREADS_BIND`; GPU: `CUDA_VISIBLE_DEVICES`), then waits for every `/health` and a short warm-up
-generation. A replica that exits or never answers stops all of them and raises one line naming the replica and the
-server's own error. `stop()` SIGTERMs every process group, then SIGKILLs after the grace period; `kill(i)` SIGKILLs
-one replica's group at once (a crash, for fault tests). Thread-safe against a concurrent `stop()` (Ctrl-C during a
-restart): nothing is spawned after it.
+generation. A replica that exits or never answers during `start()` stops all of them and raises one line naming the
+replica and the server's own error. Once started, a watcher thread polls every replica's process: one that dies while
+serving has its whole process group killed (vLLM's engine-core and worker processes are not left behind), and is
+restarted in place (same port and cores) by its own thread with bounded retries and back-off
+(`restart_retries`, `restart_backoff_s`), never stopping the others; status lines (`drain_events`) name the replica,
+its exit code or signal and the server's error. `stop()` SIGTERMs every process group, then SIGKILLs after the grace
+period; `kill(i)` SIGKILLs one replica's group at once (a crash, for fault tests). Thread-safe against a concurrent
+`stop()` (Ctrl-C during a restart): nothing is spawned after it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tailsieve.engines.launchers.base import (
     register_launcher,
 )
 from tailsieve.engines.launchers.process import (
+    exit_how,
     http_healthy,
     kill_groups,
     pick_port,
@@ -56,6 +61,7 @@ class Replica(ReplicaSlot):
     place: str | None
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    state: str = "down"  # up | restarting | failed (gave up after its retries) | down (not started / stopped)
 
     @property
     def url(self) -> str:
@@ -70,7 +76,7 @@ class Replica(ReplicaSlot):
         """JSON row for launch.json and tables."""
         return {"index": self.index, "url": self.url, "port": self.port, "place": self.place, "pool": self.pool.value,
                 "flags": list(self.engine.flags()), "pid": self.proc.pid if self.proc else None,
-                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
+                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "state": self.state, "log": str(self.log)}
 
 
 def _ports(config: LaunchConfig) -> list[int]:
@@ -93,6 +99,12 @@ class LocalLauncher(ReplicaLauncher):
         self._lock = threading.RLock()
         self._stopping = False
         self._tmp: Path | None = None  # short TMPDIR root: vLLM's ZMQ IPC socket paths must stay under 107 chars
+        self._halt = threading.Event()  # set by stop(): the watcher and the recoveries give up their waits
+        self._busy: set[int] = set()  # replicas being restarted (watcher or pool move): the watcher leaves them be
+        self._events: list[str] = []
+        self._watcher: threading.Thread | None = None
+        self.watch_interval_s = 0.25
+        self.recoveries: list[dict[str, Any]] = []  # one row per death: the kill → restart → back timeline
         ports = _ports(config)
         self.replicas = [Replica(index=i, port=ports[i], place=config.place(i), pool=pool,
                                  engine=config.engine(pool is Pool.TAIL), log=log_dir / f"replica-{i}.log")
@@ -178,6 +190,10 @@ class LocalLauncher(ReplicaLauncher):
         except BaseException:
             self.stop()
             raise
+        with self._lock:
+            if not self._stopping and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="tailsieve-replica-watch", daemon=True)
+                self._watcher.start()
         return self
 
     def _spawn(self, rep: Replica) -> None:
@@ -208,11 +224,12 @@ class LocalLauncher(ReplicaLauncher):
                 code = rep.proc.poll()
                 if code is not None:
                     raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool{self._spec_note(rep)}, port "
-                                      f"{rep.port}) exited during start-up with code {code}: {server_error(rep.log)} "
+                                      f"{rep.port}) {exit_how(code)} during start-up: {server_error(rep.log)} "
                                       f"(log: {rep.log})")
                 if http_healthy(rep.url):
                     self._warm_up(rep)
                     rep.boot_s = time.monotonic() - t0
+                    rep.state = "up"
                     waiting.remove(rep)
             if waiting and time.monotonic() > deadline:
                 rep = waiting[0]
@@ -257,13 +274,16 @@ class LocalLauncher(ReplicaLauncher):
         """SIGTERM every replica's process group, SIGKILL what is left after the grace period; idempotent."""
         with self._lock:
             self._stopping = True
+            self._halt.set()
             procs = [rep.proc for rep in self.replicas if rep.proc is not None]
         terminate(procs, self.config.grace_s)
+        for rep in self.replicas:
+            rep.state = "down"
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     def kill(self, i: int) -> None:
-        """SIGKILL replica i's whole process group at once (a crash, for fault tests); it stays down."""
+        """SIGKILL replica i's whole process group at once (a crash, for fault tests); the watcher restarts it."""
         proc = self.replicas[i].proc
         if proc is not None:
             kill_groups([proc])
@@ -274,19 +294,114 @@ class LocalLauncher(ReplicaLauncher):
         return [rep for rep in self.replicas if rep.proc is not None and not rep.alive()]
 
     def failure(self) -> str | None:
-        """One line naming the first replica that exited while serving, with its server's error."""
-        dead = self.dead()
-        if not dead:
+        """One line when every replica died and none could be restarted (the launcher can serve no more)."""
+        if not self.replicas or any(rep.state != "failed" for rep in self.replicas):
             return None
-        rep = dead[0]
-        return f"replica {rep.index} (port {rep.port}) exited: {server_error(rep.log)} (log: {rep.log})"
+        return "every replica died and could not be restarted: " + "; ".join(
+            f"replica {rep.index}: {exit_how(rep.proc.returncode if rep.proc else None)}" for rep in self.replicas)
+
+    def drain_events(self) -> list[str]:
+        """Status lines since the last call: deaths (exit code or signal, server error), restarts, returns."""
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def _event(self, line: str) -> None:
+        with self._lock:
+            self._events.append(line)
+
+    # ---- the watcher: a replica that dies while serving is reaped and restarted in place ------------------------
+    def _watch(self) -> None:
+        while not self._halt.is_set():
+            for rep in self.replicas:
+                with self._lock:
+                    if self._stopping or rep.index in self._busy or rep.state != "up" or rep.proc is None \
+                            or rep.proc.poll() is None:
+                        continue
+                    self._busy.add(rep.index)
+                    rep.state = "restarting"
+                threading.Thread(target=self._recover, args=(rep,), name=f"tailsieve-recover-{rep.index}",
+                                 daemon=True).start()
+            self._halt.wait(self.watch_interval_s)
+
+    def _recover(self, rep: Replica) -> None:
+        """Reap the dead replica's whole process group, then restart it with back-off, up to `restart_retries`."""
+        try:
+            self._recover_inner(rep)
+        finally:
+            with self._lock:
+                self._busy.discard(rep.index)
+
+    def _recover_inner(self, rep: Replica) -> None:
+        assert rep.proc is not None
+        t_dead = time.monotonic()
+        pid, how = rep.proc.pid, exit_how(rep.proc.returncode)
+        kill_groups([rep.proc])  # the engine core and workers share the server's process group
+        reaped = wait_group_gone(pid, 10.0)
+        c = self.config
+        self._event(f"replica {rep.index} ({rep.pool.value} pool, port {rep.port}, pid {pid}) {how}: "
+                    f"{server_error(rep.log)}; process group {'reaped' if reaped else 'NOT reaped'}; "
+                    + (f"restarting (up to {c.restart_retries} tries)" if c.restart_retries else "not restarting")
+                    + f"; the other replicas keep serving (log: {rep.log})")
+        row: dict[str, Any] = {"replica": rep.index, "pid": pid, "how": how, "reaped": reaped, "attempts": 0}
+        self.recoveries.append(row)
+        for attempt in range(1, c.restart_retries + 1):
+            delay = min(30.0, c.restart_backoff_s * 2 ** (attempt - 1)) if attempt > 1 else 0.0
+            if self._halt.wait(delay) or self._stopping:
+                return
+            row["attempts"] = attempt
+            try:
+                if not wait_port(c.host, rep.port, 10.0):
+                    raise LaunchError(f"port {rep.port} still in use")
+                rep.restarts += 1
+                t_boot = time.monotonic()
+                self._boot([rep])
+            except LaunchError as exc:
+                if self._stopping:
+                    return
+                if rep.proc is not None:
+                    kill_groups([rep.proc])
+                    wait_group_gone(rep.proc.pid)
+                self._event(f"replica {rep.index} restart {attempt}/{c.restart_retries} failed: {exc}")
+                continue
+            row |= {"restart_began_s": round(t_boot - t_dead, 3), "back_s": round(time.monotonic() - t_dead, 3),
+                    "boot_s": round(rep.boot_s, 3), "new_pid": rep.proc.pid if rep.proc else None}
+            self._event(f"replica {rep.index} (port {rep.port}) back in service {row['back_s']:.1f}s after it died "
+                        f"(restart {attempt}/{c.restart_retries}, start-up {rep.boot_s:.1f}s)")
+            return
+        rep.state = "failed"
+        self._event(f"replica {rep.index} (port {rep.port}) stays down: "
+                    + (f"{c.restart_retries} restart(s) failed" if c.restart_retries else "restarts are off")
+                    + "; the other replicas keep serving")
+
+    def describe(self) -> dict[str, Any]:
+        """The launcher's JSON (see `ReplicaLauncher.describe`) with every death's recovery timeline."""
+        return super().describe() | {"recoveries": [dict(r) for r in self.recoveries]}
 
     # ---- restarts ---------------------------------------------------------------------------------------------
     def _relaunch(self, indices: Sequence[int]) -> None:
-        """SIGTERM these replicas' groups, wait for their ports, start them again with their current flags."""
+        """SIGTERM these replicas' groups, wait for their ports, start them again with their current flags (after
+        any restart of theirs the watcher is running)."""
         moved = [self.replicas[i] for i in indices]
-        terminate([rep.proc for rep in moved if rep.proc is not None], self.config.grace_s)
-        for rep in moved:
-            if not wait_port(self.config.host, rep.port, 10.0):
-                raise LaunchError(f"port {rep.port} (replica {rep.index}) still in use after its server stopped")
-        self._boot(moved)
+        while True:
+            with self._lock:
+                if self._stopping:
+                    raise LaunchError("launcher is stopping")
+                if not any(rep.index in self._busy for rep in moved):
+                    self._busy.update(rep.index for rep in moved)
+                    for rep in moved:
+                        rep.state = "restarting"
+                    break
+            time.sleep(0.1)
+        try:
+            terminate([rep.proc for rep in moved if rep.proc is not None], self.config.grace_s)
+            for rep in moved:
+                if not wait_port(self.config.host, rep.port, 10.0):
+                    raise LaunchError(f"port {rep.port} (replica {rep.index}) still in use after its server stopped")
+            self._boot(moved)
+        finally:
+            with self._lock:
+                self._busy.difference_update(rep.index for rep in moved)
+                for rep in moved:  # a failed restart: the watcher takes over once the process is gone
+                    if rep.state == "restarting" and rep.proc is not None and not self._stopping:
+                        rep.state = "up"

@@ -75,6 +75,18 @@ def server_error(log: Path, chars: int = 300) -> str:
     return tail[-1][:chars] if tail else "(empty log)"
 
 
+def exit_how(code: int | None) -> str:
+    """A process's return code in words: "exited with code 1", "killed by signal SIGKILL", "running"."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def group_alive(pgid: int) -> bool:
     """Some process of the process group `pgid` is still there."""
     try:
