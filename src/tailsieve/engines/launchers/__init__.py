@@ -13,12 +13,14 @@ from tailsieve.engines.launchers.base import (
     register_launcher,
 )
 from tailsieve.engines.launchers.local import LocalLauncher, Replica
+from tailsieve.engines.launchers.ray import RayLauncher  # registers "ray" (imports ray only when started)
 
 __all__ = [
     "DEFAULT_LAUNCHER",
     "LAUNCHERS",
     "LaunchError",
     "LocalLauncher",
+    "RayLauncher",
     "Replica",
     "ReplicaLauncher",
     "ReplicaSlot",
