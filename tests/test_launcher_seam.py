@@ -120,3 +120,22 @@ def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: P
             register_launcher("local")(MemLauncher)
     finally:
         LAUNCHERS.pop("test-mem", None)
+
+
+def test_ray_launcher_is_registered_and_chosen_by_config(tmp_path: Path) -> None:
+    from tailsieve.engines.launch_config import Device, launch_from_mapping
+    from tailsieve.engines.launchers import LAUNCHERS, RayLauncher, launcher_for
+    from tailsieve.engines.launchers.ray import bundle
+    from tailsieve.model.speculative import SpecConfig
+
+    assert LAUNCHERS["ray"] is RayLauncher
+    assert launcher_for(LaunchConfig(model="m")) == "local"
+    cfg = launch_from_mapping({"model": "m", "ray": "auto", "cores": ["0-1", "2"]}, SpecConfig(), SpecConfig())
+    assert cfg.ray == "auto" and launcher_for(cfg) == "ray"
+    assert bundle(cfg, 0) == {"CPU": 2.0} and bundle(cfg, 1) == {"CPU": 1.0}
+    gpu = LaunchConfig(model="m", device=Device.GPU, args=("--tensor-parallel-size", "4"), ray="10.0.0.1:6379")
+    assert bundle(gpu, 0) == {"CPU": 1.0, "GPU": 4.0}
+    with pytest.raises(ConfigError, match="launch.ray"):
+        LaunchConfig(model="m", ray="bad address!")
+    lines = RayLauncher(cfg, tmp_path).dry_run()
+    assert lines[0] == "# ray cluster: auto" and "placement group bundle" in lines[1]

@@ -9,6 +9,7 @@ from tailsieve.engines.launchers.base import (
     ReplicaLauncher,
     ReplicaSlot,
     initial_pools,
+    launcher_for,
     make_launcher,
     register_launcher,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "ReplicaLauncher",
     "ReplicaSlot",
     "initial_pools",
+    "launcher_for",
     "make_launcher",
     "register_launcher",
 ]
