@@ -109,8 +109,8 @@ def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) 
 def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:  # noqa: F811
     assert LAUNCHERS["local"] is LocalLauncher is Launcher and LocalLauncher.name == "local"
     assert isinstance(make_launcher("local", fake_cfg(model), tmp_path), LocalLauncher)
-    with pytest.raises(ConfigError, match=r"^unknown launcher 'ray' \(valid: local\)$") as e:
-        make_launcher("ray", fake_cfg(model), tmp_path)
+    with pytest.raises(ConfigError, match=r"^unknown launcher 'k8s' \(valid: local, ray\)$") as e:
+        make_launcher("k8s", fake_cfg(model), tmp_path)
     assert "\n" not in str(e.value)
     try:
         assert register_launcher("test-mem")(MemLauncher) is MemLauncher
