@@ -139,3 +139,4 @@ def test_ray_launcher_is_registered_and_chosen_by_config(tmp_path: Path) -> None
         LaunchConfig(model="m", ray="bad address!")
     lines = RayLauncher(cfg, tmp_path).dry_run()
     assert lines[0] == "# ray cluster: auto" and "placement group bundle" in lines[1]
+    assert "--host NODE_IP --port FREE_PORT" in lines[2]

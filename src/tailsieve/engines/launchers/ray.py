@@ -167,7 +167,11 @@ class RayLauncher(LocalLauncher):
         for rep in self.replicas:
             b = bundle(self.config, rep.index)
             lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}")
-            lines.append(" ".join(self.command(rep)))
+            cmd = self.command(rep)
+            k = cmd.index("--host")
+            cmd[k + 1] = rep.host or "NODE_IP"
+            cmd[k + 3] = str(rep.port) if rep.port else "FREE_PORT"
+            lines.append(" ".join(cmd))
         return lines
 
     # ---- start / stop -------------------------------------------------------------------------------------
