@@ -177,3 +177,14 @@ def test_server_killed_mid_step_restarts_and_serves(launcher: RayLauncher) -> No
     assert len(uids) == len(set(uids)) == 12
     assert launcher.slots[0].restarts > restarts0 and launcher.endpoints == urls
     assert len(second.groups) == 6 and any(s.replica == 0 for g in second.groups for s in g.samples)
+
+
+def test_actor_death_gets_a_new_actor_on_the_same_url(launcher: RayLauncher) -> None:
+    urls, rep = launcher.endpoints, launcher.slots[1]
+    old, restarts0 = rep.actor, rep.restarts
+    ray.kill(old)
+    deadline = time.monotonic() + 300
+    while rep.actor is old or not launcher.healthy(1) or rep.restarts == restarts0:
+        assert time.monotonic() < deadline and launcher.failure() is None, launcher.failure()
+        time.sleep(1.0)
+    assert launcher.endpoints == urls and launcher.health() == [True, True]

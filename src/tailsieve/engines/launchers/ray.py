@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -26,7 +27,16 @@ from typing import Any, Self
 from tailsieve.engines.launch_config import Device, LaunchConfig, check_model
 from tailsieve.engines.launchers.base import LaunchError, register_launcher
 from tailsieve.engines.launchers.local import LocalLauncher, Replica
-from tailsieve.engines.launchers.process import http_healthy, kill_groups, pick_port, port_free, server_error, terminate
+from tailsieve.engines.launchers.process import (
+    group_alive,
+    http_healthy,
+    kill_groups,
+    pick_port,
+    port_free,
+    server_error,
+    terminate,
+    wait_group_gone,
+)
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 MAX_RESTARTS = 8  # consecutive failed automatic restarts of one replica before `failure()` reports it
@@ -76,6 +86,13 @@ class ReplicaServer:
         """SIGKILL the server's process group at once (a crash, for fault tests)."""
         if self.proc is not None:
             kill_groups([self.proc])
+
+    def reap(self, pgid: int | None) -> None:
+        """SIGKILL the process group of a server whose actor died before this one (it outlives its actor)."""
+        if pgid is not None and group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            wait_group_gone(pgid, 10.0)
 
     def error(self, log: str) -> str:
         """The server's own error line from its log."""
@@ -204,7 +221,8 @@ class RayLauncher(LocalLauncher):
         return self
 
     def _place(self, rep: RayReplica) -> None:
-        """Create the replica's placement group (if needed) and actor; learn its node IP and a free port there."""
+        """Create the replica's placement group (if needed) and actor; learn its node IP and a free port there
+        (the old port when it is free: a new actor first kills the server its dead predecessor left behind)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -222,7 +240,10 @@ class RayLauncher(LocalLauncher):
             num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=rep.pg,
                                                                  placement_group_bundle_index=0)).remote()
-        rep.host = ray.get(rep.actor.node_ip.remote(), timeout=self.config.startup_timeout_s)
+        host = ray.get(rep.actor.node_ip.remote(), timeout=self.config.startup_timeout_s)
+        if host == rep.host:
+            ray.get(rep.actor.reap.remote(rep.pid), timeout=60)
+        rep.host = host
         rep.port = ray.get(rep.actor.free_port.remote(rep.host, rep.port or None), timeout=60)
 
     def _spawn(self, rep: Replica) -> None:
