@@ -140,3 +140,12 @@ def test_ray_launcher_is_registered_and_chosen_by_config(tmp_path: Path) -> None
     lines = RayLauncher(cfg, tmp_path).dry_run()
     assert lines[0] == "# ray cluster: auto" and "placement group bundle" in lines[1]
     assert "--host NODE_IP --port FREE_PORT" in lines[2]
+
+
+def test_launch_cli_ray_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tailsieve.cli import main
+
+    assert main(["launch", "--ray", "auto", "--model", "org/tiny", "--replicas", "2", "--dry-run",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# ray cluster: auto" and sum("--host NODE_IP --port FREE_PORT" in ln for ln in out) == 2
