@@ -127,6 +127,7 @@ def launcher(cluster: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
     finally:
         la.stop()
     assert all(s.actor is None and s.pg is None for s in la.slots)
+    assert la._tmp is None or not la._tmp.exists()  # every replica's TMPDIR removed
 
 
 def cfg(**kw: object) -> RolloutConfig:

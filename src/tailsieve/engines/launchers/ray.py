@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -48,6 +49,7 @@ class ReplicaServer:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tmp: Path | None = None  # the server's TMPDIR on this node (removed by `stop(cleanup=True)`)
 
     def node_ip(self) -> str:
         """The IP address Ray knows this node by (where the server binds)."""
@@ -64,7 +66,8 @@ class ReplicaServer:
         self.stop(5.0)
         full = dict(os.environ) | env
         if "TMPDIR" in env:
-            Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(env["TMPDIR"])
+            self.tmp.mkdir(parents=True, exist_ok=True)
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
             f.write(f"\n== tailsieve ray launch: {' '.join(cmd)}\n".encode())
@@ -77,10 +80,14 @@ class ReplicaServer:
         """The server's exit code, None while it runs (or before the first spawn)."""
         return None if self.proc is None else self.proc.poll()
 
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM the server's process group, SIGKILL after `grace_s`."""
+    def stop(self, grace_s: float, cleanup: bool = False) -> None:
+        """SIGTERM the server's process group, SIGKILL after `grace_s`; `cleanup`: remove its TMPDIR too."""
         if self.proc is not None:
             terminate([self.proc], grace_s)
+        if cleanup and self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.tmp.parent.rmdir()  # the launcher's scratch root, once every replica's folder is gone
 
     def kill(self) -> None:
         """SIGKILL the server's process group at once (a crash, for fault tests)."""
@@ -322,7 +329,7 @@ class RayLauncher(LocalLauncher):
         for rep in self.replicas:
             if rep.actor is not None:
                 with contextlib.suppress(Exception):
-                    stops.append(rep.actor.stop.remote(self.config.grace_s))
+                    stops.append(rep.actor.stop.remote(self.config.grace_s, True))
         with contextlib.suppress(Exception):
             ray.get(stops, timeout=self.config.grace_s + 30)
         for rep in self.replicas:
@@ -334,6 +341,8 @@ class RayLauncher(LocalLauncher):
                 with contextlib.suppress(Exception):
                     remove_placement_group(rep.pg)
                 rep.pg = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
