@@ -109,8 +109,8 @@ def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) 
 def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:  # noqa: F811
     assert LAUNCHERS["local"] is LocalLauncher is Launcher and LocalLauncher.name == "local"
     assert isinstance(make_launcher("local", fake_cfg(model), tmp_path), LocalLauncher)
-    with pytest.raises(ConfigError, match=r"^unknown launcher 'ray' \(valid: local\)$") as e:
-        make_launcher("ray", fake_cfg(model), tmp_path)
+    with pytest.raises(ConfigError, match=r"^unknown launcher 'k8s' \(valid: local, ray\)$") as e:
+        make_launcher("k8s", fake_cfg(model), tmp_path)
     assert "\n" not in str(e.value)
     try:
         assert register_launcher("test-mem")(MemLauncher) is MemLauncher
@@ -120,3 +120,32 @@ def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: P
             register_launcher("local")(MemLauncher)
     finally:
         LAUNCHERS.pop("test-mem", None)
+
+
+def test_ray_launcher_is_registered_and_chosen_by_config(tmp_path: Path) -> None:
+    from tailsieve.engines.launch_config import Device, launch_from_mapping
+    from tailsieve.engines.launchers import LAUNCHERS, RayLauncher, launcher_for
+    from tailsieve.engines.launchers.ray import bundle
+    from tailsieve.model.speculative import SpecConfig
+
+    assert LAUNCHERS["ray"] is RayLauncher
+    assert launcher_for(LaunchConfig(model="m")) == "local"
+    cfg = launch_from_mapping({"model": "m", "ray": "auto", "cores": ["0-1", "2"]}, SpecConfig(), SpecConfig())
+    assert cfg.ray == "auto" and launcher_for(cfg) == "ray"
+    assert bundle(cfg, 0) == {"CPU": 2.0} and bundle(cfg, 1) == {"CPU": 1.0}
+    gpu = LaunchConfig(model="m", device=Device.GPU, args=("--tensor-parallel-size", "4"), ray="10.0.0.1:6379")
+    assert bundle(gpu, 0) == {"CPU": 1.0, "GPU": 4.0}
+    with pytest.raises(ConfigError, match="launch.ray"):
+        LaunchConfig(model="m", ray="bad address!")
+    lines = RayLauncher(cfg, tmp_path).dry_run()
+    assert lines[0] == "# ray cluster: auto" and "placement group bundle" in lines[1]
+    assert "--host NODE_IP --port FREE_PORT" in lines[2]
+
+
+def test_launch_cli_ray_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tailsieve.cli import main
+
+    assert main(["launch", "--ray", "auto", "--model", "org/tiny", "--replicas", "2", "--dry-run",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# ray cluster: auto" and sum("--host NODE_IP --port FREE_PORT" in ln for ln in out) == 2

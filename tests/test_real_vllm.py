@@ -153,6 +153,6 @@ def test_server_killed_mid_step_still_delivers_n_groups(pair: LocalLauncher, wor
     batch = asyncio.run(go())
     assert len(batch.groups) == 6 and all(len(g.samples) == 4 for g in batch.groups)
     assert all(g.lengths == (1500,) * 4 for g in batch.groups)
-    assert batch.redispatched > 0 and batch.down == (0,)
+    assert batch.redispatched > 0 and 0 in batch.down and 1 not in batch.down
     moved = [s for g in batch.groups for s in g.samples if s.attempts > 1]
     assert moved and all(s.replica == 1 for s in moved)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from tailsieve.cli._common import fmt, nonneg_int, positive_int
 from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, launch_from_mapping
-from tailsieve.engines.launchers import DEFAULT_LAUNCHER, LaunchError, ReplicaLauncher, make_launcher
+from tailsieve.engines.launchers import LaunchError, ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import finite
@@ -59,6 +59,8 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tail-args", help="extra vLLM flags for tail replicas")
     p.add_argument("--bulk-args", help="extra vLLM flags for bulk replicas")
     p.add_argument("--startup-timeout", type=float, help="seconds to wait for /health (default: 600)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the replicas as Ray actors on the cluster at ADDRESS "
+                                                     "(auto or HOST:PORT; docs/multinode.md)")
 
 
 def _json_table(text: str, flag: str) -> dict[str, Any]:
@@ -110,7 +112,8 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         bulk = parse_spec(args.bulk_spec, "--bulk-spec")
     for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device),
                      ("base_port", args.base_port), ("memory", args.memory), ("tail_replicas", args.m),
-                     ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout)):
+                     ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout),
+                     ("ray", getattr(args, "ray", None))):
         if val is not None:
             table[key] = val
     if args.cores is not None:
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     check_model(cfg.model)
-    launcher = make_launcher(DEFAULT_LAUNCHER, cfg, out)
+    launcher = make_launcher(launcher_for(cfg), cfg, out)
     err = Console(stderr=True, width=max(120, Console(stderr=True).width))
     if args.dry_run:
         for line in launcher.dry_run():

@@ -25,7 +25,7 @@ from tailsieve.engines.client import Api, Endpoint, SamplingParams
 from tailsieve.engines.executor import RequestMode
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import load_launch_config
-from tailsieve.engines.launchers import DEFAULT_LAUNCHER, ReplicaLauncher, make_launcher
+from tailsieve.engines.launchers import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
 from tailsieve.engines.rollout import Batch, RolloutConfig
 from tailsieve.engines.runner import run_policies_real
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         lc = load_launch_config(launch_path)
         if args.weights_dir:
             lc = replace(lc, weight_reload=True)
-        launcher = make_launcher(DEFAULT_LAUNCHER, lc, out / "launch")
+        launcher = make_launcher(launcher_for(lc), lc, out / "launch")
         configs = build_configs(args, pool_spec(args, load_config_file(launch_path)))
         endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]
     elif not args.endpoints:

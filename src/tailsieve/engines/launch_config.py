@@ -100,6 +100,7 @@ class LaunchConfig:
     weight_reload: bool = False  # vLLM development-mode endpoints on (in-place weight reload, `update_weights`)
     restart_retries: int = 3  # a replica that dies while serving is restarted up to this many times in a row
     restart_backoff_s: float = 1.0  # delay before restart attempt k: restart_backoff_s · 2^(k−1), at most 30 s
+    ray: str | None = None  # Ray cluster address (`auto` or HOST:PORT): replicas run as Ray actors (docs/multinode.md)
 
     def __post_init__(self) -> None:
         if isinstance(self.restart_retries, bool) or not isinstance(self.restart_retries, int) \
@@ -125,6 +126,8 @@ class LaunchConfig:
             form = ("a taskset core list like 0, 0-3 or 0,2,4" if self.device is Device.CPU
                     else "CUDA_VISIBLE_DEVICES ids like 0 or 0,1")
             raise ConfigError(f"launch.{what}: {bad!r} is not {form}")
+        if self.ray is not None and (not isinstance(self.ray, str) or not _HOST.fullmatch(self.ray)):
+            raise ConfigError(f"launch.ray must be auto or a Ray cluster address HOST:PORT, got {self.ray!r}")
         if not isinstance(self.host, str) or not _HOST.fullmatch(self.host):
             raise ConfigError(f"launch.host must be a host name or IP address, got {self.host!r}")
         if self.ports:
@@ -191,7 +194,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 POOL_KEYS = ("speculative", "args")
 LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
                "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
-               "warmup_tokens", "weight_reload", "restart_retries", "restart_backoff_s", "tail", "bulk")
+               "warmup_tokens", "weight_reload", "restart_retries", "restart_backoff_s", "ray", "tail", "bulk")
 
 
 def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
@@ -237,7 +240,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
                      ("grace_s", float), ("warmup_tokens", int), ("weight_reload", bool),
-                     ("restart_retries", int), ("restart_backoff_s", float)):
+                     ("restart_retries", int), ("restart_backoff_s", float), ("ray", str)):
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)

@@ -9,20 +9,24 @@ from tailsieve.engines.launchers.base import (
     ReplicaLauncher,
     ReplicaSlot,
     initial_pools,
+    launcher_for,
     make_launcher,
     register_launcher,
 )
 from tailsieve.engines.launchers.local import LocalLauncher, Replica
+from tailsieve.engines.launchers.ray import RayLauncher  # registers "ray" (imports ray only when started)
 
 __all__ = [
     "DEFAULT_LAUNCHER",
     "LAUNCHERS",
     "LaunchError",
     "LocalLauncher",
+    "RayLauncher",
     "Replica",
     "ReplicaLauncher",
     "ReplicaSlot",
     "initial_pools",
+    "launcher_for",
     "make_launcher",
     "register_launcher",
 ]

@@ -231,6 +231,11 @@ def register_launcher(name: str) -> Callable[[type[L]], type[L]]:
     return deco
 
 
+def launcher_for(config: LaunchConfig) -> str:
+    """The launcher a config asks for: `ray` when it names a Ray cluster (`launch.ray`, `--ray`), else the default."""
+    return "ray" if config.ray else DEFAULT_LAUNCHER
+
+
 def make_launcher(name: str, config: LaunchConfig, log_dir: Path) -> ReplicaLauncher:
     """The launcher registered as `name` for `config`, logging under `log_dir` (not started)."""
     cls = LAUNCHERS.get(name)

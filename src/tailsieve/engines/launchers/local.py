@@ -340,7 +340,7 @@ class LocalLauncher(ReplicaLauncher):
         reaped = wait_group_gone(pid, 10.0)
         c = self.config
         self._event(f"replica {rep.index} ({rep.pool.value} pool, port {rep.port}, pid {pid}) {how}: "
-                    f"{server_error(rep.log)}; process group {'reaped' if reaped else 'NOT reaped'}; "
+                    f"{server_error(rep.log, last_line=False)}; process group {'reaped' if reaped else 'NOT reaped'}; "
                     + (f"restarting (up to {c.restart_retries} tries)" if c.restart_retries else "not restarting")
                     + f"; the other replicas keep serving (log: {rep.log})")
         row: dict[str, Any] = {"replica": rep.index, "pid": pid, "how": how, "reaped": reaped, "attempts": 0}

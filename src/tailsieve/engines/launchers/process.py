@@ -57,9 +57,9 @@ def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def server_error(log: Path, chars: int = 300) -> str:
+def server_error(log: Path, chars: int = 300, *, last_line: bool = True) -> str:
     """The server's own error from its log: the last exception line (plus a pydantic detail line), else the
-    last non-empty line."""
+    last non-empty line (`last_line`) or "no error in its log" (a server killed from outside logs none)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
@@ -71,6 +71,8 @@ def server_error(log: Path, chars: int = 300) -> str:
             if "validation error" in msg and nxt.startswith("  ") and nxt.strip():
                 msg += ": " + nxt.strip().split(" [type=")[0]
             return msg[:chars]
+    if not last_line:
+        return "no error in its log"
     tail = [ln.strip() for ln in lines if ln.strip()]
     return tail[-1][:chars] if tail else "(empty log)"
 

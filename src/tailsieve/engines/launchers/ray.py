@@ -1,0 +1,454 @@
+"""`RayLauncher` (registered as `ray`): R vLLM replicas on a Ray cluster, one placement group and one actor per
+replica. The actor runs on its bundle's node, picks a free port there and spawns the same server command line as
+`LocalLauncher.command` (bound to the node's IP) as its own process group; the driver health-checks
+`http://NODE_IP:PORT` and keeps the router and controller. Pool moves restart the server in place (same actor, same
+port). A watchdog thread restarts a server that exits, or an actor that dies, on the same port with the local
+launcher's policy (`restart_retries` tries, back-off `restart_backoff_s` · 2^(k−1), at most 30 s; status lines through
+`drain_events`), while the step loop re-dispatches the lost requests and readmits the replica when `/health` answers.
+One replica's death never stops the others: `failure()` speaks only when every replica has given up.
+
+`ray` is imported lazily (install the `ray` extra: `pip install 'tailsieve[ray]'`). The cluster address comes from
+`LaunchConfig.ray` (`auto`, or `HOST:PORT`); a driver that already called `ray.init` keeps its own connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from tailsieve.engines.launch_config import Device, LaunchConfig, check_model
+from tailsieve.engines.launchers.base import LaunchError, register_launcher
+from tailsieve.engines.launchers.local import LocalLauncher, Replica
+from tailsieve.engines.launchers.process import (
+    exit_how,
+    group_alive,
+    http_healthy,
+    kill_groups,
+    pick_port,
+    port_free,
+    server_error,
+    terminate,
+    wait_group_gone,
+)
+
+_TP = re.compile(r"^(--tensor-parallel-size|-tp)(=(\d+))?$")
+
+
+class ReplicaServer:
+    """The body of a replica's Ray actor: spawns, polls and stops one engine server process group on its node."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tmp: Path | None = None  # the server's TMPDIR on this node (removed by `stop(cleanup=True)`)
+
+    def node_ip(self) -> str:
+        """The IP address Ray knows this node by (where the server binds)."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+    def free_port(self, host: str, port: int | None = None) -> int:
+        """`port` when it can be bound on this node, else a free one."""
+        return port if port is not None and port_free(host, port) else pick_port(host)
+
+    def spawn(self, cmd: list[str], env: dict[str, str], log: str) -> int:
+        """Start the server (own process group, output to `log` on this node); returns its pid."""
+        self.stop(5.0)
+        full = dict(os.environ) | env
+        if "TMPDIR" in env:
+            self.tmp = Path(env["TMPDIR"])
+            self.tmp.mkdir(parents=True, exist_ok=True)
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as f:
+            f.write(f"\n== tailsieve ray launch: {' '.join(cmd)}\n".encode())
+            f.flush()
+            self.proc = subprocess.Popen(cmd, env=full, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        """The server's exit code, None while it runs (or before the first spawn)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float, cleanup: bool = False) -> None:
+        """SIGTERM the server's process group, SIGKILL after `grace_s`; `cleanup`: remove its TMPDIR too."""
+        if self.proc is not None:
+            terminate([self.proc], grace_s)
+        if cleanup and self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.tmp.parent.rmdir()  # the launcher's scratch root, once every replica's folder is gone
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group at once (a crash, for fault tests)."""
+        if self.proc is not None:
+            kill_groups([self.proc])
+
+    def reap(self, pgid: int | None) -> None:
+        """SIGKILL the process group of a server whose actor died before this one (it outlives its actor)."""
+        if pgid is not None and group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            wait_group_gone(pgid, 10.0)
+
+    def error(self, log: str, last_line: bool = True) -> str:
+        """The server's own error line from its log (see `server_error`)."""
+        return server_error(Path(log), last_line=last_line)
+
+
+@dataclass(slots=True, kw_only=True)
+class RayReplica(Replica):
+    """One replica on the cluster: its node IP, actor and placement group on top of a local `Replica`."""
+
+    host: str = ""
+    actor: Any = None
+    pg: Any = None
+    pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL on the replica's node."""
+        return f"http://{self.host or '127.0.0.1'}:{self.port}"
+
+    def describe(self) -> dict[str, Any]:
+        """JSON row for launch.json and tables."""
+        return {"index": self.index, "url": self.url, "host": self.host, "port": self.port, "place": self.place,
+                "pool": self.pool.value, "flags": list(self.engine.flags()), "pid": self.pid,
+                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
+
+
+def tensor_parallel(config: LaunchConfig) -> int:
+    """The `--tensor-parallel-size` in the config's server flags (1 when absent)."""
+    args = list(config.args)
+    for k, a in enumerate(args):
+        m = _TP.match(a)
+        if m:
+            v = m.group(3) or (args[k + 1] if k + 1 < len(args) else "1")
+            return max(1, int(v)) if v.isdigit() else 1
+    return 1
+
+
+def bundle(config: LaunchConfig, i: int) -> dict[str, float]:
+    """Replica i's placement-group bundle: CPUs (one per core in its core list, else 1), plus its
+    tensor-parallel GPUs on a GPU fleet."""
+    place = config.places[i] if config.places else None
+    cpus = 1.0
+    if config.device is Device.CPU and place:
+        cpus = float(sum(len(range(int(a), int(b.split(":")[0]) + 1)) if "-" in p else 1
+                         for p in place.split(",") for a, _, b in [p.partition("-")]))
+    out = {"CPU": cpus}
+    if config.device is Device.GPU:
+        out["GPU"] = float(tensor_parallel(config))
+    return out
+
+
+@register_launcher("ray")
+class RayLauncher(LocalLauncher):
+    """R replicas as Ray actors in their own placement groups (see the module docstring)."""
+
+    def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
+        super().__init__(config, log_dir)
+        self.replicas: list[RayReplica] = [  # type: ignore[assignment]
+            RayReplica(index=r.index, port=r.port if config.ports or config.base_port else 0,
+                       place=r.place if config.places else None, pool=r.pool, engine=r.engine, log=r.log)
+            for r in self.replicas]
+        self._own_ray = False
+        self._busy: set[int] = set()  # replicas a pool move or the watchdog is restarting
+        self._failed: dict[int, str] = {}
+        self._watchdog_thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    @property
+    def slots(self) -> Sequence[RayReplica]:
+        """The replicas, replica 0 first."""
+        return self.replicas
+
+    def command(self, rep: Replica) -> list[str]:
+        """`LocalLauncher.command`, bound to the replica's node IP."""
+        cmd = LocalLauncher.command(self, rep)
+        k = cmd.index("--host")
+        cmd[k + 1] = rep.host if isinstance(rep, RayReplica) and rep.host else self.config.host
+        return cmd
+
+    def _extra_env(self, rep: Replica) -> dict[str, str]:
+        """The launcher's environment for a replica less the driver's own (the actor adds its node's)."""
+        return {k: v for k, v in self.env(rep).items() if os.environ.get(k) != v}
+
+    def dry_run(self) -> list[str]:
+        """The cluster, each replica's bundle and command line (host and port are chosen on the node)."""
+        lines = [f"# ray cluster: {self.config.ray or 'auto'}"]
+        for rep in self.replicas:
+            b = bundle(self.config, rep.index)
+            lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}")
+            cmd = self.command(rep)
+            k = cmd.index("--host")
+            cmd[k + 1] = rep.host or "NODE_IP"
+            cmd[k + 3] = str(rep.port) if rep.port else "FREE_PORT"
+            lines.append(" ".join(cmd))
+        return lines
+
+    # ---- start / stop -------------------------------------------------------------------------------------
+    def _ray(self) -> Any:
+        try:
+            import ray
+        except ImportError:
+            raise LaunchError("the ray launcher needs Ray: pip install 'tailsieve[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(address=self.config.ray or "auto", logging_level=logging.WARNING, log_to_driver=False)
+            self._own_ray = True
+        return ray
+
+    def start(self) -> Self:
+        """Connect, create every placement group and actor, spawn every server, wait for every /health."""
+        check_model(self.config.model)
+        ray = self._ray()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for rep in self.replicas:
+                rep.log.unlink(missing_ok=True)
+                self._place(rep)
+            self._boot(self.replicas)
+        except BaseException:
+            self.stop()
+            raise
+        del ray
+        self._watchdog_thread = threading.Thread(target=self._watchdog, name="tailsieve-ray-watchdog", daemon=True)
+        self._watchdog_thread.start()
+        return self
+
+    def _place(self, rep: RayReplica) -> None:
+        """Create the replica's placement group (if needed) and actor; learn its node IP and a free port there
+        (the old port when it is free: a new actor first kills the server its dead predecessor left behind)."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        b = bundle(self.config, rep.index)
+        if rep.pg is None:
+            rep.pg = placement_group([b], strategy="STRICT_PACK", name=f"tailsieve-replica-{rep.index}-{id(self)}")
+            try:
+                ray.get(rep.pg.ready(), timeout=self.config.startup_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise LaunchError(f"replica {rep.index}: no node offers {b} within "
+                                  f"{self.config.startup_timeout_s:.0f}s (placement group pending)") from None
+        actor_cls = ray.remote(ReplicaServer)
+        rep.actor = actor_cls.options(
+            num_cpus=b["CPU"], num_gpus=b.get("GPU", 0), max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=rep.pg,
+                                                                 placement_group_bundle_index=0)).remote()
+        host = ray.get(rep.actor.node_ip.remote(), timeout=self.config.startup_timeout_s)
+        if host == rep.host:
+            ray.get(rep.actor.reap.remote(rep.pid), timeout=60)
+        rep.host = host
+        rep.port = ray.get(rep.actor.free_port.remote(rep.host, rep.port or None), timeout=60)
+
+    def _spawn(self, rep: Replica) -> None:
+        import ray
+
+        assert isinstance(rep, RayReplica)
+        with self._lock:
+            if self._stopping:
+                raise LaunchError("launcher is stopping")
+            if self._tmp is None:
+                self._tmp = Path("/tmp") / f"tailsieve-ray-{os.getpid()}-{id(self) % 100000}"
+        rep.exit_code = None
+        rep.pid = ray.get(rep.actor.spawn.remote(self.command(rep), self._extra_env(rep), str(rep.log)), timeout=60)
+
+    def _poll(self, rep: RayReplica) -> int | None:
+        """The server's exit code (-1000 when its actor is gone), None while it runs."""
+        import ray
+
+        try:
+            code = ray.get(rep.actor.poll.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return -1000
+        return None if code is None else int(code)
+
+    def _error(self, rep: RayReplica, last_line: bool = True) -> str:
+        import ray
+
+        try:
+            return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
+        except Exception:
+            return server_error(rep.log, last_line=last_line)
+
+    def _boot(self, reps: Sequence[Replica]) -> None:
+        """Spawn `reps` through their actors and wait until all answer /health (or one fails: `LaunchError`)."""
+        t0 = time.monotonic()
+        for rep in reps:
+            self._spawn(rep)
+        waiting = [r for r in reps if isinstance(r, RayReplica)]
+        deadline = t0 + self.config.startup_timeout_s
+        while waiting:
+            for rep in list(waiting):
+                if self._stopping:
+                    raise LaunchError("launcher stopped during start-up")
+                code = self._poll(rep)
+                if code is not None:
+                    what = "lost its actor" if code == -1000 else f"exited with code {code}"
+                    raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}) {what} during "
+                                      f"start-up: {self._error(rep)} (log: {rep.log})")
+                if http_healthy(rep.url):
+                    self._warm_up(rep)
+                    rep.boot_s = time.monotonic() - t0
+                    waiting.remove(rep)
+            if waiting and time.monotonic() > deadline:
+                rep = waiting[0]
+                raise LaunchError(f"replica {rep.index} ({rep.url}) not healthy after "
+                                  f"{self.config.startup_timeout_s:.0f}s: {self._error(rep)} (log: {rep.log})")
+            if waiting:
+                time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop the watchdog, every server (SIGTERM → SIGKILL), actor and placement group; idempotent."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        t = self._watchdog_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=self.config.grace_s + 30)
+        try:
+            import ray
+        except ImportError:
+            return
+        if not ray.is_initialized():
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        stops = []
+        for rep in self.replicas:
+            if rep.actor is not None:
+                with contextlib.suppress(Exception):
+                    stops.append(rep.actor.stop.remote(self.config.grace_s, True))
+        with contextlib.suppress(Exception):
+            ray.get(stops, timeout=self.config.grace_s + 30)
+        for rep in self.replicas:
+            if rep.actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(rep.actor)
+                rep.actor = None
+            if rep.pg is not None:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(rep.pg)
+                rep.pg = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._own_ray:
+            ray.shutdown()
+            self._own_ray = False
+
+    def kill(self, i: int) -> None:
+        """SIGKILL replica i's server at once (a crash, for fault tests); the watchdog restarts it."""
+        import ray
+
+        rep = self.replicas[i]
+        if rep.actor is not None:
+            ray.get(rep.actor.kill.remote(), timeout=30)
+
+    def dead(self) -> list[Replica]:
+        """Replicas whose automatic restarts gave up."""
+        return [self.replicas[i] for i in sorted(self._failed)]
+
+    def failure(self) -> str | None:
+        """One line when every replica has given up its automatic restarts (the launcher can serve no more)."""
+        if not self.replicas or len(self._failed) < len(self.replicas):
+            return None
+        return "every replica died and could not be restarted: " + "; ".join(
+            self._failed[i] for i in sorted(self._failed))
+
+    # ---- restarts ---------------------------------------------------------------------------------------------
+    def _relaunch(self, indices: Sequence[int]) -> None:
+        """Stop these replicas' servers through their actors, start them again (same node and port)."""
+        import ray
+
+        moved = [self.replicas[i] for i in indices]
+        with self._lock:
+            self._busy |= set(indices)
+        try:
+            ray.get([rep.actor.stop.remote(self.config.grace_s) for rep in moved],
+                    timeout=self.config.grace_s + 30)
+            for rep in moved:
+                rep.port = ray.get(rep.actor.free_port.remote(rep.host, rep.port), timeout=60)
+            self._boot(moved)
+        finally:
+            with self._lock:
+                self._busy -= set(indices)
+
+    def _watchdog(self) -> None:
+        """Restart exited servers (and dead actors, on their placement group) until `stop`: try k waits
+        `restart_backoff_s` · 2^(k−2) (the first is immediate, at most 30 s), `restart_retries` tries in a row."""
+        c = self.config
+        tries: dict[int, int] = {}
+        next_try: dict[int, float] = {}
+        died: dict[int, tuple[float, str]] = {}
+        while not self._stopping:
+            self._wake.wait(0.25)
+            for rep in self.replicas:
+                if self._stopping:
+                    return
+                with self._lock:
+                    if rep.index in self._busy or rep.index in self._failed:
+                        continue
+                code = self._poll(rep)
+                if code is None:
+                    continue
+                now = time.monotonic()
+                if rep.index not in died:
+                    how = "lost its actor" if code == -1000 else exit_how(code)
+                    died[rep.index] = (now, how)
+                    self._event(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}, pid {rep.pid}) {how}: "
+                                f"{self._error(rep, last_line=False)}; "
+                                + (f"restarting (up to {c.restart_retries} tries)" if c.restart_retries
+                                   else "not restarting") + f"; the other replicas keep serving (log: {rep.log})")
+                n = tries.get(rep.index, 0)
+                if n >= c.restart_retries:
+                    self._failed[rep.index] = (f"replica {rep.index} ({rep.url}): "
+                                               + (f"{n} restart(s) failed" if n else "restarts are off"))
+                    self._event(f"replica {rep.index} ({rep.url}) stays down: {self._failed[rep.index]}; "
+                                "the other replicas keep serving")
+                    continue
+                if now < next_try.get(rep.index, 0.0):
+                    continue
+                tries[rep.index] = n = n + 1
+                with self._lock:
+                    self._busy.add(rep.index)
+                try:
+                    if code == -1000:
+                        self._place(rep)
+                    else:
+                        rep.port = ray_get(rep.actor.free_port.remote(rep.host, rep.port), 60)
+                    rep.restarts += 1
+                    self._boot([rep])
+                except Exception as exc:
+                    next_try[rep.index] = time.monotonic() + min(30.0, c.restart_backoff_s * 2 ** (n - 1))
+                    self._event(f"replica {rep.index} restart {n}/{c.restart_retries} failed: {exc}")
+                else:
+                    t_dead, how = died.pop(rep.index)
+                    back = time.monotonic() - t_dead
+                    self.recoveries.append({"replica": rep.index, "how": how, "attempts": n,
+                                            "back_s": round(back, 3), "boot_s": round(rep.boot_s, 3)})
+                    self._event(f"replica {rep.index} ({rep.url}) back in service {back:.1f}s after it died "
+                                f"(restart {n}/{c.restart_retries}, start-up {rep.boot_s:.1f}s)")
+                    tries.pop(rep.index, None)
+                finally:
+                    with self._lock:
+                        self._busy.discard(rep.index)
+
+
+def ray_get(ref: Any, timeout_s: float) -> Any:
+    """`ray.get` with a timeout (ray imported lazily)."""
+    import ray
+
+    return ray.get(ref, timeout=timeout_s)
