@@ -26,11 +26,14 @@ from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import lane_order
+from tailsieve.policy.mean_field import MeanFieldPools, uniform_makespan
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool averages within itself)
+MEAN_FIELD_REQUESTS = 65_536  # per-candidate request finishes (K·(N + E)·G) above which two-pool splits use the
+# mean-field forecast (`policy.mean_field`) instead of the exact all-admit lanes
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
@@ -113,6 +116,7 @@ class Predictor:
         tail_curve: TpotCurve | None = None,
         kv_s_per_token: float = 0.0,
         pinned_candidates: bool = False,
+        mean_field: bool | None = None,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -140,15 +144,31 @@ class Predictor:
             cand = prior
         rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
         self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
+        work = k * (groups + extra) * history.shape[1]
+        # mean field only under request dispatch (group-atomic lanes need the exact model; see policy.mean_field)
+        self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
+        self.use_mean_field = by_request and self.large
+        self._uniform: FloatArray | None = None  # T_uniform per pool, by lane sums (large fleets)
+        self._mf: MeanFieldPools | None = None
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
         self._bulk_t: dict[tuple[int, int], FloatArray] = {}
 
     def _cands(self, lo: int, hi: int) -> FloatArray:
         """Candidates lo..hi−1 of every pool (cycling when q exceeds the candidate width)."""
-        idx = np.arange(lo, hi) % self.cand.shape[1]
-        out: FloatArray = self.cand[:, idx]
+        out: FloatArray = self.cand[:, self._cand_idx(lo, hi)]
         return out
+
+    def _cand_idx(self, lo: int, hi: int) -> IntArray:
+        out: IntArray = np.arange(lo, hi) % self.cand.shape[1]
+        return out
+
+    @property
+    def mean_field(self) -> MeanFieldPools:
+        """The pools on the lengths grid (built on first use)."""
+        if self._mf is None:
+            self._mf = MeanFieldPools(self.fresh, self.cand)
+        return self._mf
 
     def tail_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_tail of q candidate groups on m replicas."""
@@ -156,14 +176,20 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request,
-                                                self.kv).max(axis=1)
+            if self.use_mean_field:
+                done = self.mean_field.completions(self._cand_idx(0, q), False, m, self.tail_curve, self.kv)
+            else:
+                done = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request, self.kv)
+            self._tail[key] = done.max(axis=1)
         return self._tail[key]
 
     def _bulk_raw(self, q: int, m: int) -> FloatArray:
         """(K, P) completion times of the bulk pool's groups in queue order: the E − q non-isolated candidates
         first (the router puts them at the front), then the N fresh groups (uniform: N groups on R replicas)."""
         key = (q, m)
+        if key not in self._bulk_t and m > 0 and self.use_mean_field:
+            self._bulk_t[key] = self.mean_field.completions(self._cand_idx(q, max(q, self.e)), True, self.r - m,
+                                                            self.curve, self.kv)
         if key not in self._bulk_t:
             pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
             by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
@@ -181,6 +207,10 @@ class Predictor:
         """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
         E − q non-isolated ones must complete: the later of their last completion and the (N − E)-th fresh one
         (pessimistic: a pinned request keeps its all-admit finish, not sped up by the aborts at the cutoff)."""
+        if m == 0 and self.large:  # the last of N completions is the slowest lane: sums per lane, no finish times
+            if self._uniform is None:
+                self._uniform = uniform_makespan(self.fresh, self.r, self.curve, self.kv)
+            return self._uniform
         quota = self.n - q if m > 0 else self.n
         if quota <= 0:
             return np.zeros(self.fresh.shape[0])
@@ -203,10 +233,21 @@ class Predictor:
         return float(np.mean(np.maximum(self.tail_times(q, m) * calib_tail, self.bulk_times(q, m) * calib_bulk)))
 
     def tail_capacity(self, deadline: float, m: int, q_max: int) -> int:
-        """G_tail of C.2: the largest q ≤ q_max whose tail pool on m replicas finishes by `deadline` (mean pool)."""
+        """G_tail of C.2: the largest q ≤ q_max whose tail pool on m replicas finishes by `deadline` (mean pool).
+        A scan from q = 1 up to the first q that misses; on large fleets a bisection (T_tail grows with q when τ
+        does: a lane only gains requests)."""
+        def fits(q: int) -> bool:
+            return float(np.mean(self.tail_times(q, m))) <= deadline
+
+        if self.large:
+            lo, hi = 0, q_max  # fits(lo) holds (q = 0 is free); find the last q that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            return lo
         best = 0
         for q in range(1, q_max + 1):
-            if float(np.mean(self.tail_times(q, m))) <= deadline:
+            if fits(q):
                 best = q
             else:
                 break
