@@ -90,6 +90,7 @@ class PolicyRun:
     batch_delays: tuple[NDArray[np.int64], ...] = field(default=(), repr=False)  # steps since first dispatched
     batch_offpolicy: tuple[NDArray[np.int64], ...] = field(default=(), repr=False)  # tokens made in earlier steps
     step_dropped: tuple[int, ...] = field(default=(), repr=False)  # per step: prompts dropped unconsumed
+    own_routing: bool = False  # routes unlike uniform at every step with m = 0 (the peers): never "uniform's routing"
 
     def mean_step_s(self, skip: int = SKIP_STEPS) -> float:
         """Mean makespan over all steps but the first `skip` (warm-up and first steady step)."""

@@ -163,7 +163,7 @@ def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig
         log.fidelity(list(got.delays), list(got.offpolicy), got.dropped)
         if on_step is not None:
             on_step(name, i + 1)
-    return replace(log.run(), length_cap=workload.max_length)
+    return replace(log.run(), length_cap=workload.max_length, own_routing=True)
 
 
 def _run_oracle(
