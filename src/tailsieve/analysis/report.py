@@ -26,8 +26,8 @@ from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.analysis.weights import Weighting
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
-__all__ = ["COLUMNS", "PolicySummary", "batch_columns", "fidelity_notes", "policy_json", "record_json", "report_json", "summarize",
-           "summary_table"]
+__all__ = ["COLUMNS", "PolicySummary", "batch_columns", "fidelity_notes", "policy_json", "record_json", "report_json",
+           "summarize", "summary_table"]
 
 COLUMNS = ("policy", "mean step s", "speedup", "±2σ", "final q", "final m", "wasted tokens", "length ratio", "KS")
 MISSING = "-"  # table cell of a value that needs uniform when uniform did not run
