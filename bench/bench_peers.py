@@ -86,8 +86,8 @@ def _f(x: float | None, spec: str) -> str:
 def render(result: dict[str, Any]) -> str:
     """One case as a markdown table, with its goal-4 line."""
     head = (f"### {result['workload']} × {result['curve']} ({result['steps']} steps, seed {result['seed']}, "
-            f"{result['wall_s']:.1f} s)\n\n| policy | speedup | ±2σ | length ratio | trunc. ratio | off-policy tokens | "
-            "dropped | delayed >1 step | batch CV |\n|---|---|---|---|---|---|---|---|---|")
+            f"{result['wall_s']:.1f} s)\n\n| policy | speedup | ±2σ | length ratio | trunc. ratio | "
+            "off-policy tokens | dropped | delayed >1 step | batch CV |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in result["rows"]:
         band = "-" if r["speedup_2sigma"] is None else f"±{100 * r['speedup_2sigma']:.1f}%"

@@ -25,7 +25,7 @@ from tailsieve.model.curves import load_curve
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
-from tailsieve.simulation.runs import ORACLES, policy_names, run_policies
+from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
 CAPTURE_STEPS = 10
 
@@ -190,7 +190,7 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
     ax1.set_title("step time")
     ax1.legend(fontsize=7)
     ax_m = ax2.twinx()
-    adaptive = [n for n in runs if n != "uniform" and n not in ORACLES]
+    adaptive = [n for n in runs if n != "uniform" and n not in ORACLES and n not in PEERS]  # peers: m = 0
     for name in adaptive:
         steps = [s.step for s in runs[name].steps]
         ax2.plot(steps, [s.q for s in runs[name].steps], color=color[name], label=f"{name} q")
