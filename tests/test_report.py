@@ -55,7 +55,7 @@ def test_tiny_run_by_hand() -> None:
     assert s.oracle is False
     doc = policy_json(POLICY, s, {"restart_s": 2.5})
     assert list(doc) == ["mean_step_s", "speedup", "verdict", "final_q", "final_m", "wasted_share", "redraws", "bias",
-                         "oracle", "step_s_std", "step_s_min", "step_s_max", "steps", "restart_s"]
+                         "fidelity", "oracle", "step_s_std", "step_s_min", "step_s_max", "steps", "restart_s"]
     assert doc["bias"] == {"mean_ratio": pytest.approx(2.0), "ks": pytest.approx(0.75), "truncated_ratio": None,
                            "truncated_share": None, "reference_truncated_share": None,
                            "truncated_reason": "length cap unknown (the workload has no max_length)"}

@@ -86,6 +86,11 @@ class PolicyRun:
     length_cap: int | None = None  # truncated = length >= cap (simulation: Workload.max_length); None = unknown
     # per step: bias-correction weight per consumed group (`analysis.weights`, opt-in); () = off
     batch_weights: tuple[NDArray[np.float64], ...] = field(default=(), repr=False)
+    # batch fidelity (`analysis.fidelity.batch_fidelity`), per step and consumed group; () = none (every value 0):
+    batch_delays: tuple[NDArray[np.int64], ...] = field(default=(), repr=False)  # steps since first dispatched
+    batch_offpolicy: tuple[NDArray[np.int64], ...] = field(default=(), repr=False)  # tokens made in earlier steps
+    step_dropped: tuple[int, ...] = field(default=(), repr=False)  # per step: prompts dropped unconsumed
+    own_routing: bool = False  # routes unlike uniform at every step with m = 0 (the peers): never "uniform's routing"
 
     def mean_step_s(self, skip: int = SKIP_STEPS) -> float:
         """Mean makespan over all steps but the first `skip` (warm-up and first steady step)."""
@@ -197,7 +202,11 @@ class RunLog:
         self.prompts: list[tuple[str, ...]] = []
         self.redraws: list[NDArray[np.int64]] = []
         self.weights: list[NDArray[np.float64]] = []
+        self.delays: list[NDArray[np.int64]] = []
+        self.offpolicy: list[NDArray[np.int64]] = []
+        self.dropped: list[int] = []
         self._seen: set[int] = set()
+        self._first: dict[int, int] = {}  # uid → step it was first dispatched in (`track`)
 
     def add(self, record: StepRecord, lengths: NDArray[np.int64], uids: list[int], prompts: tuple[str, ...],
             redraws: list[int] | None = None, weights: NDArray[np.float64] | None = None) -> None:
@@ -214,10 +223,27 @@ class RunLog:
         if weights is not None:
             self.weights.append(np.asarray(weights, dtype=np.float64))
 
+    def fidelity(self, delays: list[int], offpolicy: list[int] | None = None, dropped: int = 0) -> None:
+        """The last added step's batch fidelity: per consumed group the steps since its prompt was first dispatched
+        and its tokens generated in earlier steps (default 0), and the prompts dropped this step."""
+        self.delays.append(np.asarray(delays, dtype=np.int64))
+        self.offpolicy.append(np.asarray(offpolicy if offpolicy is not None else [0] * len(delays), dtype=np.int64))
+        self.dropped.append(int(dropped))
+
+    def track(self, step: int, dispatched: list[int], consumed: list[int]) -> list[int]:
+        """Remember the step each uid was first dispatched in; the delays (steps since then) of the consumed ones."""
+        for uid in dispatched:
+            self._first.setdefault(uid, step)
+        return [step - self._first.pop(uid) for uid in consumed]
+
     def add_output(self, out: StepOutput, weights: NDArray[np.float64] | None = None) -> None:
-        """`add` for a step the loop completed."""
-        self.add(out.record, out.batch, [o.ref.uid for o in out.consumed], tuple(o.ref.prompt_id for o in out.consumed),
+        """`add` for a step the loop completed, with its delays (a regenerated cut group: 1 step, or more if it
+        waited in the queue); nothing of a StepLoop step is off-policy or dropped."""
+        uids = [o.ref.uid for o in out.consumed]
+        self.add(out.record, out.batch, uids, tuple(o.ref.prompt_id for o in out.consumed),
                  [o.ref.cuts for o in out.consumed], weights)
+        ran = [ref.uid for ref in (*out.plan.tail, *out.plan.bulk)]
+        self.fidelity(self.track(out.plan.step, ran, uids))
 
     def check_final(self, state: RouterState) -> None:
         """No draw lost or duplicated overall: consumed + waiting = drawn, and none both (InvariantError)."""
@@ -229,5 +255,9 @@ class RunLog:
     def run(self) -> PolicyRun:
         """The run so far."""
         weights = tuple(self.weights) if len(self.weights) == len(self.records) else ()
+        full = len(self.delays) == len(self.records)
         return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
-                         tuple(self.redraws), batch_weights=weights)
+                         tuple(self.redraws), batch_weights=weights,
+                         batch_delays=tuple(self.delays) if full else (),
+                         batch_offpolicy=tuple(self.offpolicy) if full else (),
+                         step_dropped=tuple(self.dropped) if full else ())

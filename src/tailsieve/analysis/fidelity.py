@@ -12,6 +12,14 @@ simulator the same draws), d_i = T_uniform,i − T_policy,i. The speedup is mean
 speedup − 1 ≈ mean(d) / mean(T_policy), whose standard error is SE = std(d, ddof=1) / √n / mean(T_policy).
 `speedup_2sigma` = 2·SE (relative: 0.009 = ±0.9%); the speedup is within noise when |speedup − 1| ≤ 2·SE.
 Fewer than two paired steps cannot be told from noise (within noise, `speedup_2sigma` None).
+- `batch_fidelity`: what a policy does to the update batches beyond their lengths (issue 16, docs/peers.md):
+  `off_policy_token_share` = consumed tokens generated in an earlier step than the one that consumed them (a
+  partial rollout's resumed prefixes: an older policy's tokens) / all consumed tokens; `dropped_prompt_share` =
+  prompts dropped unconsumed / (consumed + dropped); `delayed_prompt_share` = consumed groups whose prompt was first
+  dispatched two or more steps before the step that consumed it (delayed by more than one step; TailSieve's
+  regenerated cut group, consumed the step after its cut, has delay 1 and is not counted); `batch_length_cv` = the
+  coefficient of variation (population std / mean) of the per-step mean consumed response length. All over the
+  window; a run that carries no such data (uniform, oracles, older files) has zeros there and its own length CV.
 Definitions: docs/simulate.md.
 """
 
@@ -23,6 +31,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
@@ -115,7 +124,7 @@ def paired_2sigma(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEP
 def verdict(run: PolicyRun, reference: PolicyRun, speedup: float, *, skip: int = SKIP_STEPS) -> Verdict:
     """The noise rule (module docstring) and the uniform-boundary check, with the footnote that says why."""
     band, n = paired_2sigma(run, reference, skip=skip)
-    left = any(s.m > 0 for s in run.steps if not s.warmup)
+    left = run.own_routing or any(s.m > 0 for s in run.steps if not s.warmup)
     within = band is None or abs(speedup - 1.0) <= band
     pm = "?" if band is None else f"±{100 * band:.1f}%"
     if band is None:
@@ -139,3 +148,33 @@ def fidelity_of(run: PolicyRun, reference: PolicyRun | None, speedup: float | No
     v = verdict(run, reference, speedup, skip=skip) if judge and speedup is not None else None
     return redraws(run, skip=skip), truncation(run, reference, skip=skip), v
 
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFidelity:
+    """Off-policy tokens, dropped and delayed prompts, and the spread of batch mean lengths (`batch_fidelity`)."""
+
+    off_policy_token_share: float
+    dropped_prompt_share: float
+    delayed_prompt_share: float
+    batch_length_cv: float
+
+
+def _flat(per_step: Sequence[NDArray[np.int64]], skip: int) -> NDArray[np.int64]:
+    kept = [np.asarray(x, dtype=np.int64).ravel() for x in window(per_step, skip)]
+    return np.concatenate(kept) if kept else np.zeros(0, np.int64)
+
+
+def batch_fidelity(run: PolicyRun, *, skip: int = SKIP_STEPS) -> BatchFidelity:
+    """The four batch-fidelity shares of the window (module docstring)."""
+    batches = window(run.batch_lengths, skip)
+    tokens = sum(int(b.sum()) for b in batches)
+    groups = sum(int(b.shape[0]) for b in batches)
+    off = int(_flat(run.batch_offpolicy, skip).sum()) if run.batch_offpolicy else 0
+    delayed = int((_flat(run.batch_delays, skip) >= 2).sum()) if run.batch_delays else 0
+    dropped = sum(window(run.step_dropped, skip)) if run.step_dropped else 0
+    means = np.array([float(b.mean()) for b in batches if b.size], dtype=np.float64)
+    cv = float(means.std() / means.mean()) if means.size and means.mean() > 0 else 0.0
+    return BatchFidelity(off_policy_token_share=off / tokens if tokens else 0.0,
+                         dropped_prompt_share=dropped / (groups + dropped) if groups + dropped else 0.0,
+                         delayed_prompt_share=delayed / groups if groups else 0.0, batch_length_cv=cv)

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailsieve.analysis.fidelity import NO_REDRAWS, Redraws, Truncation, Verdict, fidelity_of, window
+from tailsieve.analysis.fidelity import (
+    NO_REDRAWS,
+    BatchFidelity,
+    Redraws,
+    Truncation,
+    Verdict,
+    batch_fidelity,
+    fidelity_of,
+    window,
+)
 from tailsieve.analysis.weights import Weighting, weighted_bias
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
@@ -89,6 +98,7 @@ class PolicySummary:
     truncation: Truncation | None = None  # reference share and ratio None without uniform
     verdict: Verdict | None = None  # non-uniform, non-oracle policies against uniform
     weighting: Weighting | None = None  # bias correction (opt-in): None when off or without uniform
+    batch: BatchFidelity | None = None  # off-policy tokens, dropped / delayed prompts, batch length CV
 
 
 def weighting_of(run: PolicyRun, reference: PolicyRun | None, *, skip: int = SKIP_STEPS) -> Weighting | None:
@@ -125,5 +135,6 @@ def summarize(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
             bias=None if ref is None else length_bias(run, ref, skip=skip), step_s_std=float(times.std()),
             step_s_min=float(times.min()), step_s_max=float(times.max()), oracle=name in oracles,
             redraws=redraws, truncation=trunc, verdict=verdict, weighting=weighting_of(run, ref, skip=skip),
+            batch=batch_fidelity(run, skip=skip),
         )
     return out

@@ -5,7 +5,8 @@ each adds its own extras (rollout's `restart_s`) through `extra` / `extra_column
 
 Per-policy keys: mean_step_s, speedup, verdict {within_noise, left_uniform, speedup_2sigma, paired_steps, note},
 final_q, final_m, wasted_share, redraws {max, mean}, bias {mean_ratio, ks, truncated_ratio, truncated_share,
-reference_truncated_share, truncated_reason; with bias correction also weighted_mean_ratio, ess_ratio}, oracle,
+reference_truncated_share, truncated_reason; with bias correction also weighted_mean_ratio, ess_ratio}, fidelity
+{off_policy_token_share, dropped_prompt_share, delayed_prompt_share, batch_length_cv}, oracle,
 step_s_std, step_s_min, step_s_max, steps [...]. `speedup`,
 `verdict` and `bias` are null without a uniform run; `verdict` also for uniform and the oracles (docs/simulate.md,
 docs/engines.md). A speedup is never shown without its bias: the table has length ratio and KS beside it, a ±2σ
@@ -20,13 +21,13 @@ from typing import Any
 
 from rich.table import Table
 
-from tailsieve.analysis.fidelity import Truncation, Verdict
+from tailsieve.analysis.fidelity import BatchFidelity, Truncation, Verdict
 from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.analysis.weights import Weighting
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
-__all__ = ["COLUMNS", "PolicySummary", "fidelity_notes", "policy_json", "record_json", "report_json", "summarize",
-           "summary_table"]
+__all__ = ["COLUMNS", "PolicySummary", "batch_columns", "fidelity_notes", "policy_json", "record_json", "report_json",
+           "summarize", "summary_table"]
 
 COLUMNS = ("policy", "mean step s", "speedup", "±2σ", "final q", "final m", "wasted tokens", "length ratio", "KS")
 MISSING = "-"  # table cell of a value that needs uniform when uniform did not run
@@ -52,6 +53,27 @@ def _bias_json(b: LengthBias | None, t: Truncation | None, w: Weighting | None =
     return out
 
 
+def _batch_json(b: BatchFidelity | None) -> dict[str, float] | None:
+    if b is None:
+        return None
+    return {"off_policy_token_share": b.off_policy_token_share, "dropped_prompt_share": b.dropped_prompt_share,
+            "delayed_prompt_share": b.delayed_prompt_share, "batch_length_cv": b.batch_length_cv}
+
+
+def batch_columns(summaries: Mapping[str, PolicySummary]) -> dict[str, dict[str, str]]:
+    """The batch-fidelity columns of every policy (`summary_table(extra_columns=)`): off-policy tokens, dropped and
+    delayed (> 1 step) prompts, and the CV of the per-step mean length."""
+    cols: dict[str, dict[str, str]] = {"off-policy": {}, "dropped": {}, "delayed": {}, "batch CV": {}}
+    for name, s in summaries.items():
+        if s.batch is None:
+            continue
+        cols["off-policy"][name] = f"{100 * s.batch.off_policy_token_share:.1f}%"
+        cols["dropped"][name] = f"{100 * s.batch.dropped_prompt_share:.1f}%"
+        cols["delayed"][name] = f"{100 * s.batch.delayed_prompt_share:.1f}%"
+        cols["batch CV"][name] = f"{s.batch.batch_length_cv:.3f}"
+    return cols
+
+
 def _verdict_json(v: Verdict | None) -> dict[str, Any] | None:
     if v is None:
         return None
@@ -66,6 +88,7 @@ def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | Non
         "final_q": s.final_q, "final_m": s.final_m, "wasted_share": s.wasted_share,
         "redraws": {"max": s.redraws.max, "mean": s.redraws.mean},
         "bias": _bias_json(s.bias, s.truncation, s.weighting),
+        "fidelity": _batch_json(s.batch),
         "oracle": s.oracle,
         "step_s_std": s.step_s_std, "step_s_min": s.step_s_min, "step_s_max": s.step_s_max,
         "steps": [record_json(r) for r in run.steps],

@@ -55,9 +55,9 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def console() -> Console:
-    """A console for tables (plain when stdout is not a terminal)."""
-    return Console(soft_wrap=False, width=max(120, Console().width))
+def console(width: int = 120) -> Console:
+    """A console for tables (plain when stdout is not a terminal), at least `width` columns wide."""
+    return Console(soft_wrap=False, width=max(width, Console().width))
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

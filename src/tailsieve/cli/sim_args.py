@@ -18,6 +18,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import ControllerConfig
+from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import Dispatch, RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, check_policy, policy_names
@@ -81,7 +82,21 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
                      shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
-                     bias_correction=getattr(args, "bias_correction", False))
+                     bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies))
+
+
+def peer_config(args: argparse.Namespace, policies: list[str]) -> PeerConfig:
+    """The peers' knobs (--oversample, --long-round-period); an error when no policy they set was selected."""
+    over, period = getattr(args, "oversample", None), getattr(args, "long_round_period", None)
+    if over is not None and not {"april-partial", "april-drop", "rollpacker"} & set(policies):
+        raise ConfigError("--oversample sets april-partial, april-drop and rollpacker; add one (or --policy all)")
+    if period is not None and "rollpacker" not in policies:
+        raise ConfigError("--long-round-period sets rollpacker; add --policy rollpacker (or all)")
+    try:
+        return PeerConfig(oversample=over, long_round_period=period)
+    except ConfigError as e:
+        flag = "--oversample" if "oversample" in str(e) else "--long-round-period"
+        raise ConfigError(f"{flag}: {e}") from None
 
 
 def pool_spec(args: argparse.Namespace) -> PoolSpec:

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from tailsieve.analysis.metrics import PolicySummary, summarize
-from tailsieve.analysis.report import fidelity_notes, report_json, summary_table
+from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import console, plot_path, print_json
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
@@ -25,7 +25,7 @@ from tailsieve.model.curves import load_curve
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
-from tailsieve.simulation.runs import ORACLES, policy_names, run_policies
+from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
 CAPTURE_STEPS = 10
 
@@ -67,6 +67,12 @@ def register(sub: Any) -> None:
     p.add_argument("--bias-correction", action="store_true",
                    help="per-group weights that undo the routing's length bias (beyond the paper; docs/simulate.md): "
                         "adds bias.weighted_mean_ratio and bias.ess_ratio")
+    p.add_argument("--oversample", type=float, metavar="RATIO",
+                   help="peers april-partial, april-drop, rollpacker: extra groups started per step, ⌈RATIO·N⌉ "
+                        "(slime's over-sampling, RollPacker's over-provisioning; default: --rho; docs/peers.md)")
+    p.add_argument("--long-round-period", type=int, metavar="K",
+                   help="rollpacker: a long round of deferred prompts every K steps (default: whenever N deferred "
+                        "prompts wait)")
     p.add_argument("--restart-s", type=float, default=0.0,
                    help="seconds a step pays when m changes (a launcher restarting the moved replicas because the "
                         "pools' flags differ; default 0: restart-free moves)")
@@ -112,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
             "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
+            "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
+                      "long_round_period": config.peers.long_round_period},
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
             | {"capture": [_capture_json(c) for c in capture]})
         return 0
@@ -122,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
         + ("" if config.router.max_redraws == DEFAULT_REDRAWS else f", max redraws {config.router.max_redraws}")
         + (", bias correction" if config.bias_correction else "")
+        + (f", oversample {config.peers.oversample}" if config.peers.oversample is not None else "")
+        + (f", long round every {config.peers.long_round_period}" if config.peers.long_round_period else "")
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
@@ -137,8 +147,8 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
 
 def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str) -> None:
     """The comparison table, the capture table and the notes."""
-    con = console()
-    con.print(summary_table(summaries, title=title))
+    con = console(width=160)  # the batch-fidelity columns need the room
+    con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
@@ -153,7 +163,9 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
               "and replays uniform's batches (App. A.2). q/m: last step's; streamrl-oracle's m = dedicated "
               "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
-              "lengths vs uniform (App. E). ±2σ: "
+              "lengths vs uniform (App. E). off-policy: consumed tokens generated in an earlier step (resumed "
+              "prefixes); dropped: prompts dropped unconsumed; delayed: consumed groups first dispatched ≥ 2 steps "
+              "earlier; batch CV: spread of the per-step mean length (docs/peers.md). ±2σ: "
               "two standard errors of the speedup from the per-step differences paired with uniform; ~: within "
               "noise or never off the uniform boundary (docs/simulate.md). capture: share of the top-k groups (longest "
               "member) found among the "
@@ -178,7 +190,7 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
     ax1.set_title("step time")
     ax1.legend(fontsize=7)
     ax_m = ax2.twinx()
-    adaptive = [n for n in runs if n != "uniform" and n not in ORACLES]
+    adaptive = [n for n in runs if n != "uniform" and n not in ORACLES and n not in PEERS]  # peers: m = 0
     for name in adaptive:
         steps = [s.step for s in runs[name].steps]
         ax2.plot(steps, [s.q for s in runs[name].steps], color=color[name], label=f"{name} q")

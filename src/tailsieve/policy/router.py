@@ -102,7 +102,7 @@ def pool_split(replicas: int, m: int) -> tuple[tuple[int, ...], tuple[int, ...]]
     return tuple(range(replicas - m, replicas)), tuple(range(replicas - m))
 
 
-def _place(
+def round_robin(
     groups: Sequence[GroupRef], replicas: Sequence[int], g: int, dispatch: Dispatch
 ) -> dict[int, tuple[int, ...]]:
     """Round-robin inside one pool, by request (continuing across groups) or by group."""
@@ -155,7 +155,7 @@ class Router:
         cfg = self.config
         bulk, stream, left = self._draw(state, (), cfg.groups + cfg.extra, cfg.groups)
         reps = tuple(range(cfg.replicas))
-        place = _place(bulk, reps, cfg.group_size, dispatch or cfg.dispatch)
+        place = round_robin(bulk, reps, cfg.group_size, dispatch or cfg.dispatch)
         return StepPlan(state.step, (), tuple(bulk), place, (), reps, cfg.groups, True, stream, left, self._pins(bulk))
 
     def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None) -> StepPlan:
@@ -174,7 +174,7 @@ class Router:
         if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
             bulk, stream, left = self._draw(state, state.candidates, n, n)
             reps = tuple(range(r))
-            place = _place(bulk, reps, g, Dispatch.GROUP)
+            place = round_robin(bulk, reps, g, Dispatch.GROUP)
             return StepPlan(state.step, (), tuple(bulk), place, (), reps, n, False, stream, left, self._pins(bulk))
         if not state.candidates:
             return self.warmup(state, dispatch=disp)
@@ -182,7 +182,7 @@ class Router:
         tail = state.candidates[:q_eff]
         bulk, stream, left = self._draw(state, state.candidates[q_eff:], n - q_eff + e, n - q_eff)
         tail_reps, bulk_reps = pool_split(r, m)
-        placement = _place(tail, tail_reps, g, disp) | _place(bulk, bulk_reps, g, disp)
+        placement = round_robin(tail, tail_reps, g, disp) | round_robin(bulk, bulk_reps, g, disp)
         return StepPlan(
             state.step, tuple(tail), tuple(bulk), placement, tail_reps, bulk_reps, n - q_eff, False, stream, left,
             self._pins(bulk),

@@ -3,7 +3,8 @@ references, the plan of one step, each group's outcome and the step's result. Fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tailsieve.policy.stream import StreamState
@@ -48,6 +49,10 @@ class StepPlan:
     stream_after: StreamState
     requeue_after: tuple[GroupRef, ...]  # waiting at the front of the queue after this step's draws
     pinned: frozenset[int] = frozenset()  # uids of bulk groups that run to completion (cut max_redraws times)
+    # uid → tokens each member already generated when the group was cut last step: the executor continues that same
+    # generation from its prefix (partial rollout, e.g. slime's APRIL) instead of drawing a new one. TailSieve never
+    # resumes (empty); only the peer policies of `tailsieve.simulation.peers` do.
+    resume: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def q(self) -> int:

@@ -21,12 +21,13 @@ from tailsieve.model.baselines import GroupBatch, get_policy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.peers import PEERS, PeerConfig, PeerPolicy
 from tailsieve.policy.router import Router, RouterConfig, pool_split
 from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.workloads import Workload
 
-__all__ = ["ORACLES", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StepRecord", "check_policy",
+__all__ = ["ORACLES", "PEERS", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StepRecord", "check_policy",
            "policy_names", "run_policies", "run_policy"]
 
 ORACLES: tuple[str, ...] = ("uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")  # App. A.2, known lengths
@@ -47,6 +48,7 @@ class SimConfig:
     spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculative decoding (§3.4); off by default
     restart_s: float = 0.0  # seconds a step pays when m changed (a launcher restarting the moved replicas)
     bias_correction: bool = False  # per-group weights (`analysis.weights`) and the weighted bias keys; opt-in
+    peers: PeerConfig = field(default_factory=PeerConfig)  # the peer policies' knobs (docs/peers.md)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -59,13 +61,16 @@ OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every s
 
 
 def policy_names() -> tuple[str, ...]:
-    """Every policy `run_policy` knows: uniform, the oracles, then the other controllers (`simulate --policy all`)."""
+    """Every policy `run_policy` knows: uniform, the oracles, the other controllers, then the peers (what RL
+    frameworks run today, docs/peers.md) (`simulate --policy all`)."""
     ordered = ("uniform", *ORACLES, "static", "tailsieve-fixed", "tailsieve", "tailsieve-paper")
-    return tuple(dict.fromkeys((*ordered, *CONTROLLERS)))
+    return tuple(dict.fromkeys((*ordered, *CONTROLLERS, *PEERS)))
 
 
 def check_policy(name: str, replicas: int) -> None:
     """ConfigError for an unknown policy (listing the valid ones) or one that needs a tail pool with R < 2."""
+    if name in PEERS:
+        return  # every replica bulk: any R >= 1
     if name not in CONTROLLERS and name not in ORACLES:
         raise ConfigError(f"unknown policy '{name}' (valid: {', '.join(policy_names())}, or all)")
     needs_two = (name in CONTROLLERS and name != "uniform") or get_policy(name).min_replicas > 1
@@ -88,6 +93,8 @@ def run_policy(
         if reference is None or reference.policy != "uniform" or len(reference.steps) != config.steps:
             reference = _run_controller("uniform", workload, curve, config, None)
         return _run_oracle(name, reference, workload, curve, config, on_step)
+    if name in PEERS:
+        return _run_peer(name, workload, curve, config, on_step)
     return _run_controller(name, workload, curve, config, on_step)
 
 
@@ -131,6 +138,32 @@ def _run_controller(
             on_step(name, i + 1)
     log.check_final(state.router)
     return replace(log.run(), length_cap=workload.max_length)
+
+
+def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None) -> PolicyRun:
+    """A peer policy (`tailsieve.policy.peers`) on `SimExecutor`, every replica on the bulk curve; exactly-once
+    consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
+    policy = PeerPolicy(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle, seed=config.seed)
+    executor = SimExecutor(workload, config.spec.bulk.curve(curve), config.router, config.replica)
+    log = RunLog(name)
+    state = policy.initial_state()
+    for i in range(config.steps):
+        plan = policy.plan(state)
+        result = executor.execute(plan)
+        state, got = policy.observe(state, plan, result)
+        g = config.router.group_size
+        batch = np.array([o.lengths for o in got.consumed], dtype=np.int64).reshape(len(got.consumed), g)
+        cuts = [o.ref.cuts for o in got.consumed]
+        note = "long round" if got.long_round else (f"resumed {len(plan.resume)}" if plan.resume else "")
+        record = StepRecord(step=plan.step, makespan_s=result.makespan_s, tail_s=0.0, bulk_s=result.bulk_s, q=0, m=0,
+                            candidates=len(state.waiting), wasted_tokens=got.wasted_tokens,
+                            batch_mean_length=float(batch.mean()) if batch.size else 0.0, note=note,
+                            redraws_max=max(cuts, default=0))
+        log.add(record, batch, [o.ref.uid for o in got.consumed], tuple(o.ref.prompt_id for o in got.consumed), cuts)
+        log.fidelity(list(got.delays), list(got.offpolicy), got.dropped)
+        if on_step is not None:
+            on_step(name, i + 1)
+    return replace(log.run(), length_cap=workload.max_length, own_routing=True)
 
 
 def _run_oracle(
