@@ -5,11 +5,13 @@ The fake server (`--serve`, started as a subprocess pinned to the last core) ans
 `max_tokens` tokens, streamed one SSE chunk per token or in one JSON body. The client side is measured with
 `time.process_time()` in this process (imports and session set-up excluded), over `--requests` requests at
 `--concurrency`. Rows: the raw `EngineClient` (streaming / not, fresh connection per request / keep-alive), and a
-whole `Rollout.step()` of uniform routing whose step is exactly `--requests` requests (router, executor,
-controller included). `vllm bench serve` runs as a subprocess on the same load; its CPU time (children rusage)
-minus a 10-request run of the same command (start-up: torch/transformers imports) is scaled to 1,000 requests.
+whole `Rollout.step()` of uniform routing with the default options whose step is exactly `--requests` requests
+(router, executor, controller included). `vllm bench serve` runs as a subprocess on the same core and load; its CPU
+time is `time.process_time` inside its process from its first measured request to its last completion (start-up,
+dataset sampling and the metrics summary excluded). The two run interleaved `--repeats` times; medians and every
+run are printed, with their ratio.
 
-Run: `.venv/bin/python bench/bench_client.py` (about 2 minutes; needs the vllm extra only for the last row).
+Run: `python bench/bench_client.py` (about 2 minutes; needs the vllm extra only for the last row).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,24 +106,56 @@ async def rollout_cpu(url: str, requests: int, tokens: int) -> tuple[float, floa
         return time.process_time() - cpu, time.perf_counter() - wall
 
 
+_VLLM_BENCH = """
+import importlib.metadata as m, json, os, sys, time
+_v = m.version
+m.version = lambda n: '0.32.0+cpu' if n == 'vllm' else _v(n)
+import vllm.benchmarks.serve as S
+marks = {"starts": [], "t1": None}
+
+def timed(func):
+    async def call(*args, **kw):
+        marks["starts"].append(time.process_time())
+        try:
+            return await func(*args, **kw)
+        finally:
+            marks["t1"] = time.process_time()
+    return call
+
+for k in list(S.ASYNC_REQUEST_FUNCS):
+    S.ASYNC_REQUEST_FUNCS[k] = timed(S.ASYNC_REQUEST_FUNCS[k])
+from vllm.entrypoints.cli.main import main
+if __name__ == '__main__':
+    sys.argv = ['vllm'] + sys.argv[1:]
+    try:
+        main()
+    finally:
+        with open(os.environ["TS_OUT"], "w") as f:
+            json.dump(marks, f)
+"""
+
+
 def vllm_bench_cpu(url: str, requests: int, concurrency: int, tokens: int, tokenizer: Path) -> float:
-    """CPU seconds (children rusage) of `vllm bench serve` with `requests` prompts."""
-    code = ("import importlib.metadata as m, sys; _v = m.version\n"
-            "m.version = lambda n: '0.32.0+cpu' if n == 'vllm' else _v(n)\n"
-            "from vllm.entrypoints.cli.main import main\n"
-            "if __name__ == '__main__':\n    sys.argv = ['vllm'] + sys.argv[1:]\n    main()\n")
-    cmd = [sys.executable, "-c", code, "bench", "serve", "--backend", "openai", "--base-url", url,
+    """CPU seconds of `vllm bench serve`'s request phase: from its first measured request's start to its last
+    completion (`time.process_time` inside its process, as for our client; start-up, dataset sampling and the
+    metrics summary are not counted)."""
+    cmd = [sys.executable, "-c", _VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", url,
            "--endpoint", "/v1/completions", "--model", "fake", "--tokenizer", str(tokenizer),
            "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", str(tokens),
            "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--ignore-eos",
-           "--request-rate", "inf", "--disable-tqdm"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed: {(proc.stderr or proc.stdout)[-800:]}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+           "--request-rate", "inf", "--disable-tqdm", "--num-warmups", "0"]
+    with tempfile.TemporaryDirectory(prefix="tailsieve-vb-") as tmp:
+        out = Path(tmp) / "marks.json"
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", TRANSFORMERS_OFFLINE="1",
+                   TS_REQUESTS=str(requests), TS_OUT=str(out))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vllm bench serve failed: {(proc.stderr or proc.stdout)[-800:]}")
+        marks = json.loads(out.read_text())
+    starts = marks["starts"]
+    if len(starts) < requests or marks["t1"] is None:
+        raise RuntimeError(f"vllm bench serve: {len(starts)} requests seen, {requests} expected")
+    return float(marks["t1"] - starts[len(starts) - requests])  # calls before these are its test requests
 
 
 def main() -> None:
@@ -131,6 +165,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved Rollout.step / vllm bench serve pairs")
     ap.add_argument("--out", default="bench/results/client_overhead.json")
     args = ap.parse_args()
     if args.serve:
@@ -155,19 +190,25 @@ def main() -> None:
         for label, opts in variants:
             cpu, wall = asyncio.run(client_cpu(url, n, args.concurrency, k, opts))
             rows.append({"client": label, "cpu_s_per_1k": 1000 * cpu / n, "wall_s": wall, "requests": n})
-        cpu, wall = asyncio.run(rollout_cpu(url, n, k))
-        rows.append({"client": "Rollout.step (uniform, split, stream)", "cpu_s_per_1k": 1000 * cpu / n,
-                     "wall_s": wall, "requests": n})
-        if vllm_available():
-            tmp = Path(tempfile.mkdtemp(prefix="tailsieve-tok-"))
-            try:
-                tok = build_tiny_model(tmp / "tiny")
-                base = vllm_bench_cpu(url, 10, args.concurrency, k, tok)
-                full = vllm_bench_cpu(url, n + 10, args.concurrency, k, tok)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            rows.append({"client": "vllm bench serve (stream, keep-alive)", "cpu_s_per_1k": 1000 * (full - base) / n,
-                         "wall_s": None, "requests": n, "startup_cpu_s": base})
+        tmp = Path(tempfile.mkdtemp(prefix="tailsieve-tok-"))
+        try:
+            tok = build_tiny_model(tmp / "tiny") if vllm_available() else None
+            ours: list[float] = []
+            theirs: list[float] = []
+            walls: list[float] = []
+            for _ in range(args.repeats):  # interleaved: the machine's load hits both alike
+                cpu, wall = asyncio.run(rollout_cpu(url, n, k))
+                ours.append(1000 * cpu / n)
+                walls.append(wall)
+                if tok is not None:
+                    theirs.append(1000 * vllm_bench_cpu(url, n, args.concurrency, k, tok) / n)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rows.append({"client": "Rollout.step (uniform, split, stream)", "cpu_s_per_1k": statistics.median(ours),
+                     "runs": ours, "wall_s": statistics.median(walls), "requests": n})
+        if theirs:
+            rows.append({"client": "vllm bench serve (stream, keep-alive)", "cpu_s_per_1k": statistics.median(theirs),
+                         "runs": theirs, "wall_s": None, "requests": n})
         else:
             rows.append({"client": "vllm bench serve", "cpu_s_per_1k": None, "note": "vllm not installed"})
     finally:
@@ -178,7 +219,13 @@ def main() -> None:
     for r in rows:
         cpu_txt = f"{r['cpu_s_per_1k']:.3f}" if r.get("cpu_s_per_1k") is not None else "-"
         wall_txt = f"{r['wall_s']:.2f}" if r.get("wall_s") is not None else "-"
-        print(f"{r['client']:40s} {cpu_txt:>15s} {wall_txt:>8s}")
+        runs = "  runs " + " ".join(f"{x:.3f}" for x in r["runs"]) if r.get("runs") else ""
+        print(f"{r['client']:40s} {cpu_txt:>15s} {wall_txt:>8s}{runs}")
+    pair = {r["client"].split(" (")[0]: r.get("cpu_s_per_1k") for r in rows}
+    a, b = pair.get("Rollout.step"), pair.get("vllm bench serve")
+    if a is not None and b is not None:
+        print(f"Rollout.step / vllm bench serve, CPU per request (medians): {a / b:.2f} "
+              f"({'at or below' if a <= b else 'ABOVE'} vllm bench serve); load average {os.getloadavg()[0]:.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))

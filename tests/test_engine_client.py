@@ -179,3 +179,52 @@ def test_endpoint_parse_and_params_validation() -> None:
     with pytest.raises(EngineError):
         SamplingParams(max_tokens=0)
     assert parse_metrics('a{x="1"} 2\na{x="2"} 3\n# c\nb 1') == {"a": 5.0, "b": 1.0}
+
+
+def test_keep_alive_connection_closed_by_the_server_is_retried_once() -> None:
+    """A server that promises keep-alive but drops a connection when a second request arrives on it (the race of
+    an idle timeout closing it just as the client reuses it): the request fails before any reply and goes out
+    again on a new connection, with no fault."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for k in range(2):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed its pooled connection at the end
+                return
+            size = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n")
+                            if ln.lower().startswith(b"content-length")))
+            await reader.readexactly(size)
+            if k == 1:
+                writer.close()  # the second request on this connection: dropped unanswered
+                return
+            seen.append(head.split(b"\r\n")[0])
+            body = (b'{"id":"c","object":"text_completion","choices":[{"index":0,"text":"ab",'
+                    b'"finish_reason":"length","token_ids":[1,2]}],'
+                    b'"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}')
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+
+    async def go() -> tuple[list[int], int]:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        ep = Endpoint(f"http://127.0.0.1:{port}")
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        async with srv, EngineClient(ClientOptions(stream=False, keepalive_s=30.0)) as c:
+            lengths = []
+            for i in range(4):
+                out = await c.complete(ep, "m", Request(f"r{i}", "hi"), params)
+                lengths.append(out.choices[0].tokens)
+            return lengths, c.stale_retries
+
+    lengths, retries = run(go())
+    assert lengths == [2, 2, 2, 2] and len(seen) == 4
+    assert retries == 3  # requests 2-4 each reused the connection the previous one opened, and were re-sent
+
+
+def test_fresh_connections_and_keepalive_validation() -> None:
+    with pytest.raises(EngineError, match="keep-alive must be a finite number of seconds > 0, got 0"):
+        ClientOptions(keepalive_s=0)
+    assert ClientOptions().fresh_connections is False

@@ -157,3 +157,35 @@ def test_bytes_and_model_lists_never_escape_the_boundary(raw: bytes) -> None:
         assert "\n" not in str(exc)
     else:
         assert all(isinstance(x, str) for x in names)
+
+
+def _stdlib(payload: bytes) -> Any:
+    def reject(name: str) -> Any:
+        raise ReplyError(f"JSON constant {name} is not allowed")
+
+    try:
+        return json.loads(payload, parse_constant=reject)
+    except ReplyError:
+        raise
+    except ValueError as exc:
+        raise ReplyError(f"not JSON ({str(exc).splitlines()[0][:80]})") from None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(JSON.map(lambda v: json.dumps(v, allow_nan=True).encode()), st.binary(max_size=24),
+                 st.sampled_from([b"1e400", b"-1e400", b"18446744073709551616", b'"\\ud800"', b"NaN", b"[1,]",
+                                  b'{"a":1,"a":2}', b"\xff", b" 7 ", b""])))
+def test_loads_agrees_with_the_standard_library(payload: bytes) -> None:
+    """The fast parser (orjson) and the reference (json, NaN/Infinity rejected) give the same value or error."""
+    try:
+        want: Any = _stdlib(payload)
+    except ReplyError as exc:
+        want = exc
+    try:
+        got: Any = loads(payload)
+    except ReplyError as exc:
+        got = exc
+    if isinstance(want, ReplyError):
+        assert isinstance(got, ReplyError) and str(got) == str(want)
+    else:
+        assert json.dumps(got, allow_nan=True) == json.dumps(want, allow_nan=True)

@@ -74,6 +74,19 @@ __all__ = [
 ]
 
 
+STALL_SLACK = 1 / 16  # the stall timer is moved at most once per this share of the stall timeout
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """What one streamed reply has shown so far beyond its samples."""
+
+    origin: str
+    done: bool = False
+    progress: bool = False  # tokens since the stall timer was last considered
+    ttft: float | None = None
+
+
 @dataclass(slots=True)
 class _Clock:
     """One request's timers: the stall limit (restarted by progress) and the optional total deadline."""
@@ -82,6 +95,7 @@ class _Clock:
     stall_s: float
     deadline_s: float | None
     t0: float = 0.0
+    armed: float = 0.0  # when the stall limit was last set
 
     def __post_init__(self) -> None:
         self.t0 = self.loop.time()
@@ -91,9 +105,18 @@ class _Clock:
         return self.loop.time() - self.t0
 
     def limit(self) -> float:
-        """When the request times out if nothing more happens (loop time)."""
-        stall = self.loop.time() + self.stall_s
+        """When the request times out if nothing more happens (loop time): the stall limit with its slack (see
+        `progressed`), or the total deadline when that comes first."""
+        self.armed = now = self.loop.time()
+        stall = now + self.stall_s * (1.0 + STALL_SLACK)
         return stall if self.deadline_s is None else min(stall, self.t0 + self.deadline_s)
+
+    def progressed(self, scope: asyncio.Timeout) -> None:
+        """Tokens arrived: move the stall limit, at most once per `STALL_SLACK`·stall seconds (rescheduling a
+        timer per token chunk cost more CPU than parsing it). The limit is armed with that slack, so a stall is
+        reported between stall_s and (1 + STALL_SLACK)·stall_s after the last token, never early."""
+        if self.loop.time() - self.armed > self.stall_s * STALL_SLACK:
+            scope.reschedule(self.limit())
 
     def fault(self, url: str) -> ReplicaFault:
         """The fault of a request that timed out: past its deadline, or stalled."""
@@ -112,6 +135,7 @@ class EngineClient:
         self._session: aiohttp.ClientSession | None = None
         self._aborts: set[asyncio.Task[None]] = set()
         self._backends: dict[str, EngineBackend] = {}
+        self.stale_retries = 0  # requests re-sent because a pooled connection had been closed by the server
 
     def __repr__(self) -> str:
         return f"EngineClient({self.options!r}, api_key={'set' if self.__key else 'unset'})"
@@ -126,7 +150,9 @@ class EngineClient:
     def open(self) -> None:
         """Create the HTTP session (idempotent)."""
         if self._session is None:
-            conn = aiohttp.TCPConnector(limit=0, force_close=self.options.fresh_connections)
+            o = self.options
+            conn = (aiohttp.TCPConnector(limit=0, force_close=True) if o.fresh_connections
+                    else aiohttp.TCPConnector(limit=0, keepalive_timeout=o.keepalive_s))
             headers = {"Authorization": f"Bearer {self.__key}"} if self.__key else {}
             self._session = aiohttp.ClientSession(connector=conn, headers=headers)
 
@@ -203,11 +229,22 @@ class EngineClient:
     async def _send(self, endpoint: Endpoint, backend: EngineBackend, body: dict[str, Any], req: Request,
                     params: SamplingParams, progress: list[int] | None, clock: _Clock,
                     scope: asyncio.Timeout) -> Completion:
-        """POST the body and parse the reply; transport failures and bad replies become `ReplicaFault`s."""
+        """POST the body and parse the reply; transport failures and bad replies become `ReplicaFault`s. A pooled
+        keep-alive connection the server closed while idle fails before any reply ("Server disconnected"): the
+        request never started there, so it is sent once more on a new connection."""
         cap = req.max_tokens or params.max_tokens
         try:
-            async with self.session.post(endpoint.url + backend.path(self.options), json=body,
-                                         timeout=self._timeout(), headers={"X-Request-Id": req.rid}) as resp:
+            try:
+                ctx = await self.session.post(endpoint.url + backend.path(self.options), json=body,
+                                              timeout=self._timeout(), headers={"X-Request-Id": req.rid})
+            except aiohttp.ServerDisconnectedError:
+                if self.options.fresh_connections:
+                    raise
+                self.stale_retries += 1
+                ctx = await self.session.post(endpoint.url + backend.path(self.options), json=body,
+                                              timeout=self._timeout(), headers={"X-Request-Id": req.rid,
+                                                                                "Connection": "close"})
+            async with ctx as resp:
                 if resp.status >= 400:
                     await _raise_status(endpoint, resp)
                 if self.options.stream:
@@ -231,31 +268,50 @@ class EngineClient:
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
                            clock: _Clock, scope: asyncio.Timeout) -> Completion:
-        ttft: float | None = None
-        done = False
-        async for raw in resp.content:
+        """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`."""
+        state = _StreamState(str(resp.url.origin()))
+        buf = b""
+        async for data in resp.content.iter_any():
+            buf += data
+            if b"\n" not in data:
+                continue
+            *lines, buf = buf.split(b"\n")
+            if self._feed(lines, backend, req, acc, clock, state):
+                break
+            if state.progress:
+                clock.progressed(scope)
+                state.progress = False
+        else:
+            self._feed([buf], backend, req, acc, clock, state)  # a last line without its newline
+        return acc.result(state.done, clock.elapsed(), state.ttft)
+
+    @staticmethod
+    def _feed(lines: list[bytes], backend: EngineBackend, req: Request, acc: StreamAcc, clock: _Clock,
+              state: _StreamState) -> bool:
+        """Parse complete SSE lines into `acc`; True at `data: [DONE]`."""
+        for raw in lines:
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue  # SSE comments (`: keep-alive`), event names, blank lines: no progress
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                done = True
-                break
+                state.done = True
+                return True
             obj = loads(payload)
             if isinstance(obj, dict) and obj.get("error"):
-                raise_stream_error(str(resp.url.origin()), obj["error"])
+                raise_stream_error(state.origin, obj["error"])
             if not isinstance(obj, dict):
                 raise ReplyError(f"stream chunk is {type(obj).__name__}, expected an object")
             mapped = backend.chunk(obj, req)
-            if isinstance(mapped, dict) and mapped.get("error"):
-                raise_stream_error(str(resp.url.origin()), mapped["error"])
+            if mapped is not obj and isinstance(mapped, dict) and mapped.get("error"):
+                raise_stream_error(state.origin, mapped["error"])
             chunk = parse_chunk(mapped, req.n, acc.cap)
             acc.add(chunk)
             if chunk.progress:
-                scope.reschedule(clock.limit())
-                if ttft is None and any(c.text or c.token_ids for c in chunk.choices):
-                    ttft = clock.elapsed()
-        return acc.result(done, clock.elapsed(), ttft)
+                state.progress = True
+                if state.ttft is None and any(c.text or c.token_ids for c in chunk.choices):
+                    state.ttft = clock.elapsed()
+        return False
 
     def _abort(self, backend: EngineBackend, endpoint: Endpoint, req: Request) -> None:
         """Run the backend's abort hook in the background (awaited briefly by `close`); its failures are ignored."""

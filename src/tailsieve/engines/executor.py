@@ -187,7 +187,9 @@ class EngineExecutor:
         return Request(rid, spec.prompt, n=len(job.members), seed=spec.seeds[j0], max_tokens=spec.max_tokens[j0])
 
     async def _run(self, job: _Job, req: Request) -> Completion:
-        await asyncio.sleep(self.replicas.policy.backoff(job.attempt))
+        wait = self.replicas.policy.backoff(job.attempt)
+        if wait > 0:  # a first attempt goes out at once (no extra turn of the event loop)
+            await asyncio.sleep(wait)
         job.progress = [0] * len(job.members)
         try:
             return await self.client.complete(self.replicas.endpoints[job.replica], self.model, req, self.params,

@@ -69,6 +69,7 @@ class Replicas:
         self.policy = policy
         self.up = [True] * len(endpoints)
         self.stale: set[int] = set()  # up or not, these serve older weights than the run: never picked
+        self.down_kind: dict[int, str] = {}  # why each down replica went down (FaultKind value)
         self.events: list[HealthEvent] = []
         self._probes: dict[int, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
@@ -85,12 +86,14 @@ class Replicas:
         if not self.up[i]:
             return
         self.up[i] = False
+        self.down_kind[i] = str(kind)
         self.events.append(HealthEvent(time.time(), i, False, f"{kind}: {detail}"[:200]))
         if i not in self._probes or self._probes[i].done():
             self._probes[i] = asyncio.get_running_loop().create_task(self._probe(i))
 
     def _mark_up(self, i: int, reason: str = "probe answered") -> None:
         self.up[i] = True
+        self.down_kind.pop(i, None)
         self.events.append(HealthEvent(time.time(), i, True, reason))
         self._changed.set()
         self._changed = asyncio.Event()
@@ -105,9 +108,13 @@ class Replicas:
             delay = min(self.policy.probe_max_s, delay * 2)
 
     async def reprobe_down(self) -> list[int]:
-        """Health-check every down replica once, now, and mark up those that answer (called right before a step's
-        dispatch, so a replica that came back while its probe was backing off serves this step). Returns them."""
-        down = [i for i, u in enumerate(self.up) if not u]
+        """Health-check every replica that went down because it could not be reached (refused, disconnected: a
+        server that died and may have been restarted) once, now, and mark up those that answer. Called right before
+        a step's dispatch, so a replica that came back while its probe was backing off serves this step. A replica
+        down for what it answered (bad reply, 5xx, stall) waits for its probe's back-off: /health answering says
+        nothing about those. Returns the readmitted ones."""
+        unreachable = (FaultKind.REFUSED.value, FaultKind.DISCONNECT.value)
+        down = [i for i, u in enumerate(self.up) if not u and self.down_kind.get(i) in unreachable]
         if not down:
             return []
         timeout = min(5.0, self.policy.connect_timeout_s)

