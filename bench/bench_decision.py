@@ -32,10 +32,12 @@ from tailsieve.workloads import load_workload
 TARGET_MS = 50.0
 
 
-def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[float], Any, float]:
-    """One simulated run with `StepLoop.plan` and the controller's `update` timed; exact: no mean field."""
+def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[float], Any, float, list[float]]:
+    """One simulated run with `StepLoop.plan` and the controller's `update` timed (wall and this thread's CPU);
+    exact: no mean field."""
     plans: list[float] = []
     updates: list[float] = []
+    cpus: list[float] = []
     orig_plan: Callable[..., Any] = StepLoop.plan
     cls: Any = CONTROLLERS[args.policy]
     had_own = "update" in cls.__dict__
@@ -43,18 +45,20 @@ def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[
     threshold = predictor_mod.MEAN_FIELD_REQUESTS
 
     def plan(self: Any, state: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return orig_plan(self, state)
         finally:
             plans.append(time.perf_counter() - t)
+            cpus.append(time.thread_time() - c)
 
     def update(self: Any, state: Any, obs: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return orig_update(self, state, obs)
         finally:
             updates.append(time.perf_counter() - t)
+            cpus[len(updates) - 1] += time.thread_time() - c
 
     StepLoop.plan = plan  # type: ignore[method-assign]
     cls.update = update
@@ -73,19 +77,22 @@ def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[
             cls.update = orig_update
         else:
             del cls.update
-    return plans, updates, run, wall
+    return plans, updates, run, wall, cpus
 
 
-def report(label: str, args: argparse.Namespace, plans: list[float], updates: list[float], wall: float) -> float:
+def report(label: str, args: argparse.Namespace, plans: list[float], updates: list[float], wall: float,
+           cpus: list[float]) -> float:
     """Print the per-step table; return the max steady decision ms."""
     totals = [(p + u) * 1000 for p, u in zip(plans, updates, strict=False)]
     print(f"{args.policy} ({label}) on {args.workload}, {args.curve}: N={args.groups} G={args.group_size} "
           f"R={args.replicas}, {args.steps} steps, run wall {wall:.1f}s, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'step':>5}{'plan ms':>10}{'update ms':>11}{'decision ms':>13}")
-    for k, (p, u) in enumerate(zip(plans, updates, strict=False)):
-        print(f"{k:>5}{p * 1000:>10.1f}{u * 1000:>11.1f}{(p + u) * 1000:>13.1f}")
+    print(f"{'step':>5}{'plan ms':>10}{'update ms':>11}{'decision ms':>13}{'CPU ms':>9}")
+    for k, (p, u, c) in enumerate(zip(plans, updates, cpus, strict=False)):
+        print(f"{k:>5}{p * 1000:>10.1f}{u * 1000:>11.1f}{(p + u) * 1000:>13.1f}{c * 1000:>9.1f}")
     steady = totals[1:] or totals
+    cpu = [c * 1000 for c in cpus[1:len(totals)]] or [c * 1000 for c in cpus]
     print(f"decision (plan + update), steps 1..: median {statistics.median(steady):.1f} ms, max {max(steady):.1f} ms "
+          f"wall; CPU median {statistics.median(cpu):.1f} ms, max {max(cpu):.1f} ms "
           f"(target ≤ {TARGET_MS:.0f} ms: {'met' if max(steady) <= TARGET_MS else 'NOT met'})")
     return max(steady)
 
@@ -101,13 +108,13 @@ def main() -> None:
     ap.add_argument("--curve", default="h100-llama3-8b")
     ap.add_argument("--no-exact", action="store_true", help="skip the comparison run with the exact forecast")
     args = ap.parse_args()
-    plans, updates, fast, wall = timed_run(args, exact=False)
-    report("default forecast", args, plans, updates, wall)
+    plans, updates, fast, wall, cpus = timed_run(args, exact=False)
+    report("default forecast", args, plans, updates, wall, cpus)
     if args.no_exact:
         return
-    plans, updates, exact, wall = timed_run(args, exact=True)
+    plans, updates, exact, wall, cpus = timed_run(args, exact=True)
     print()
-    report("exact forecast forced", args, plans, updates, wall)
+    report("exact forecast forced", args, plans, updates, wall, cpus)
     print()
     print(f"{'step':>5}{'q/m default':>13}{'q/m exact':>11}{'step s default':>16}{'step s exact':>14}")
     for k, (a, b) in enumerate(zip(fast.steps, exact.steps, strict=False)):

@@ -115,3 +115,18 @@ def test_tail_capacity_bisection_matches_the_scan() -> None:
                 break
             scan = q
         assert big.tail_capacity(deadline, m, 219) == scan
+
+
+def test_prefetch_gives_the_same_forecasts_as_one_at_a_time() -> None:
+    h = history(2048, 16, seed=6)
+    kw = dict(groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
+    one, many = Predictor(h, **kw), Predictor(h, **kw)  # type: ignore[arg-type]
+    qs = [1, 7, 50, 120, 205]
+    many.prefetch(qs, 3)
+    assert all((q, 3) in many._tail and (q, 3) in many._bulk_t for q in qs)
+    for q in qs:
+        assert many.tail_times(q, 3) == pytest.approx(one.tail_times(q, 3), rel=1e-12)
+        assert many.bulk_times(q, 3) == pytest.approx(one.bulk_times(q, 3), rel=1e-12)
+    small = Predictor(history(64, 8), groups=64, extra=7, replicas=8, curve=CURVE)
+    small.prefetch(qs, 3)  # exact forecasts: nothing to batch
+    assert not small._tail and not small._bulk_t

@@ -168,6 +168,7 @@ class Controller:
                 set(np.linspace(1, qmax, 12).astype(int)) | set(range(max(1, state.q - 6), min(qmax, state.q + 6) + 1))
             )
         )
+        pred.prefetch(qs, m)
         scored = sorted((self._calibrated(state, pred, q, m), q) for q in qs)
         return scored[0][1], scored[0][0]
 

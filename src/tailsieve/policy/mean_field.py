@@ -30,7 +30,7 @@ from tailsieve.model.curves import TpotCurve
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-GRID_POINTS = 2048  # the lengths grid: 0..max when that is at most this many tokens, else this many equal bins
+GRID_POINTS = 1024  # the lengths grid: 0..max when that is at most this many tokens, else this many equal bins
 
 
 def uniform_makespan(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float = 0.0) -> FloatArray:
@@ -62,7 +62,7 @@ class MeanFieldPools:
         top = float(max(fresh.max(initial=0.0), cand.max(initial=0.0)))
         integral = all(bool(np.all(x == np.floor(x))) for x in (fresh, cand))
         # token counts up to GRID_POINTS: the grid is 0..max itself; otherwise GRID_POINTS equal bins, a length
-        # rounded up to its bin's top (at most max/GRID_POINTS tokens: 8 at a 16k cap)
+        # rounded up to its bin's top (at most max/GRID_POINTS tokens: 16 at a 16k cap)
         width = 1.0 if integral and top <= GRID_POINTS else max(top, 1.0) / GRID_POINTS
         n_bins = int(np.ceil(top / width - 1e-9)) + 1
         self.grid = np.arange(n_bins, dtype=np.float64) * width
@@ -77,17 +77,20 @@ class MeanFieldPools:
                                         minlength=self.k * u).reshape(self.k, u)
         self._offs = offs
 
-    def cand_counts(self, idx: IntArray) -> IntArray:
-        """(K, U) how many members of candidates `idx` (positions in the candidate list) have each grid length."""
-        u = self.grid.size
-        sel = self.cand_idx[:, idx].reshape(self.k, -1) + self._offs
-        out: IntArray = np.bincount(sel.ravel(), minlength=self.k * u).reshape(self.k, u)
+    def cand_counts(self, idxs: list[IntArray]) -> IntArray:
+        """(Q, K, U): for each candidate list in `idxs` (positions in the candidate list), how many of its members
+        have each grid length, per pool (one bincount for all)."""
+        u, k = self.grid.size, self.k
+        sel = [self.cand_idx[:, idx].reshape(k, -1) + self._offs + j * k * u for j, idx in enumerate(idxs)]
+        flat = np.concatenate([x.ravel() for x in sel]) if sel else np.zeros(0, np.int64)
+        out: IntArray = np.bincount(flat, minlength=len(idxs) * k * u).reshape(len(idxs), k, u)
         return out
 
     def finish(self, counts: IntArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float) -> FloatArray:
-        """(K, U) F(ℓ) for every grid length ℓ of a pool with these length counts on `n_lanes` lanes (see module)."""
-        tot = counts.sum(axis=1, keepdims=True).astype(np.float64)
-        ge = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1].astype(np.float64)  # requests with length ≥ grid[j]
+        """F(ℓ) for every grid length ℓ (last axis) of each pool of length counts (any leading shape) on `n_lanes`
+        lanes (see the module docstring)."""
+        tot = counts.sum(axis=-1, keepdims=True).astype(np.float64)
+        ge = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1].astype(np.float64)  # requests with length ≥ grid[j]
         per_lane = tot / n_lanes
         b = 1.0 + np.maximum(per_lane - 1.0, 0.0) * np.clip((ge - 1.0) / np.maximum(tot - 1.0, 1.0), 0.0, 1.0)
         tab = curve.table(int(np.ceil(b.max())) + 1)
@@ -99,20 +102,28 @@ class MeanFieldPools:
         seg = tau * step
         if kv_s_per_token > 0:
             seg = seg + kv_s_per_token * b * (prev + self.grid - 1.0) * step / 2.0
-        out: FloatArray = np.cumsum(seg, axis=1)
+        out: FloatArray = np.cumsum(seg, axis=-1)
         return out
 
     def completions(self, cand_idx: IntArray, with_fresh: bool, n_lanes: int, curve: TpotCurve,
                     kv_s_per_token: float) -> FloatArray:
         """(K, P) completion times of the candidate groups `cand_idx` (then the fresh groups when `with_fresh`) in
         queue order, all in one pool on `n_lanes` lanes with request dispatch."""
-        counts = self.cand_counts(cand_idx)
-        gmax = self.cand_gmax[:, cand_idx]
+        return self.completions_many([cand_idx], with_fresh, n_lanes, curve, kv_s_per_token)[0]
+
+    def completions_many(self, cand_idxs: list[IntArray], with_fresh: bool, n_lanes: int, curve: TpotCurve,
+                         kv_s_per_token: float) -> list[FloatArray]:
+        """`completions` for several candidate lists at once (one pass over the grid for all of them)."""
+        if not cand_idxs:
+            return []
+        counts = self.cand_counts(cand_idxs)
         if with_fresh:
-            counts = counts + self.fresh_counts
-            gmax = np.concatenate((gmax, self.fresh_gmax), axis=1)
-        if gmax.shape[1] == 0:
-            return np.zeros((self.k, 0))
+            counts = counts + self.fresh_counts[None]
         f = self.finish(counts, n_lanes, curve, kv_s_per_token)
-        out: FloatArray = np.take_along_axis(f, gmax, axis=1)
+        out: list[FloatArray] = []
+        for j, idx in enumerate(cand_idxs):
+            gmax = self.cand_gmax[:, idx]
+            if with_fresh:
+                gmax = np.concatenate((gmax, self.fresh_gmax), axis=1)
+            out.append(np.take_along_axis(f[j], gmax, axis=1) if gmax.shape[1] else np.zeros((self.k, 0)))
         return out

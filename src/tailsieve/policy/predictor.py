@@ -21,6 +21,8 @@ tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measur
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -169,6 +171,21 @@ class Predictor:
         if self._mf is None:
             self._mf = MeanFieldPools(self.fresh, self.cand)
         return self._mf
+
+    def prefetch(self, qs: Iterable[int], m: int) -> None:
+        """Forecast the splits (q, m) for every q in `qs` at once (mean field only: one pass over the lengths grid
+        for all of them); later `tail_times` / `bulk_times` calls find them cached. Exact forecasts: nothing."""
+        if not (self.use_mean_field and m > 0):
+            return
+        tail = sorted({q for q in qs if q > 0 and (q, m) not in self._tail})
+        bulk = sorted({q for q in qs if (q, m) not in self._bulk_t})
+        mf = self.mean_field
+        for q, done in zip(tail, mf.completions_many([self._cand_idx(0, q) for q in tail], False, m,
+                                                     self.tail_curve, self.kv), strict=True):
+            self._tail[(q, m)] = done.max(axis=1)
+        for q, raw in zip(bulk, mf.completions_many([self._cand_idx(q, max(q, self.e)) for q in bulk], True,
+                                                    self.r - m, self.curve, self.kv), strict=True):
+            self._bulk_t[(q, m)] = raw
 
     def tail_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_tail of q candidate groups on m replicas."""
