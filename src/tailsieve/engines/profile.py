@@ -137,7 +137,9 @@ async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b:
                         float(np.mean([c.prompt_tokens for c in comps])), max_tokens)
 
 
-_FILLER = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise", "owls", "count", "numbers", "from", "one", "to", "ninety", "and", "every", "river", "runs", "down", "to", "the", "sea"]
+_FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise", "owls",
+           "count", "numbers", "from", "one", "to", "ninety", "and", "every", "river", "runs", "down", "to", "the",
+           "sea")
 
 
 def context_prompt(nonce: str, words: int) -> str:
