@@ -132,12 +132,12 @@ def load_cost_model(spec: str | Path | TpotCurve | CostModel) -> CostModel:
 
 def _lstsq(a: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
     """Least squares with a rank check: too few (or degenerate) points are a one-line error."""
+    hint = "measure at least two context lengths (two prompt lengths for the prefill term)"
     if a.shape[0] < a.shape[1]:
-        raise CurveError(f"{what}: {a.shape[0]} measured points for {a.shape[1]} unknowns; measure more")
+        raise CurveError(f"{what}: {a.shape[0]} measured points for {a.shape[1]} unknowns; {hint}")
     coef, _, rank, _ = np.linalg.lstsq(a, y, rcond=None)
     if rank < a.shape[1]:
-        raise CurveError(f"{what}: the points do not determine the fit (rank {rank} < {a.shape[1]}); "
-                         "measure at least two context lengths (two prompt lengths for the prefill term)")
+        raise CurveError(f"{what}: the points do not determine the fit (rank {rank} < {a.shape[1]}); {hint}")
     out: np.ndarray = coef
     return out
 
