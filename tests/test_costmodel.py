@@ -26,9 +26,9 @@ from tailsieve.model.costmodel import (
 )
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.policy.predictor import lane_finish_times
+from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.simulation.runs import SimConfig, run_policy, static_grid
-from tailsieve.policy.router import RouterConfig
 from tailsieve.workloads import load_workload
 
 TAU0 = {1: 2.0, 2: 2.125, 4: 2.25, 8: 2.75, 16: 3.5}  # ms, binary fractions: exact in floating point
