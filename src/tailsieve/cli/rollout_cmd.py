@@ -67,13 +67,7 @@ def register(sub: Any) -> None:
                    help="fixed-length replay: ignore_eos and max_tokens per request from this workload/trace")
     p.add_argument("--replay-mode", default="recorded", help="replay mode of --replay-lengths (recorded|resample)")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
-    p.add_argument("--curve", default="h100-llama3-8b",
-                   help="the controller's cost model: a built-in curve, a curve file, or best the model file "
-                        "`tailsieve profile` fitted on these servers (τ(b) and its kv term; docs/profile.md)")
-    p.add_argument("--kv-ms-per-1k", type=float, default=None,
-                   help="the controller's KV-traffic ms per 1k context tokens per iteration (default: the --curve "
-                        "model file's, else 0; the flag overrides the file)")
-    p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
+    add_model_args(p)
     p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS][,acceptance=…] for the controller's "
                                        "curve (default: the --launch config's [spec.tail])")
     p.add_argument("--bulk-spec", help="bulk pool's speculation, likewise")
@@ -106,6 +100,17 @@ def register(sub: Any) -> None:
     p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
     add_fault_args(p)
     p.set_defaults(func=run)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The controller's cost model: curve or model file, its kv term, the tail pool's curve."""
+    p.add_argument("--curve", default="h100-llama3-8b",
+                   help="the controller's cost model: a built-in curve, a curve file, or best the model file "
+                        "`tailsieve profile` fitted on these servers (τ(b) and its kv term; docs/profile.md)")
+    p.add_argument("--kv-ms-per-1k", type=float, default=None,
+                   help="the controller's KV-traffic ms per 1k context tokens per iteration (default: the --curve "
+                        "model file's, else 0; the flag overrides the file)")
+    p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
 
 
 def add_fault_args(p: argparse.ArgumentParser) -> None:
