@@ -144,24 +144,28 @@ def simulate_both(names: list[str], work: Workload, plain: TpotCurve, model: Cos
     return out
 
 
-def prediction_rows(reals: list[dict[str, PolicyRun]], sims: dict[str, dict[str, PolicyRun]],
+def prediction_rows(reals: list[dict[str, PolicyRun]], sims: list[dict[str, dict[str, PolicyRun]]],
                     names: list[str]) -> dict[str, Any]:
-    """Per policy and model: real mean step time per repeat, predicted mean, ratio, per-step correlation."""
+    """Per policy and model: real mean step time per repeat, predicted mean (per repeat: `sims[k]` simulates repeat
+    k on the profile measured just before it, or the same profile for all), ratio, per-step correlation."""
     rows: dict[str, Any] = {}
     for n in names:
         per = [stats(r[n], SKIP_STEPS)["mean_s"] for r in reals]
-        real_steps = np.mean([[x.makespan_s for x in r[n].steps] for r in reals], axis=0)
         row: dict[str, Any] = {"real_mean_s": statistics.fmean(per), "real_repeats_s": per,
                                "real_spread_s": max(per) - min(per),
                                "real_std_s": statistics.pstdev(per) if len(per) > 1 else 0.0}
-        for label, sim in sims.items():
-            pred = stats(sim[n], SKIP_STEPS)["mean_s"]
-            sim_steps = [x.makespan_s for x in sim[n].steps]
-            row[label] = {"pred_mean_s": pred, "pred_over_real": pred / row["real_mean_s"],
-                          "per_repeat_ratio": [pred / x for x in per],
-                          "step_corr": float(np.corrcoef(real_steps[SKIP_STEPS:], sim_steps[SKIP_STEPS:])[0, 1]),
-                          "step_corr_per_repeat": [float(np.corrcoef([x.makespan_s for x in r[n].steps[SKIP_STEPS:]],
-                                                                     sim_steps[SKIP_STEPS:])[0, 1]) for r in reals]}
+        for label in ("before", "after"):
+            preds = [stats(s[label][n], SKIP_STEPS)["mean_s"] for s in sims]
+            real_steps = [x.makespan_s for r in reals for x in r[n].steps[SKIP_STEPS:]]
+            sim_steps = [x.makespan_s for s in sims for x in s[label][n].steps[SKIP_STEPS:]]
+            row[label] = {"pred_mean_s": statistics.fmean(preds), "pred_repeats_s": preds,
+                          "pred_over_real": statistics.fmean(preds) / row["real_mean_s"],
+                          "per_repeat_ratio": [a / b for a, b in zip(preds, per, strict=True)],
+                          "step_corr": float(np.corrcoef(real_steps, sim_steps)[0, 1]),
+                          "step_corr_per_repeat": [float(np.corrcoef(
+                              [x.makespan_s for x in r[n].steps[SKIP_STEPS:]],
+                              [x.makespan_s for x in s[label][n].steps[SKIP_STEPS:]])[0, 1])
+                              for r, s in zip(reals, sims, strict=True)]}
         rows[n] = row
     return rows
 
@@ -194,6 +198,9 @@ def main() -> None:
     ap.add_argument("--contexts", default="0,1024,3072", help="prompt lengths of the cost-model profile")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--repeats", type=int, default=1, help="real interleaved runs (same prompt stream each time)")
+    ap.add_argument("--profile-each", action="store_true",
+                    help="profile again before every repeat and predict each repeat from its own profile (a shared "
+                         "machine's load drifts between a profile and a run minutes later)")
     ap.add_argument("--out", default="bench/results/real_speedup.json")
     args = ap.parse_args()
     names = [n for n in args.policies.split(",") if n]
@@ -226,8 +233,14 @@ def main() -> None:
                   f"bulk={r.bulk_s:.2f} {r.note}", flush=True)
 
         reals: list[dict[str, PolicyRun]] = []
+        models: list[tuple[TpotCurve, CostModel]] = [(plain, cost)]
         t0 = time.perf_counter()
         for k in range(args.repeats):
+            if args.profile_each and k > 0:
+                cost_k, points_k = asyncio.run(measure_model(la.endpoints[0], args))
+                models.append((plain_curve(points_k, args.profile_tokens), cost_k))
+                print(f"re-profiled: kv {cost_k.kv_ms_per_1k:.5f}, prefill {cost_k.prefill_ms_per_token:.5f}, "
+                      f"τ0 {dict(zip(cost_k.curve.batch, cost_k.curve.tpot_ms, strict=True))}", flush=True)
             print(f"repeat {k + 1}/{args.repeats} (load: {uptime()})", flush=True)
             reals.append(asyncio.run(run_policies_real(la.endpoints, prompts, configs, args.steps,
                                                        scratch / f"rollout{k}", on_step=tick)))
@@ -237,13 +250,15 @@ def main() -> None:
         la.stop()
     work = tokenized_workload(scaled_workload(base, args.scale), model_dir, prompts)
     shutil.rmtree(scratch, ignore_errors=True)
-    sims = simulate_both(names, work, plain, cost, args)
-    rows = compare(reals[0], sims["before"], names)
+    sims = [simulate_both(names, work, p, c, args) for p, c in models]
+    sims = sims if args.profile_each else sims * args.repeats
+    rows = compare(reals[0], sims[0]["before"], names)
     print_rows(rows, real_s, args.steps)
     pred = prediction_rows(reals, sims, names)
     print_prediction(pred)
     print("load (uptime) at start and after each repeat:", *loads, sep="\n  ")
     doc = {"args": vars(args), "plain_curve": plain.to_json(), "model": cost.to_json(), "policies": rows,
+           "models": [c.to_json() for _, c in models],
            "prediction": pred, "real_wall_s": real_s, "uptime": loads}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,6 @@ def _answer(con: Console, doc: dict[str, Any]) -> None:
         f"(length ratio {sb.get('mean_ratio') or float('nan'):.3f}); adaptive tailsieve: {t['speedup']:.3f}× "
         f"({t['verdict']['note'] if t['verdict'] else ''}), settles at q = {t['final_q']}, m = {t['final_m']}, length "
         f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, KS {tb.get('ks') or 0.0:.3f} at max redraws "
-        f"{doc['max_redraws']}. " + ("It pays here." if doc["pays"] else "It does not pay here beyond noise: run "
-                                     "uniform (the controller would stay at or return to (0, 0))."),
+        f"{doc['max_redraws']}. " + ("It pays here." if doc["pays"] else "It does not pay here beyond noise: "
+                                     "uniform is as good on this fleet and workload."),
         highlight=False)
