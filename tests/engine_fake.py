@@ -110,7 +110,7 @@ class FakeServer:
                 ch |= {"delta": {"content": "x"}} if chat else {"text": "x"}
                 ch |= _extras(body, [t], first=t == 0)
                 await resp.write(f"data: {json.dumps({'choices': [ch]})}\n\n".encode())
-        usage = {"prompt_tokens": 3, "completion_tokens": sum(lengths)}
+        usage = {"prompt_tokens": fake_prompt_tokens(body), "completion_tokens": sum(lengths)}
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         self.finished += 1
@@ -218,4 +218,10 @@ def _full_reply(lengths: list[int], cap: int, body: dict[str, Any]) -> dict[str,
     choices = [{"index": i, "finish_reason": "length" if ln == cap else "stop",
                 **({"message": {"content": "x" * ln}} if chat else {"text": "x" * ln}),
                 "token_ids": [0] * ln, **_extras(body, list(range(ln)), True)} for i, ln in enumerate(lengths)]
-    return {"choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": sum(lengths)}}
+    return {"choices": choices, "usage": {"prompt_tokens": fake_prompt_tokens(body), "completion_tokens": sum(lengths)}}
+
+
+def fake_prompt_tokens(body: dict[str, Any]) -> int:
+    """Prompt tokens: 3 for a short prompt, one per word for a long one (`profile --contexts` sizes its prompts)."""
+    words = len(str(body.get("prompt", body.get("messages"))).split())
+    return 3 if words < 16 else words

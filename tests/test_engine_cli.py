@@ -12,6 +12,7 @@ from conftest import SHARED
 from engine_fake import FakeServer
 from tailsieve.cli import main
 from tailsieve.engines.prompts import Template, load_prompts, render
+from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 
 SHARED_PROMPTS = SHARED / "data" / "prompts"
@@ -100,7 +101,7 @@ def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_pat
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     two[0].tpot_s, two[0].slope = 0.002, 0.25
     out, png = tmp_path / "curve.json", tmp_path / "curve.png"
-    assert main(["profile", "--endpoint", two[0].url, "--batches", "1,4,16", "--max-tokens", "20",
+    assert main(["profile", "--endpoint", two[0].url, "--batches", "1,4,16", "--max-tokens", "20", "--contexts", "0",
                  "--out", str(out), "--plot", str(png)]) == 0
     curve = load_curve(str(out))
     assert curve.batch == (1, 4, 16) and curve.tpot_ms[2] > curve.tpot_ms[0] > 1.0
@@ -108,6 +109,7 @@ def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_pat
     assert all(b["ignore_eos"] and b["max_tokens"] in (16, 20) for b in two[0].bodies)
     assert "tpot ms" in capsys.readouterr().out
     assert main(["profile", "--endpoint", two[0].url, "--batches", "0,x", "--out", str(out)]) == 1
+    assert main(["profile", "--endpoint", two[0].url, "--contexts", "-1", "--out", str(out)]) == 1
     assert main(["profile", "--endpoint", two[0].url, "--out", str(tmp_path / "nope" / "c.json")]) == 1
 
 
@@ -167,3 +169,23 @@ def test_rollout_weights_dir_errors(two: list[FakeServer], prompts: Path, tmp_pa
     assert "--weights-dir" in capsys.readouterr().err
     assert rollout(urls, prompts, tmp_path / "b", "--weights-dir", str(tmp_path), "--policy", "uniform,tailsieve") == 1
     assert "exactly one --policy" in capsys.readouterr().err
+
+
+def test_profile_fits_the_cost_model_on_a_fake_server(two: list[FakeServer], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Default `--contexts`: prompts sized on the server's counts (one token per word here), every batch size at every
+    context, prefill probes, the fitted model file (a curve file too) with residuals, the fit plot."""
+    two[0].tpot_s, two[0].slope = 0.002, 0.25
+    out, png = tmp_path / "model.json", tmp_path / "fit.png"
+    assert main(["profile", "--endpoint", two[0].url, "--batches", "1,4", "--max-tokens", "8", "--contexts",
+                 "0,64,256", "--out", str(out), "--plot", str(png)]) == 0
+    doc = json.loads(out.read_text())
+    pt = [p["prompt_tokens"] for p in doc["points"]]
+    assert pt[0] == pt[1] == 3 and 64 <= pt[2] == pt[3] <= 80 and 256 <= pt[4] == pt[5] <= 280
+    assert len(doc["fit"]["decode"]) == 6 and len(doc["fit"]["prefill"]) == 3
+    model = load_cost_model(str(out))
+    assert model.curve.batch == (1, 4) and model.kv_ms_per_1k >= 0 and model.prefill_ms_per_token >= 0
+    assert load_curve(str(out)).batch == (1, 4) and png.stat().st_size > 1000
+    assert "fitted cost model" in capsys.readouterr().out
+    seeded = [b for b in two[0].bodies if len(str(b.get("prompt")).split()) >= 16]
+    assert seeded and all(b.get("seed") is None for b in seeded)  # long prompts: no seed (chunked prefill)

@@ -358,6 +358,32 @@ def test_config_files(cfg: tuple[str, bytes], cmd: str) -> None:
 
 # ----------------------------------------------------------------------------------------------------------- flags
 
+@composite
+def model_json(draw: DrawFn) -> bytes:
+    """A cost model file (`tailsieve profile`, issue 13): a valid curve with a hostile `cost_model` object."""
+    num = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), json_value)
+    terms = draw(st.one_of(json_value, st.fixed_dictionaries({}, optional={
+        "kv_ms_per_1k": num, "prefill_ms_per_token": num, "request_overhead_ms": num,
+        "format": st.sampled_from(("tailsieve-cost-model/1", "x", 1, None))})))
+    doc = {"batch": [1, 8], "tpot_ms": [2.0, 3.0], "cost_model": terms}
+    if draw(st.booleans()):
+        doc["fit"] = draw(json_value)
+    return draw(mutated(json.dumps(doc)))
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(data=model_json(), cmd=st.sampled_from(("curves", "simulate", "plan")))
+def test_model_files(data: bytes, cmd: str) -> None:
+    with scratch() as root:
+        path = write(root, "model.json", data)
+        shape = ["--steps", "2", "--groups", "3", "--group-size", "2", "--replicas", "2", "--workload",
+                 small_trace(root)]
+        argv = {"curves": ["curves", path, "--json"], "simulate": ["simulate", "--curve", path, "--policy", "uniform",
+                                                                   *shape],
+                "plan": ["plan", "--curve", path, *shape]}[cmd]
+        run_case("model file", argv, root)
+
+
 SIZE = st.sampled_from(("-5", "0", "1", "2", "3", "x", "1.5", "nan", str(2**63), str(10**12), ""))
 WAIT = st.sampled_from(("-1", "nan", "inf", "-inf", "0", "0.1", "x", "1e300", ""))
 SPEC = st.sampled_from(("mtp", "mtp:3", "ngram:99", "eagle3:4,acceptance=nan", "mtp,acceptance=2", "warp", "",
@@ -374,6 +400,12 @@ FLAG_VALUES: dict[str, dict[str, Any]] = {
     "route": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--q": SIZE, "--m": SIZE,
               "--policies": st.sampled_from(("topq", "seer-oracle", "", "nope", "uniform,topq-best")),
               "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/"))},
+    "plan": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--steps": SIZE, "--rho": number_text,
+             "--max-redraws": SIZE, "--seed": number_text, "--max-num-seqs": SIZE, "--kv-ms-per-1k": number_text,
+             "--prefill-ms-per-token": number_text, "--replay": st.sampled_from(("recorded", "resample", "x")),
+             "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/"))},
+    "profile": {"--contexts": st.sampled_from(("0", "0,1024", "-1", "x", "", ",", "1e9", "0,99999999")),
+                "--batches": st.sampled_from(("1", "0", "x", "")), "--max-tokens": SIZE},
     "oracle": {"--sample": SIZE, "--repeat": SIZE, "--seed": number_text, "--max-seconds": number_text,
                "--max-states": SIZE},
     "rollout": {"--temperature": number_text, "--top-p": number_text, "--top-k": number_text,
@@ -415,6 +447,10 @@ def test_flags(case: tuple[str, list[tuple[str, str]]]) -> None:
                          "--replicas", "2"],
             "route": ["route", "--trace", trace, "--groups", "3", "--group-size", "2", "--replicas", "2"],
             "oracle": ["oracle", "--trace", trace, "--sample", "4", "--repeat", "2"],
+            "plan": ["plan", "--workload", trace, "--steps", "2", "--groups", "3", "--group-size", "2",
+                     "--replicas", "2"],
+            "profile": ["profile", "--endpoint", "http://127.0.0.1:9", "--retries", "0", "--batches", "1",
+                        "--out", str(root / "m.json")],
             "rollout": rollout_base(root, prompt_file(root)) if cmd == "rollout" else [],
             "launch": ["launch", "--model", "m", "--dry-run", "--out", str(root / "launch")],
             "analyze": ["analyze", trace, "--prompts", "3", "--checkpoints", "2", "--samples", "2"],

@@ -78,11 +78,13 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
         assert c is not None and c.drafts > 0 and c.accepted > 0  # greedy on random weights repeats: drafts accepted
 
         plain = tmp_path / "bulk-curve.json"  # the same model without speculation: the cost fit's reference
-        assert main(["profile", "--endpoint", bulk, "--batches", "1,4", "--max-tokens", "48", "--temperature", "0",
+        assert main(["profile", "--endpoint", bulk, "--batches", "1,4", "--contexts", "0", "--max-tokens", "48",
+                     "--temperature", "0",
                      "--out", str(plain)]) == 0
         assert json.loads(plain.read_text())["speculative"] is None
         out = tmp_path / "tail-curve.json"
-        assert main(["profile", "--endpoint", tail, "--batches", "1,4", "--max-tokens", "48", "--temperature", "0",
+        assert main(["profile", "--endpoint", tail, "--batches", "1,4", "--contexts", "0", "--max-tokens", "48",
+                     "--temperature", "0",
                      "--out", str(out), "--plain-curve", str(plain), "--method", "ngram"]) == 0
         sp = json.loads(out.read_text())["speculative"]
         assert sp["fit"]["tokens"] == 3 and sp["expected_tokens"] > 1.0 and sp["draft_tokens"] > 0

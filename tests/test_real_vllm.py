@@ -17,6 +17,7 @@ from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState
+from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.step import GroupStatus
@@ -107,10 +108,26 @@ def test_many_seeded_requests_at_once(pair: LocalLauncher) -> None:
 def test_profile_cli(pair: LocalLauncher, tmp_path: Path) -> None:
     out = tmp_path / "curve.json"
     assert main(["profile", "--endpoint", pair.endpoints[1], "--batches", "1,4,16", "--max-tokens", "48",
-                 "--out", str(out)]) == 0
+                 "--contexts", "0", "--out", str(out)]) == 0
     curve = load_curve(str(out))
     assert curve.batch == (1, 4, 16) and all(0 < t < 1000 for t in curve.tpot_ms)
-    assert json.loads(out.read_text())["points"][2]["tokens_per_s"] > 0
+    doc = json.loads(out.read_text())
+    assert doc["points"][2]["tokens_per_s"] > 0 and "cost_model" not in doc
+
+
+def test_profile_cli_fits_the_cost_model(pair: LocalLauncher, tmp_path: Path) -> None:
+    """A short real profile at three context lengths writes a model file (curve + terms + residuals) and its plot."""
+    out, plot = tmp_path / "model.json", tmp_path / "fit.png"
+    assert main(["profile", "--endpoint", pair.endpoints[1], "--batches", "1,8", "--max-tokens", "32",
+                 "--contexts", "0,512,1536", "--out", str(out), "--plot", str(plot)]) == 0
+    model = load_cost_model(str(out))
+    assert model.curve.batch == (1, 8) and all(0 < t < 1000 for t in model.curve.tpot_ms)
+    assert 0 <= model.kv_ms_per_1k < 100 and 0 < model.prefill_ms_per_token < 10
+    doc = json.loads(out.read_text())
+    assert len(doc["fit"]["decode"]) == 6 and len(doc["fit"]["prefill"]) == 3
+    ctx = sorted({round(p["prompt_tokens"], -2) for p in doc["points"]})
+    assert len(ctx) == 3 and 400 <= ctx[1] <= 600 and 1400 <= ctx[2] <= 1700  # sized on the server's tokenizer
+    assert load_curve(str(out)).tpot_ms == model.curve.tpot_ms and plot.stat().st_size > 0
 
 
 def test_save_restore_against_real_servers(pair: LocalLauncher, workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -215,7 +215,7 @@ def test_profile_retries_transient_faults(tmp_path: Path, capsys: pytest.Capture
     with FakeServer() as srv:
         flip = _flip_after(srv, 3)  # three 5xx replies, then the server answers
         rc = main(["profile", "--endpoint", srv.url, "--model", "fake", "--batches", "1,2", "--max-tokens", "6",
-                   "--stall-timeout", "5", "--retries", "4", "--out", str(tmp_path / "c.json")])
+                   "--contexts", "0", "--stall-timeout", "5", "--retries", "4", "--out", str(tmp_path / "c.json")])
         flip()
     assert rc == 0, capsys.readouterr().err
     doc = json.loads((tmp_path / "c.json").read_text())

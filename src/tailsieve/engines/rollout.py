@@ -42,6 +42,7 @@ from tailsieve.engines.weights import ReloadHook, WeightPush, WeightSync, Weight
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
 from tailsieve.loop import LoopState, PoolHook, StepLoop, make_controller
+from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
@@ -61,7 +62,7 @@ class RolloutConfig:
     rho: float = 0.1
     dispatch: Dispatch = Dispatch.REQUEST
     policy: str = "tailsieve"
-    curve: str | Path | TpotCurve = "h100-llama3-8b"  # use the curve `tailsieve profile` measured on your servers
+    curve: str | Path | TpotCurve | CostModel = "h100-llama3-8b"  # best: the model `tailsieve profile` fitted
     tail_curve: str | Path | TpotCurve | None = None  # the tail pool's measured curve (profile of its server)
     spec: PoolSpec = field(default_factory=PoolSpec)  # per-pool speculation: derives both pools' curves from `curve`
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -81,7 +82,7 @@ class RolloutConfig:
     model: str | None = None  # None: the first model the first healthy endpoint serves
     ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`)
     max_redraws: int = DEFAULT_REDRAWS  # cuts before a group's next attempt must complete (`RouterConfig`)
-    kv_ms_per_1k: float = 0.0  # the replicas' KV-traffic term for the controller's predictor, when measured
+    kv_ms_per_1k: float | None = None  # the controller's KV-traffic term; None: the `curve` model file's (else 0)
     bias_correction: bool = False  # per-group weights (`analysis.weights`) in every batch; opt-in
     logprobs: bool = False  # every sample carries its tokens' log-probabilities (trainer-ready outputs)
 
@@ -91,7 +92,7 @@ class RolloutConfig:
                               "the oracles need known lengths and exist only in `simulate`)")
         if not self.length_scale > 0:
             raise ConfigError(f"length_scale must be > 0, got {self.length_scale}")
-        if not (math.isfinite(self.kv_ms_per_1k) and self.kv_ms_per_1k >= 0):
+        if self.kv_ms_per_1k is not None and not (math.isfinite(self.kv_ms_per_1k) and self.kv_ms_per_1k >= 0):
             raise ConfigError(f"kv_ms_per_1k must be finite and >= 0, got {self.kv_ms_per_1k}")
 
     def router(self, replicas: int) -> RouterConfig:
@@ -131,7 +132,8 @@ class Rollout:
         if not self.prompts:
             raise ConfigError("no prompts given")
         self.rc = config.router(len(self.endpoints))
-        self.tail_curve, self.curve = config.spec.curves(load_curve(config.curve))
+        self.cost = load_cost_model(config.curve)  # τ(b) and the kv term the controller's predictor uses
+        self.tail_curve, self.curve = config.spec.curves(self.cost.curve)
         if config.tail_curve is not None:
             self.tail_curve = load_curve(config.tail_curve)
         if assign is not None:
@@ -144,7 +146,8 @@ class Rollout:
                              seed=config.seed or 0)
         self.controller = make_controller(config.policy, self.rc, bulk_curve=self.curve, tail_curve=self.tail_curve,
                                           config=config.controller, q=config.q, m=config.m,
-                                          kv_s_per_token=config.kv_ms_per_1k / 1e6)
+                                          kv_s_per_token=(self.cost.kv_ms_per_1k if config.kv_ms_per_1k is None
+                                                          else config.kv_ms_per_1k) / 1e6)
         self.loop = StepLoop(self.router, self.controller)
         self._drawn: tuple[int, dict[int, int], dict[str, int]] | None = None  # (step, uid → generation, counters)
         self._by_id = {p.prompt_id: p for p in self.prompts}

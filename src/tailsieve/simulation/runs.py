@@ -27,8 +27,8 @@ from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.workloads import Workload
 
-__all__ = ["ORACLES", "PEERS", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StepRecord", "check_policy",
-           "policy_names", "run_policies", "run_policy"]
+__all__ = ["ORACLES", "PEERS", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StaticGrid", "StepRecord",
+           "check_policy", "policy_names", "run_policies", "run_policy", "static_grid"]
 
 ORACLES: tuple[str, ...] = ("uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")  # App. A.2, known lengths
 
@@ -110,6 +110,38 @@ def run_policies(
     for name in names[1:]:
         out[name] = run_policy(name, workload, curve, config, reference=uniform, on_step=on_step)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class StaticGrid:
+    """Every static (q, m) on one prompt stream: mean step times (after the warm-up window) and the best one."""
+
+    q: int
+    m: int
+    best: PolicyRun
+    mean_s: dict[tuple[int, int], float]
+
+
+def static_grid(workload: Workload, curve: TpotCurve, config: SimConfig, *, qs: Sequence[int] | None = None,
+                ms: Sequence[int] | None = None, on_step: OnStep | None = None) -> StaticGrid:
+    """Simulate the static policy at every (q, m) (default q = 1..E, m = 1..R − 1) and keep the fastest (ties: the
+    smaller q, then the smaller m): the best static split of `tailsieve plan`."""
+    rc = config.router
+    qs = list(qs) if qs is not None else list(range(1, max(rc.extra, 1) + 1))
+    ms = list(ms) if ms is not None else list(range(1, rc.replicas))
+    if not qs or not ms:
+        raise ConfigError(f"no static split to search: R={rc.replicas} needs at least 2 replicas")
+    means: dict[tuple[int, int], float] = {}
+    best: tuple[float, int, int, PolicyRun] | None = None
+    for q in qs:
+        for m in ms:
+            run = run_policy("static", workload, curve, replace(config, q=q, m=m), on_step=on_step)
+            mean = run.mean_step_s(SKIP_STEPS)
+            means[(q, m)] = mean
+            if best is None or mean < best[0]:
+                best = (mean, q, m, run)
+    assert best is not None
+    return StaticGrid(best[1], best[2], best[3], means)
 
 
 def _run_controller(
