@@ -82,6 +82,12 @@ def register(sub: Any) -> None:
     p.add_argument("--restart-s", type=float, default=0.0,
                    help="seconds a step pays when m changes (a launcher restarting the moved replicas because the "
                         "pools' flags differ; default 0: restart-free moves)")
+    add_spec_and_output_args(p)
+    p.set_defaults(func=run)
+
+
+def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
+    """`simulate`'s per-pool speculation (§3.4, §4.3) and output flags."""
     p.add_argument("--config", metavar="FILE", help="TOML/JSON file with [spec.tail] and [spec.bulk] speculative "
                    "configurations (docs/speculative.md); --tail-spec/--bulk-spec override it")
     p.add_argument("--tail-spec", metavar="SPEC", help="tail pool speculation METHOD[:TOKENS][,key=value…], "
@@ -94,7 +100,6 @@ def register(sub: Any) -> None:
     p.add_argument("--spec-budgets", metavar="LIST", help="--spec: comma-separated budgets d (default: 0,1,…,6)")
     p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/simulate.md)")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
