@@ -5,6 +5,7 @@ plan, and the registry builds launchers by name. A process-free launcher shows w
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -149,3 +150,20 @@ def test_launch_cli_ray_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Pa
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "# ray cluster: auto" and sum("--host NODE_IP --port FREE_PORT" in ln for ln in out) == 2
+
+
+def test_launch_cli_unreachable_ray_cluster_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An address nothing listens on fails at once (Ray itself would retry for minutes), naming the address."""
+    from tailsieve.cli import main
+    from tailsieve.engines.local import free_port
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    port = free_port()
+    t0 = time.monotonic()
+    rc = main(["launch", "--ray", f"127.0.0.1:{port}", "--model", str(folder), "--replicas", "1",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and time.monotonic() - t0 < 15
+    assert err[-1].startswith(f"tailsieve launch: error: the Ray cluster at 127.0.0.1:{port} is not reachable")

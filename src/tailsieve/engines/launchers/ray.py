@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -129,6 +130,20 @@ class RayReplica(Replica):
                 "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A `HOST:PORT` cluster address must accept a TCP connection (Ray itself retries for minutes); `auto` and
+    `ray://` client addresses are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or address.startswith("ray://") or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise LaunchError(f"the Ray cluster at {address} is not reachable ({exc.strerror or exc}); start it with "
+                          "`ray start --head --port=PORT` or pass --ray auto on a cluster node") from None
+
+
 def tensor_parallel(config: LaunchConfig) -> int:
     """The `--tensor-parallel-size` in the config's server flags (1 when absent)."""
     args = list(config.args)
@@ -206,7 +221,13 @@ class RayLauncher(LocalLauncher):
         except ImportError:
             raise LaunchError("the ray launcher needs Ray: pip install 'tailsieve[ray]'") from None
         if not ray.is_initialized():
-            ray.init(address=self.config.ray or "auto", logging_level=logging.WARNING, log_to_driver=False)
+            address = self.config.ray or "auto"
+            check_reachable(address)
+            try:
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise LaunchError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0][:200]} "
+                                  "(start one with `ray start --head`, docs/multinode.md)") from None
             self._own_ray = True
         return ray
 
