@@ -81,6 +81,7 @@ class ControlState:
     last_m: int = 0  # m of the last executed step (a change in m is a pool move)
     move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
     since_move: int = 0  # steps since that move
+    reversals: int = 0  # moves of m in a row that reversed the one before (each doubles the dwell a reversal needs)
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""

@@ -181,8 +181,8 @@ class Controller:
             options.append((self._calibrated(state, pred, 0, 0), 0, 0))
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
             if mc == m or (self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir
-                           and state.since_move < self.config.min_dwell):
-                continue  # no reversal of the last move before min_dwell steps: its forecast is not yet calibrated
+                           and state.since_move < self.reversal_dwell(state)):
+                continue  # no reversal of the last move before its dwell: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
                 continue
@@ -197,13 +197,15 @@ class Controller:
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
         new_m = best_m if m == 0 and self.jump_from_uniform else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
+        between = new_m > 0 and m > 0
         return replace(
             state,
             m=new_m,
             q=new_q,
             hold=1,
             dwell=0 if (new_m == 0) != (m == 0) else state.dwell,
-            move_dir=step if new_m > 0 and m > 0 else 0,
+            move_dir=step if between else 0,
+            reversals=state.reversals + 1 if between and step == -state.move_dir else 0,
             since_move=0,
             velocity=0.0,
             settled=0,
@@ -211,6 +213,12 @@ class Controller:
             rate_bulk=math.nan,
             note=f"m {m}->{new_m}",
         )
+
+    def reversal_dwell(self, state: ControlState) -> int:
+        """Steps after a move of m before it may be reversed: `min_dwell`, doubled for every reversal in a row
+        (A → B → A → …). A split that keeps flipping between two neighbours is chasing the step-to-step noise of its
+        calibration (each side's factors are learnt at the other side), not the workload: back off, hold."""
+        return self.config.min_dwell << min(state.reversals, 8)
 
     # hooks of the outer loop (C.2); defaults: the predictive choice of q ----------------------------------------
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:

@@ -144,8 +144,7 @@ class Predictor:
             cand = np.take_along_axis(both, pick[:, :, None], axis=1)
         else:
             cand = prior
-        rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
-        self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
+        self.cand = cand  # (K, E, G) in the selector's order: the tail pool takes the first q
         work = k * (groups + extra) * history.shape[1]
         # mean field only under request dispatch (group-atomic lanes need the exact model; see policy.mean_field)
         self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
