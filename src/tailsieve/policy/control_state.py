@@ -60,6 +60,7 @@ class StepObservation:
     bulk_s: float
     consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first
     restart_s: float = 0.0  # replica restarts before this step (a pool move between differently configured pools)
+    pinned: int = 0  # consumed groups right after the tail groups that were candidates run pinned in the bulk pool
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,8 @@ class Controller:
         hist = (*state.history, obs.consumed_lengths)[-keep:]
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
-            tails = (*tails, obs.consumed_lengths[: obs.q])[-2 * keep :]
+            # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
+            tails = (*tails, obs.consumed_lengths[: obs.q + obs.pinned])[-2 * keep :]
         return self._learn_move_cost(replace(state, history=hist, tail_history=tails), obs)
 
     def _learn_move_cost(self, state: ControlState, obs: StepObservation) -> ControlState:
@@ -121,6 +122,7 @@ class Controller:
             tail_curve=self.tail_curve,
             kv_s_per_token=self.kv_s_per_token,
             pinned_candidates=self.router.max_redraws <= 1,
+            candidate_steps=state.tail_history,
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
@@ -195,7 +197,7 @@ class Controller:
         step = int(np.sign(best_m - m))
         # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
-        new_m = best_m if m == 0 and self.jump_from_uniform else m + step
+        new_m = best_m if (m == 0 or best_m == 0) and self.jump_from_uniform else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         between = new_m > 0 and m > 0
         return replace(
