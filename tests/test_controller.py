@@ -313,3 +313,86 @@ def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
     between = replace(s, q=1, m=4, dwell=0)
     cost.update({4: 20.0, 3: 15.0})
     assert f.outer(between, f.predictor(between)).m == 3  # one replica toward m = 2
+
+
+def test_reversal_dwell_doubles_with_each_reversal_in_a_row() -> None:
+    """A → B → A → …: every reversal in a row doubles the steps the next one must wait (the split is chasing its
+    calibration's noise); a move in the same direction as the last resets the count."""
+    c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
+    cost = {1: 9.0, 2: 5.0, 3: 10.0, 4: 10.0, 5: 10.0}
+
+    class Fixed(type(c)):  # type: ignore[misc]
+        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+            return 20.0 if m == 0 else cost[m]
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    f = Fixed(c.router, CURVE, c.config)
+    s = ControlState(q=1, m=3, dwell=0, history=(history(),), move_dir=1)
+    pred = f.predictor(s)
+    assert [f.reversal_dwell(replace(s, reversals=k)) for k in range(4)] == [3, 6, 12, 24]
+    assert f.outer(replace(s, since_move=3), pred).reversals == 1  # first reversal: after min_dwell
+    once = replace(s, reversals=1)
+    assert f.outer(replace(once, since_move=5), pred).m == 3  # second reversal waits 6 steps
+    moved = f.outer(replace(once, since_move=6), pred)
+    assert (moved.m, moved.move_dir, moved.reversals) == (2, -1, 2)
+    same = f.outer(replace(once, move_dir=-1, since_move=0), pred)  # same direction: at once, count reset
+    assert (same.m, same.reversals) == (2, 0)
+
+
+def test_returning_to_uniform_goes_straight_there() -> None:
+    """When the uniform boundary is the best option, `tailsieve` goes there at once (the candidates rejoin the
+    queue; an intermediate split would cost steps at a worse m and could pass for a reversal); the literal C.2
+    moves one replica."""
+    c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
+    cost = {0: 5.0, 1: 12.0, 2: 11.0, 3: 10.0, 4: 10.0, 5: 10.0}
+
+    class Fixed(type(c)):  # type: ignore[misc]
+        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+            return cost[m]
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    f = Fixed(c.router, CURVE, c.config)
+    s = ControlState(q=2, m=3, dwell=3, history=(history(),), move_dir=1, reversals=2)
+    out = f.outer(s, f.predictor(s))
+    assert (out.m, out.q, out.move_dir, out.reversals) == (0, 0, 0, 0)
+
+    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
+        _calibrated = Fixed._calibrated
+        feasible = Fixed.feasible
+
+    lit = Literal(c.router, CURVE, c.config)
+    assert lit.outer(s, lit.predictor(s)).m == 2
+
+
+def test_candidates_are_bootstrapped_by_selector_rank_from_whole_steps() -> None:
+    """With two or more steps whose E candidates were all seen regenerated (the isolated ones and, at redraw limit 1,
+    the ones run pinned in the bulk pool), candidate r of every pool is rank r of a random such step: the selector's
+    real skill, neither a perfect ranking (which put the longest draws in the tail and the shortest among the pinned)
+    nor none."""
+    h = history(n=16, g=4)
+    kw = {"groups": 16, "extra": 3, "replicas": 4, "curve": CURVE, "resamples": 6}
+    steps = tuple(np.array([[900 + i] * 4, [100 + i] * 4, [500 + i] * 4], dtype=np.int64) for i in range(3))
+    p = Predictor(h, candidate_steps=steps, **kw)  # type: ignore[arg-type]
+    assert p.cand.shape == (6, 3, 4)
+    for r, base in enumerate((900, 100, 500)):  # rank order kept, even where rank 1 is shorter than rank 2
+        assert set(np.unique(p.cand[:, r])) <= {base, base + 1, base + 2}
+    one = Predictor(h, candidate_steps=steps[:1], candidates=np.concatenate(steps[:1]), **kw)  # type: ignore[arg-type]
+    assert np.all(np.diff(one.cand.max(axis=2), axis=1) <= 0)  # too few whole steps: the sorted draws as before
+    partial = tuple(s[:2] for s in steps)  # only q = 2 of E = 3 seen (a higher redraw limit): as before
+    assert np.all(np.diff(Predictor(h, candidate_steps=partial, candidates=np.concatenate(partial),  # type: ignore[arg-type]
+                                    **kw).cand.max(axis=2), axis=1) <= 0)
+
+
+def test_pinned_candidates_join_the_tail_history() -> None:
+    """The consumed groups right after the q tail groups that ran pinned (`StepObservation.pinned`) are regenerated
+    candidates too: the tail history keeps all q + pinned of them, in the selector's order."""
+    c = make("tailsieve")
+    o = replace(obs(q=1, m=2, tail_s=1.0, bulk_s=1.0), pinned=2)
+    s = c._with_history(ControlState(q=1, m=2), o)
+    np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:3])
+    s = c._with_history(ControlState(q=1, m=2), replace(o, pinned=0))
+    np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:1])

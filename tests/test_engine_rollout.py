@@ -129,6 +129,8 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
             assert type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
     priced = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, move_cost_s=12.5)))))
     assert priced.move_cost_s == 12.5
+    held = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, reversals=3, move_dir=-1)))))
+    assert (held.reversals, held.move_dir) == (3, -1)
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3

@@ -144,6 +144,15 @@ def make_controller(
                              kv_s_per_token=kv_s_per_token)
 
 
+def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:
+    """How many consumed groups right after the q tail groups are pinned candidates (they lead the bulk queue);
+    0 unless exactly the pinned groups sit there."""
+    k, q = len(plan.pinned), len(plan.tail)
+    if k == 0 or {o.ref.uid for o in done[q:q + k]} != plan.pinned:
+        return 0
+    return k
+
+
 class StepLoop:
     """One policy's step loop over a `Router` and a controller (see the module docstring)."""
 
@@ -168,6 +177,7 @@ class StepLoop:
         obs = StepObservation(
             step=plan.step, q=plan.q, m=plan.m, warmup=plan.warmup, candidates=len(rstate.candidates),
             tail_s=result.tail_s, bulk_s=result.bulk_s, consumed_lengths=batch, restart_s=restart_s,
+            pinned=_pinned_after_tail(plan, done),
         )
         cstate = self.controller.update(state.control, obs)
         record = StepRecord(

@@ -60,6 +60,7 @@ class StepObservation:
     bulk_s: float
     consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first
     restart_s: float = 0.0  # replica restarts before this step (a pool move between differently configured pools)
+    pinned: int = 0  # consumed groups right after the tail groups that were candidates run pinned in the bulk pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class ControlState:
     last_m: int = 0  # m of the last executed step (a change in m is a pool move)
     move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
     since_move: int = 0  # steps since that move
+    reversals: int = 0  # moves of m in a row that reversed the one before (each doubles the dwell a reversal needs)
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""

@@ -93,7 +93,8 @@ class Controller:
         hist = (*state.history, obs.consumed_lengths)[-keep:]
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
-            tails = (*tails, obs.consumed_lengths[: obs.q])[-2 * keep :]
+            # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
+            tails = (*tails, obs.consumed_lengths[: obs.q + obs.pinned])[-2 * keep :]
         return self._learn_move_cost(replace(state, history=hist, tail_history=tails), obs)
 
     def _learn_move_cost(self, state: ControlState, obs: StepObservation) -> ControlState:
@@ -121,6 +122,7 @@ class Controller:
             tail_curve=self.tail_curve,
             kv_s_per_token=self.kv_s_per_token,
             pinned_candidates=self.router.max_redraws <= 1,
+            candidate_steps=state.tail_history,
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
@@ -181,8 +183,8 @@ class Controller:
             options.append((self._calibrated(state, pred, 0, 0), 0, 0))
         for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
             if mc == m or (self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir
-                           and state.since_move < self.config.min_dwell):
-                continue  # no reversal of the last move before min_dwell steps: its forecast is not yet calibrated
+                           and state.since_move < self.reversal_dwell(state)):
+                continue  # no reversal of the last move before its dwell: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
                 continue
@@ -195,15 +197,17 @@ class Controller:
         step = int(np.sign(best_m - m))
         # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
-        new_m = best_m if m == 0 and self.jump_from_uniform else m + step
+        new_m = best_m if (m == 0 or best_m == 0) and self.jump_from_uniform else m + step
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
+        between = new_m > 0 and m > 0
         return replace(
             state,
             m=new_m,
             q=new_q,
             hold=1,
             dwell=0 if (new_m == 0) != (m == 0) else state.dwell,
-            move_dir=step if new_m > 0 and m > 0 else 0,
+            move_dir=step if between else 0,
+            reversals=state.reversals + 1 if between and step == -state.move_dir else 0,
             since_move=0,
             velocity=0.0,
             settled=0,
@@ -211,6 +215,12 @@ class Controller:
             rate_bulk=math.nan,
             note=f"m {m}->{new_m}",
         )
+
+    def reversal_dwell(self, state: ControlState) -> int:
+        """Steps after a move of m before it may be reversed: `min_dwell`, doubled for every reversal in a row
+        (A → B → A → …). A split that keeps flipping between two neighbours is chasing the step-to-step noise of its
+        calibration (each side's factors are learnt at the other side), not the workload: back off, hold."""
+        return self.config.min_dwell << min(state.reversals, 8)
 
     # hooks of the outer loop (C.2); defaults: the predictive choice of q ----------------------------------------
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:

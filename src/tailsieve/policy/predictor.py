@@ -119,6 +119,7 @@ class Predictor:
         kv_s_per_token: float = 0.0,
         pinned_candidates: bool = False,
         mean_field: bool | None = None,
+        candidate_steps: tuple[NDArray[np.int64], ...] = (),
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -146,6 +147,11 @@ class Predictor:
             cand = prior
         rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
         self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
+        full = [c for c in candidate_steps if c.shape[0] >= width]
+        if len(full) >= 2:  # whole steps' candidates seen regenerated, in the selector's order: bootstrap by rank
+            rows = np.stack([c[:width] for c in full]).astype(np.float64)  # (S, E, G)
+            pick = rng.integers(0, rows.shape[0], size=(k, width))
+            self.cand = rows[pick, np.arange(width)[None, :]]  # rank r of pool k from a random step's rank r
         work = k * (groups + extra) * history.shape[1]
         # mean field only under request dispatch (group-atomic lanes need the exact model; see policy.mean_field)
         self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
