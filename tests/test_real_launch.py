@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.client import SamplingParams
+from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
 from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
 from tailsieve.engines.launchers import LaunchError, LocalLauncher
 from tailsieve.engines.prompts import PromptRecord
@@ -125,7 +125,7 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
                        tmp_path / "launch")
     rc = RolloutConfig(groups=4, group_size=2, rho=0.5, policy="static", q=1, m=1, seed=None,
                        controller=ControllerConfig(),
-                       sampling=SamplingParams(temperature=0.0, max_tokens=384, ignore_eos=True))
+                       sampling=SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True))
     prompts = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(400))
     timeline: dict[str, float] = {}
     try:
@@ -138,7 +138,12 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
             out = []
             async with Rollout(la.endpoints, rc, prompts, pools=la.pool_hook) as r:
                 task = asyncio.create_task(r.step())
-                await asyncio.sleep(1.0)
+                async with EngineClient() as c:  # kill while replica 0 is generating (its work must move)
+                    until = time.monotonic() + 60
+                    while (await c.metrics(Endpoint(la.endpoints[0]))).get("vllm:num_requests_running", 0) < 1:
+                        assert time.monotonic() < until and not task.done(), "replica 0 never started generating"
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)
                 assert not task.done(), "the step ended before the kill: raise max_tokens"
                 os.kill(old_pid, 9)  # the API server only
                 timeline["kill"] = time.monotonic()
@@ -155,7 +160,7 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
 
         batches = asyncio.run(go())
         first = batches[0]
-        assert len(first.groups) == 4 and all(set(g.lengths) == {384} for g in first.groups)
+        assert len(first.groups) == 4 and all(set(g.lengths) == {1500} for g in first.groups)
         assert first.redispatched > 0 and first.down == (0,)
         assert "served" in timeline, "replica 0 never served again"
         assert la.replicas[0].restarts == 1 and la.replicas[1].restarts == 0 and la.replicas[0].state == "up"
