@@ -202,6 +202,16 @@ async def _all_or_none(coros: list[Awaitable[Completion]]) -> list[Completion]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def served_model(client: EngineClient, endpoint: Endpoint, retry: Retry, model: str | None) -> str:
+    """`model` when given, else the first name the server's /v1/models lists (a one-line error when none)."""
+    if model is not None:
+        return model
+    names = await retry.run(lambda: client.models(endpoint), "/v1/models")
+    if not names:
+        raise EngineError(f"{endpoint.url} serves no model")
+    return names[0]
+
+
 async def profile_endpoint(
     client: EngineClient, endpoint: Endpoint, *, batches: Sequence[int] = DEFAULT_BATCHES, max_tokens: int = 256,
     model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None, temperature: float = 1.0,
@@ -212,12 +222,7 @@ async def profile_endpoint(
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
     retry = retry or Retry()
-    if model is None:
-        names = await retry.run(lambda: client.models(endpoint), "/v1/models")
-        if not names:
-            raise EngineError(f"{endpoint.url} serves no model")
-        model = names[0]
-    name = model
+    model = name = await served_model(client, endpoint, retry, model)
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
                     "warm-up")
     points: list[ProfilePoint] = []
@@ -246,12 +251,7 @@ async def profile_model(
     retry = retry or Retry()
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
-    if model is None:
-        names = await retry.run(lambda: client.models(endpoint), "/v1/models")
-        if not names:
-            raise EngineError(f"{endpoint.url} serves no model")
-        model = names[0]
-    name = model
+    model = name = await served_model(client, endpoint, retry, model)
     limit = await server_max_len(client, endpoint)
     if limit is not None:  # room for the generated tokens and the prompt's prefix
         fits = [c for c in contexts if c + max_tokens + 64 <= limit]
