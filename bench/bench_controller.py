@@ -5,8 +5,14 @@ For every workload regime × curve × seed it grids static (q, m) over q = 1..E,
 and length draws (`run_policy` with one `SimConfig`), and prints, per adaptive policy: its speedup over uniform,
 the gap to the best static (q, m) in hindsight (1 − speedup / best, %), a `<u` flag when it is more than 1% slower
 than uniform, and the bias columns of the run's report (`tailsieve.analysis.metrics.summarize`): the length ratio
-`mean_ratio` (consumed mean length / uniform's), the truncation ratio against uniform, and redraws max/mean. Then
-the max and mean gap per policy, and the cases below uniform.
+`mean_ratio` (consumed mean length / uniform's), the truncation ratio against uniform, redraws max/mean, and
+the bias-corrected length ratio `wratio` with its effective-sample-size share `ess` (opt-in weights, computed here
+for every adaptive run; they change no decision). Then
+the max and mean gap per policy, and the cases below uniform. `held-out` is the static split picked on the other seeds
+of the same workload and curve, on this seed: the best static in hindsight is the largest of 49 noisy estimates,
+so it is biased up; the held-out split is one a user could have fixed before the run. The drift section runs
+`math-drift` over its whole ramp (`--drift-steps`) with a per-window switching oracle: an upper bound on what any
+controller that tracks the drift can gain over the best single split.
 
 Targets (issue 14): at the default redraw limit `tailsieve` within 3% of the best static everywhere, never more
 than 1% below uniform, ≥ 3% ahead of the best static on `math-drift`. `--max-redraws 8` gives the same table at the
@@ -27,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.analysis.metrics import summarize
+from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
@@ -73,29 +80,100 @@ def run_case(c: Case) -> dict[str, Any]:
 
     uniform = run_policy("uniform", wl, curve, cfg())
     base = uniform.mean_step_s()
-    best, best_qm = 0.0, (0, 0)
-    for q in range(1, rc.extra + 1):
-        for m in range(1, rc.replicas):
-            s = base / run_policy("static", wl, curve, cfg(q=q, m=m)).mean_step_s()
-            if s > best:
-                best, best_qm = s, (q, m)
-    row: dict[str, Any] = {"workload": c.workload, "curve": c.curve, "seed": c.seed, "best": best,
-                           "best_qm": list(best_qm), "policies": {}}
+    static = {f"{q},{m}": base / run_policy("static", wl, curve, cfg(q=q, m=m)).mean_step_s()
+              for q in range(1, rc.extra + 1) for m in range(1, rc.replicas)}
+    best_key = max(static, key=lambda k: static[k])
+    row: dict[str, Any] = {"workload": c.workload, "curve": c.curve, "seed": c.seed, "best": static[best_key],
+                           "best_qm": [int(x) for x in best_key.split(",")], "static": static, "policies": {}}
     ctl = ControllerConfig(**json.loads(c.controller))
     for p in c.policies:
-        run = run_policy(p, wl, curve, cfg(controller=ctl))
+        run = run_policy(p, wl, curve, cfg(controller=ctl, bias_correction=True))  # weights change no decision
         s = summarize({"uniform": uniform, p: run})[p]
         sp = float(s.speedup or 0.0)
-        t = s.truncation
+        t, w = s.truncation, s.weighting
         row["policies"][p] = {
-            "speedup": sp, "gap": 1 - sp / best, "below_uniform": sp < 0.99,
+            "speedup": sp, "gap": 1 - sp / row["best"], "below_uniform": sp < 0.99,
             "final_qm": [run.final_q, run.final_m],
             "qm_path": sorted({(r.q, r.m) for r in run.steps[2:]}),
             "mean_ratio": None if s.bias is None else s.bias.mean_ratio,
             "truncated_ratio": None if t is None else t.ratio,
             "redraws_max": s.redraws.max, "redraws_mean": s.redraws.mean,
+            "weighted_ratio": None if w is None or np.isnan(w.weighted_mean_ratio) else w.weighted_mean_ratio,
+            "ess_ratio": None if w is None else w.ess_ratio,
         }
     return row
+
+
+@dataclass(frozen=True)
+class DriftCase:
+    curve: str
+    seed: int
+    steps: int
+    window: int
+    max_redraws: int
+    policies: tuple[str, ...]
+    controller: str
+
+
+def run_drift_case(c: DriftCase) -> dict[str, Any]:
+    """`math-drift` over its whole length ramp: uniform, every static (q, m), the adaptive policies, and the
+    switching oracle that picks, per window of `c.window` steps and in hindsight, the best of uniform and every
+    static split (an upper bound on what tracking the drift can gain over the best single split)."""
+    wl = load_workload("math-drift", seed=c.seed)
+    curve = load_curve(c.curve)
+    rc = RouterConfig(max_redraws=c.max_redraws)
+
+    def steps(policy: str, **kw: Any) -> np.ndarray:
+        run = run_policy(policy, wl, curve, SimConfig(router=rc, steps=c.steps, seed=c.seed, **kw))
+        return np.array([s.makespan_s for s in run.steps])
+
+    skip = SKIP_STEPS
+    uniform = steps("uniform")
+    static = {(q, m): steps("static", q=q, m=m) for q in range(1, rc.extra + 1) for m in range(1, rc.replicas)}
+    best_qm = min(static, key=lambda k: static[k][skip:].sum())
+    base = uniform[skip:].sum()
+    oracle = sum(min(min(a[lo:lo + c.window].sum() for a in static.values()), uniform[lo:lo + c.window].sum())
+                 for lo in range(skip, c.steps, c.window))
+    ctl = ControllerConfig(**json.loads(c.controller))
+    adaptive = {p: base / steps(p, controller=ctl)[skip:].sum() for p in c.policies}
+    return {"curve": c.curve, "seed": c.seed, "best": base / static[best_qm][skip:].sum(), "best_qm": list(best_qm),
+            "oracle": base / oracle, "policies": adaptive}
+
+
+def drift_table(args: argparse.Namespace, seeds: list[int], curves: list[str], policies: tuple[str, ...]) -> None:
+    """The drift section: can any controller beat the best static split on `math-drift`'s whole ramp?"""
+    cases = [DriftCase(cv, sd, args.drift_steps, args.drift_window, args.max_redraws, policies, args.controller)
+             for cv in curves for sd in seeds]
+    with ProcessPoolExecutor(args.workers) as ex:
+        rows = list(ex.map(run_drift_case, cases))
+    print(f"\nmath-drift over {args.drift_steps} steps (lengths x1.75 by step 200); oracle = best of uniform and every "
+          f"static split per {args.drift_window}-step window, in hindsight; ahead = speedup / best static - 1")
+    print(f"{'curve':15s} sd  best (q,m)   oracle (ahead) | " + " | ".join(f"{p:16s} ahead" for p in policies))
+    for r in rows:
+        bq, bm = r["best_qm"]
+        ahead = {k: 100 * (v / r["best"] - 1) for k, v in (("oracle", r["oracle"]), *r["policies"].items())}
+        line = (f"{r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm})  "
+                f"{r['oracle']:.3f} ({ahead['oracle']:+.1f}%) | ")
+        line += " | ".join(f"{'':16s} {r['policies'][p]:.3f} {ahead[p]:+5.1f}%" for p in policies)
+        print(line)
+    if args.json:
+        out = json.loads(args.json.read_text())
+        out["drift"] = {"steps": args.drift_steps, "window": args.drift_window, "rows": rows}
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+def held_out(rows: list[dict[str, Any]]) -> None:
+    """Adds to each row the static split chosen on the *other* seeds of its workload and curve (best mean speedup
+    there), and its speedup on this seed: a split one could have fixed in advance. The best static in hindsight
+    is the largest of 49 noisy estimates, so it sits above what any rule that picks a split before the run gets."""
+    for r in rows:
+        others = [o for o in rows if o["workload"] == r["workload"] and o["curve"] == r["curve"]
+                  and o["seed"] != r["seed"]]
+        if not others:
+            r["held_out"], r["held_out_qm"] = None, None
+            continue
+        key = max(r["static"], key=lambda k: float(np.mean([o["static"][k] for o in others])))
+        r["held_out"], r["held_out_qm"] = r["static"][key], [int(x) for x in key.split(",")]
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -115,6 +193,8 @@ def main() -> None:
     ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--drift-steps", type=int, default=200, help="steps of the math-drift ramp section (0: skip it)")
+    ap.add_argument("--drift-window", type=int, default=25, help="window of the drift section's switching oracle")
     args = ap.parse_args()
     seeds, curves, steps = [int(s) for s in args.seeds.split(",")], args.curves.split(","), args.steps
     if args.quick:
@@ -130,21 +210,25 @@ def main() -> None:
         with ProcessPoolExecutor(args.workers) as ex:
             done = dict(zip(order, ex.map(run_case, [cases[i] for i in order]), strict=True))
         rows = [done[i] for i in range(len(cases))]
+    held_out(rows)
     print(f"max_redraws {args.max_redraws}, {steps} steps, N=64x8, R=8; speedup over uniform; gap = 1 - speedup/best "
           "static; <u: more than 1% below uniform; ratio = mean length / uniform's; trunc = truncated share / "
-          "uniform's; redraws max/mean")
-    head = f"{'workload':15s} {'curve':15s} sd  best (q,m) "
+          "uniform's; redraws max/mean; wratio = bias-corrected length ratio, ess = its ESS share; held-out = "
+          "the static split best on the other seeds, on this one")
+    head = f"{'workload':15s} {'curve':15s} sd  best (q,m) held-out "
     for p in policies:
-        head += f"| {p:16s} speedup   gap  (q,m)  ratio trunc redr "
+        head += f"| {p:16s} speedup   gap  (q,m)  ratio trunc redr   wratio ess "
     print(head)
     for r in rows:
         bq, bm = r["best_qm"]
-        line = f"{r['workload']:15s} {r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm}) "
+        line = (f"{r['workload']:15s} {r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm}) "
+                f"{_f(r['held_out'], '.3f')}   ")
         for p in policies:
             c = r["policies"][p]
             line += (f"| {'':16s} {c['speedup']:.3f}{'<u' if c['below_uniform'] else '  '} {100 * c['gap']:5.1f}% "
                      f"({c['final_qm'][0]},{c['final_qm'][1]}) {_f(c['mean_ratio'], '.3f')} "
-                     f"{_f(c['truncated_ratio'], '.2f')} {c['redraws_max']}/{c['redraws_mean']:.2f} ")
+                     f"{_f(c['truncated_ratio'], '.2f')} {c['redraws_max']}/{c['redraws_mean']:.2f} "
+                     f"{_f(c['weighted_ratio'], '.3f')} {_f(c['ess_ratio'], '.2f')} ")
         print(line)
     for p in policies:
         g = np.array([r["policies"][p]["gap"] for r in rows]) * 100
@@ -155,12 +239,21 @@ def main() -> None:
               f"mean gap {g.mean():.1f}%  within 3%: {int((g <= 3).sum())}/{g.size}  "
               f"(against max(best static, uniform): max {gu.max():.1f}%, mean {gu.mean():.1f}%)  "
               f"below uniform by >1%: {len(below)} {' '.join(below)}")
+        gh = np.array([1 - r["policies"][p]["speedup"] / r["held_out"] for r in rows if r["held_out"]]) * 100
+        if gh.size:
+            print(f"    against the held-out static split: max gap {gh.max():.1f}%  mean gap {gh.mean():.1f}%  "
+                  f"within 3%: {int((gh <= 3).sum())}/{gh.size}")
         for w in dict.fromkeys(r["workload"] for r in rows):
             gw = np.array([r["policies"][p]["gap"] for r in rows if r["workload"] == w]) * 100
-            print(f"    {w:15s} max gap {gw.max():5.1f}%  mean gap {gw.mean():5.1f}%")
+            hw = [1 - r["policies"][p]["speedup"] / r["held_out"] for r in rows if r["workload"] == w and r["held_out"]]
+            tail = f"  held-out: max {100 * max(hw):5.1f}%" if hw else ""
+            print(f"    {w:15s} max gap {gw.max():5.1f}%  mean gap {gw.mean():5.1f}%{tail}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"max_redraws": args.max_redraws, "steps": steps, "rows": rows}, indent=1))
+    if args.drift_steps > 0 and "math-drift" in args.workloads.split(","):
+        drift_table(args, seeds, curves, policies)
+        print(f"wall time with the drift section {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -191,3 +191,29 @@ def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> Non
     blind_free = run_policy("tailsieve", wl, curve,
                             SimConfig(steps=40, controller=ControllerConfig(move_horizon=10**9)))
     assert [s.m for s in free.steps] == [s.m for s in blind_free.steps]  # without restarts the price changes nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Scaled:
+    """`HeavyTail` with every length multiplied by `factor` (a pure growth of the lengths, no cap)."""
+
+    inner: HeavyTail
+    factor: int
+
+    def lengths(self, prompt_id: str, generation: int, step: int, group_size: int) -> NDArray[np.int64]:
+        return self.inner.lengths(prompt_id, generation, step, group_size) * self.factor
+
+
+@pytest.mark.parametrize(("policy", "q", "m"), [("uniform", None, None), ("static", 2, 1), ("static", 4, 2)])
+def test_pure_length_growth_scales_every_step_time(policy: str, q: int | None, m: int | None) -> None:
+    """With τ a function of concurrency alone and no cap, lengths × c give step times × c for every split: the
+    cutoff and the candidate ranking depend on order only. So a growth of all lengths (`math-drift`'s ramp) cannot
+    change which split is best; only what does not scale (the cap, a ceiling, KV and prefill terms) can."""
+    base = fake_workload()
+    grown = Workload("fake", base.prompts, None, ReplayMode.RESAMPLE, 0, Scaled(HeavyTail(40, 0), 3))
+    cfg = small_config(steps=6, q=q, m=m) if policy == "static" else small_config(steps=6)
+    a, b = run_policy(policy, base, CURVE, cfg), run_policy(policy, grown, CURVE, cfg)
+    np.testing.assert_allclose([s.makespan_s for s in b.steps], [3 * s.makespan_s for s in a.steps], rtol=1e-9)
+    # aborted progress is whole tokens: equal up to one token of rounding per aborted request (64 requests per step)
+    np.testing.assert_allclose([s.wasted_tokens for s in b.steps], [3 * s.wasted_tokens for s in a.steps], atol=3 * 64)
+    assert b.batch_prompts == a.batch_prompts

@@ -58,6 +58,7 @@ class Controller:
     # to the best split; no reversal of a move of m before `min_dwell` steps
     jump_from_uniform: ClassVar[bool] = False
     guard_reversal: ClassVar[bool] = False
+    price_return: ClassVar[bool] = False  # a return to uniform must repay the waiting candidates' step
 
     def __init__(
         self,
@@ -194,6 +195,8 @@ class Controller:
             return state
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
+        if best_m == 0 and (current - best_t) * self.config.move_horizon < self.return_cost(state, pred):
+            return replace(state, note=f"m {m}->0 would not repay the waiting candidates")
         step = int(np.sign(best_m - m))
         # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
@@ -215,6 +218,16 @@ class Controller:
             rate_bulk=math.nan,
             note=f"m {m}->{new_m}",
         )
+
+    def return_cost(self, state: ControlState, pred: Predictor) -> float:
+        """One-time seconds of returning to uniform from a split: the first uniform step also runs the E waiting
+        candidates to completion (T̂ of `Predictor.uniform_return_times` over the steady T̂(0, 0), calibrated as
+        the uniform boundary). A return must repay it within `move_horizon` steps, like a restart."""
+        if not self.price_return:
+            return 0.0
+        cu = state.calib_bulk if math.isnan(state.calib_uniform) else state.calib_uniform
+        steady = float(np.mean(pred.bulk_times(0, 0)))
+        return max(0.0, float(np.mean(pred.uniform_return_times())) - steady) * cu
 
     def reversal_dwell(self, state: ControlState) -> int:
         """Steps after a move of m before it may be reversed: `min_dwell`, doubled for every reversal in a row
@@ -284,6 +297,7 @@ class TailSieveController(Controller):
     adapt_m: ClassVar[bool] = True
     jump_from_uniform: ClassVar[bool] = True
     guard_reversal: ClassVar[bool] = True
+    price_return: ClassVar[bool] = True
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
@@ -343,6 +357,7 @@ class TailSievePaperController(TailSieveController):
 
     jump_from_uniform: ClassVar[bool] = False  # C.2: one replica per move, from the uniform boundary too
     guard_reversal: ClassVar[bool] = False
+    price_return: ClassVar[bool] = False
 
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
         """C.2 literally: a candidate split keeps the current q."""

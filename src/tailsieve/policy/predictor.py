@@ -157,6 +157,7 @@ class Predictor:
         self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
         self.use_mean_field = by_request and self.large
         self._uniform: FloatArray | None = None  # T_uniform per pool, by lane sums (large fleets)
+        self._return: FloatArray | None = None  # the first uniform step after a two-pool one, per pool
         self._mf: MeanFieldPools | None = None
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
@@ -248,6 +249,17 @@ class Predictor:
         cut = np.partition(raw[:, pins:], rest - 1, axis=1)[:, rest - 1]
         out: FloatArray = np.maximum(cut, last_pin)
         return out
+
+    def uniform_return_times(self) -> FloatArray:
+        """(K,) makespan of the first uniform step after a two-pool step: the E waiting candidates rejoin the front
+        of the queue and run to completion with N − E fresh groups, group-atomic round-robin on all R replicas
+        (`Router.plan` at m = 0). Its excess over `bulk_times(0, 0)` is the one-time price of returning to
+        uniform."""
+        if self._return is None:
+            e = min(self.e, self.n)
+            pools = np.concatenate((self._cands(0, e), self.fresh[:, : self.n - e]), axis=1)
+            self._return = uniform_makespan(pools, self.r, self.curve, self.kv)
+        return self._return
 
     def makespan(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> float:
         """T̂(q, m) = E[max(c_tail·T_tail, c_bulk·T_bulk)] over the resampled pools (§3.2)."""
