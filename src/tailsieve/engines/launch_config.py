@@ -99,7 +99,7 @@ class LaunchConfig:
     warmup_tokens: int = 16  # one generation of this many tokens after /health, counted in the start-up (0: none)
     weight_reload: bool = False  # vLLM development-mode endpoints on (in-place weight reload, `update_weights`)
     restart_retries: int = 3  # a replica that dies while serving is restarted up to this many times in a row
-    restart_backoff_s: float = 1.0  # delay before restart attempt k: restart_backoff_s · 2^(k−1), at most 30 s
+    restart_backoff_s: float = 1.0  # restart try 1 at once, try k ≥ 2 after restart_backoff_s · 2^(k−2) s (≤ 30 s)
     ray: str | None = None  # Ray cluster address (`auto` or HOST:PORT): replicas run as Ray actors (docs/multinode.md)
 
     def __post_init__(self) -> None:

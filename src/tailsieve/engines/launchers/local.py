@@ -15,7 +15,6 @@ period; `kill(i)` SIGKILLs one replica's group at once (a crash, for fault tests
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -24,8 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +46,9 @@ from tailsieve.engines.launchers.process import (
     terminate,
     wait_group_gone,
     wait_port,
+    warm_up_error,
 )
+from tailsieve.engines.launchers.restart import RestartPolicy
 from tailsieve.policy.step import Pool
 
 
@@ -220,11 +219,10 @@ class LocalLauncher(ReplicaLauncher):
             for rep in list(waiting):
                 if self._stopping:
                     raise LaunchError("launcher stopped during start-up")
-                assert rep.proc is not None
-                code = rep.proc.poll()
+                code = self._poll(rep)
                 if code is not None:
-                    raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool{self._spec_note(rep)}, port "
-                                      f"{rep.port}) {exit_how(code)} during start-up: {server_error(rep.log)} "
+                    raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool{self._spec_note(rep)}, "
+                                      f"{self._where(rep)}) {self._how(code)} during start-up: {self._error(rep)} "
                                       f"(log: {rep.log})")
                 if http_healthy(rep.url):
                     self._warm_up(rep)
@@ -233,33 +231,36 @@ class LocalLauncher(ReplicaLauncher):
                     waiting.remove(rep)
             if waiting and time.monotonic() > deadline:
                 rep = waiting[0]
-                raise LaunchError(f"replica {rep.index} (port {rep.port}) not healthy after "
-                                  f"{self.config.startup_timeout_s:.0f}s: {server_error(rep.log)} (log: {rep.log})")
+                raise LaunchError(f"replica {rep.index} ({self._where(rep)}) not healthy after "
+                                  f"{self.config.startup_timeout_s:.0f}s: {self._error(rep)} (log: {rep.log})")
             if waiting:
                 time.sleep(0.25)
 
+    # hooks of `_boot` (the Ray launcher reaches its servers through their actors) ------------------------------
+    def _poll(self, rep: Replica) -> int | None:
+        """The server's exit code, None while it runs."""
+        return None if rep.proc is None else rep.proc.poll()
+
+    def _where(self, rep: Replica) -> str:
+        """Where the replica serves, for messages."""
+        return f"port {rep.port}"
+
+    def _how(self, code: int) -> str:
+        """How a server ended, from its exit code."""
+        return exit_how(code)
+
+    def _error(self, rep: Replica, last_line: bool = True) -> str:
+        """The server's own error line from its log."""
+        return server_error(rep.log, last_line=last_line)
+
     def _warm_up(self, rep: Replica) -> None:
-        """One short generation right after /health: a fresh server's first batch is several times slower (CPU
-        vLLM with ngram: 1.16 s against 0.20 s for 8 × 256 tokens), which would otherwise land in the next step
-        instead of the start-up. Servers that want an API key (401/403) are left cold."""
+        """One short generation right after /health (`process.warm_up_error`); a failure is a `LaunchError`."""
         c = self.config
-        if c.warmup_tokens <= 0:
-            return
-        body = json.dumps({"model": c.served_model_name or c.model, "prompt": "Hello", "max_tokens": c.warmup_tokens,
-                           "temperature": 0.0, "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"{rep.url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=max(30.0, c.startup_timeout_s / 4)) as r:
-                r.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403):
-                return
-            raise LaunchError(f"replica {rep.index} (port {rep.port}) is healthy but failed its warm-up generation: "
-                              f"HTTP {exc.code} {exc.reason} (log: {rep.log})") from None
-        except OSError as exc:
-            raise LaunchError(f"replica {rep.index} (port {rep.port}) is healthy but failed its warm-up generation: "
-                              f"{exc} (log: {rep.log})") from None
+        err = warm_up_error(rep.url, c.served_model_name or c.model, c.warmup_tokens,
+                            max(30.0, c.startup_timeout_s / 4))
+        if err is not None:
+            raise LaunchError(f"replica {rep.index} ({self._where(rep)}) is healthy but failed its warm-up generation: "
+                              f"{err} (log: {rep.log})")
 
     @staticmethod
     def _spec_note(rep: Replica) -> str:
@@ -338,16 +339,14 @@ class LocalLauncher(ReplicaLauncher):
         pid, how = rep.proc.pid, exit_how(rep.proc.returncode)
         kill_groups([rep.proc])  # the engine core and workers share the server's process group
         reaped = wait_group_gone(pid, 10.0)
-        c = self.config
-        self._event(f"replica {rep.index} ({rep.pool.value} pool, port {rep.port}, pid {pid}) {how}: "
-                    f"{server_error(rep.log, last_line=False)}; process group {'reaped' if reaped else 'NOT reaped'}; "
-                    + (f"restarting (up to {c.restart_retries} tries)" if c.restart_retries else "not restarting")
-                    + f"; the other replicas keep serving (log: {rep.log})")
+        c, policy = self.config, RestartPolicy.of(self.config)
+        self._event(policy.death(f"replica {rep.index} ({rep.pool.value} pool, port {rep.port}, pid {pid})", how,
+                                 server_error(rep.log, last_line=False), rep.log,
+                                 f"process group {'reaped' if reaped else 'NOT reaped'}"))
         row: dict[str, Any] = {"replica": rep.index, "pid": pid, "how": how, "reaped": reaped, "attempts": 0}
         self.recoveries.append(row)
         for attempt in range(1, c.restart_retries + 1):
-            delay = min(30.0, c.restart_backoff_s * 2 ** (attempt - 1)) if attempt > 1 else 0.0
-            if self._halt.wait(delay) or self._stopping:
+            if self._halt.wait(policy.delay_s(attempt)) or self._stopping:
                 return
             row["attempts"] = attempt
             try:
@@ -362,17 +361,14 @@ class LocalLauncher(ReplicaLauncher):
                 if rep.proc is not None:
                     kill_groups([rep.proc])
                     wait_group_gone(rep.proc.pid)
-                self._event(f"replica {rep.index} restart {attempt}/{c.restart_retries} failed: {exc}")
+                self._event(policy.failed_try(rep.index, attempt, exc))
                 continue
             row |= {"restart_began_s": round(t_boot - t_dead, 3), "back_s": round(time.monotonic() - t_dead, 3),
                     "boot_s": round(rep.boot_s, 3), "new_pid": rep.proc.pid if rep.proc else None}
-            self._event(f"replica {rep.index} (port {rep.port}) back in service {row['back_s']:.1f}s after it died "
-                        f"(restart {attempt}/{c.restart_retries}, start-up {rep.boot_s:.1f}s)")
+            self._event(policy.back(f"replica {rep.index} (port {rep.port})", row["back_s"], attempt, rep.boot_s))
             return
         rep.state = "failed"
-        self._event(f"replica {rep.index} (port {rep.port}) stays down: "
-                    + (f"{c.restart_retries} restart(s) failed" if c.restart_retries else "restarts are off")
-                    + "; the other replicas keep serving")
+        self._event(policy.stays_down(f"replica {rep.index} (port {rep.port})", c.restart_retries))
 
     def describe(self) -> dict[str, Any]:
         """The launcher's JSON (see `ReplicaLauncher.describe`) with every death's recovery timeline."""

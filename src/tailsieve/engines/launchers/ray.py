@@ -3,8 +3,9 @@ replica. The actor runs on its bundle's node, picks a free port there and spawns
 `LocalLauncher.command` (bound to the node's IP) as its own process group; the driver health-checks
 `http://NODE_IP:PORT` and keeps the router and controller. Pool moves restart the server in place (same actor, same
 port). A watchdog thread restarts a server that exits, or an actor that dies, on the same port with the local
-launcher's policy (`restart_retries` tries, back-off `restart_backoff_s` · 2^(k−1), at most 30 s; status lines through
-`drain_events`), while the step loop re-dispatches the lost requests and readmits the replica when `/health` answers.
+launcher's `RestartPolicy` (`restart_retries` tries, the first at once, then `restart_backoff_s` · 2^(k−2) s, at most
+30 s; status lines through `drain_events`), while the step loop re-dispatches the lost requests and readmits the
+replica when `/health` answers.
 One replica's death never stops the others: `failure()` speaks only when every replica has given up.
 
 `ray` is imported lazily (install the `ray` extra: `pip install 'tailsieve[ray]'`). The cluster address comes from
@@ -31,10 +32,10 @@ from tailsieve.engines.launchers.base import LaunchError, register_launcher
 from tailsieve.engines.launchers.local import LocalLauncher, Replica
 from tailsieve.engines.launchers.process import (
     exit_how,
-    http_healthy,
     server_error,
 )
 from tailsieve.engines.launchers.ray_server import ReplicaServer
+from tailsieve.engines.launchers.restart import RestartPolicy
 
 _TP = re.compile(r"^(--tensor-parallel-size|-tp)(=(\d+))?$")
 
@@ -218,50 +219,34 @@ class RayLauncher(LocalLauncher):
         rep.exit_code = None
         rep.pid = ray.get(rep.actor.spawn.remote(self.command(rep), self._extra_env(rep), str(rep.log)), timeout=60)
 
-    def _poll(self, rep: RayReplica) -> int | None:
+    def _poll(self, rep: Replica) -> int | None:
         """The server's exit code (-1000 when its actor is gone), None while it runs."""
         import ray
 
+        assert isinstance(rep, RayReplica)
         try:
             code = ray.get(rep.actor.poll.remote(), timeout=30)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return -1000
         return None if code is None else int(code)
 
-    def _error(self, rep: RayReplica, last_line: bool = True) -> str:
+    def _error(self, rep: Replica, last_line: bool = True) -> str:
+        """The server's error line, read by its actor on its node (the driver's copy of the log when that fails)."""
         import ray
 
         try:
+            assert isinstance(rep, RayReplica)
             return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
         except Exception:
             return server_error(rep.log, last_line=last_line)
 
-    def _boot(self, reps: Sequence[Replica]) -> None:
-        """Spawn `reps` through their actors and wait until all answer /health (or one fails: `LaunchError`)."""
-        t0 = time.monotonic()
-        for rep in reps:
-            self._spawn(rep)
-        waiting = [r for r in reps if isinstance(r, RayReplica)]
-        deadline = t0 + self.config.startup_timeout_s
-        while waiting:
-            for rep in list(waiting):
-                if self._stopping:
-                    raise LaunchError("launcher stopped during start-up")
-                code = self._poll(rep)
-                if code is not None:
-                    what = "lost its actor" if code == -1000 else f"exited with code {code}"
-                    raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}) {what} during "
-                                      f"start-up: {self._error(rep)} (log: {rep.log})")
-                if http_healthy(rep.url):
-                    self._warm_up(rep)
-                    rep.boot_s = time.monotonic() - t0
-                    waiting.remove(rep)
-            if waiting and time.monotonic() > deadline:
-                rep = waiting[0]
-                raise LaunchError(f"replica {rep.index} ({rep.url}) not healthy after "
-                                  f"{self.config.startup_timeout_s:.0f}s: {self._error(rep)} (log: {rep.log})")
-            if waiting:
-                time.sleep(0.25)
+    def _where(self, rep: Replica) -> str:
+        """The replica's URL on its node."""
+        return rep.url
+
+    def _how(self, code: int) -> str:
+        """-1000: the actor is gone; else the server's exit code or signal."""
+        return "lost its actor" if code == -1000 else exit_how(code)
 
     def stop(self) -> None:
         """Stop the watchdog, every server (SIGTERM → SIGKILL), actor and placement group; idempotent."""
@@ -339,9 +324,9 @@ class RayLauncher(LocalLauncher):
                 self._busy -= set(indices)
 
     def _watchdog(self) -> None:
-        """Restart exited servers (and dead actors, on their placement group) until `stop`: try k waits
-        `restart_backoff_s` · 2^(k−2) (the first is immediate, at most 30 s), `restart_retries` tries in a row."""
-        c = self.config
+        """Restart exited servers (and dead actors, on their placement group) until `stop`, with the shared
+        `RestartPolicy` (the first try at once, try k after `restart_backoff_s` · 2^(k−2) s, at most 30 s)."""
+        c, policy = self.config, RestartPolicy.of(self.config)
         tries: dict[int, int] = {}
         next_try: dict[int, float] = {}
         died: dict[int, tuple[float, str]] = {}
@@ -358,18 +343,14 @@ class RayLauncher(LocalLauncher):
                     continue
                 now = time.monotonic()
                 if rep.index not in died:
-                    how = "lost its actor" if code == -1000 else exit_how(code)
+                    how = self._how(code)
                     died[rep.index] = (now, how)
-                    self._event(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}, pid {rep.pid}) {how}: "
-                                f"{self._error(rep, last_line=False)}; "
-                                + (f"restarting (up to {c.restart_retries} tries)" if c.restart_retries
-                                   else "not restarting") + f"; the other replicas keep serving (log: {rep.log})")
+                    self._event(policy.death(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}, pid {rep.pid})",
+                                             how, self._error(rep, last_line=False), rep.log))
                 n = tries.get(rep.index, 0)
                 if n >= c.restart_retries:
-                    self._failed[rep.index] = (f"replica {rep.index} ({rep.url}): "
-                                               + (f"{n} restart(s) failed" if n else "restarts are off"))
-                    self._event(f"replica {rep.index} ({rep.url}) stays down: {self._failed[rep.index]}; "
-                                "the other replicas keep serving")
+                    self._failed[rep.index] = f"replica {rep.index} ({rep.url}): {policy.gave_up(n)}"
+                    self._event(policy.stays_down(f"replica {rep.index} ({rep.url})", n))
                     continue
                 if now < next_try.get(rep.index, 0.0):
                     continue
@@ -384,15 +365,14 @@ class RayLauncher(LocalLauncher):
                     rep.restarts += 1
                     self._boot([rep])
                 except Exception as exc:
-                    next_try[rep.index] = time.monotonic() + min(30.0, c.restart_backoff_s * 2 ** (n - 1))
-                    self._event(f"replica {rep.index} restart {n}/{c.restart_retries} failed: {exc}")
+                    next_try[rep.index] = time.monotonic() + policy.delay_s(n + 1)
+                    self._event(policy.failed_try(rep.index, n, exc))
                 else:
                     t_dead, how = died.pop(rep.index)
                     back = time.monotonic() - t_dead
                     self.recoveries.append({"replica": rep.index, "how": how, "attempts": n,
                                             "back_s": round(back, 3), "boot_s": round(rep.boot_s, 3)})
-                    self._event(f"replica {rep.index} ({rep.url}) back in service {back:.1f}s after it died "
-                                f"(restart {n}/{c.restart_retries}, start-up {rep.boot_s:.1f}s)")
+                    self._event(policy.back(f"replica {rep.index} ({rep.url})", back, n, rep.boot_s))
                     tries.pop(rep.index, None)
                 finally:
                     with self._lock:
