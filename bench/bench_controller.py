@@ -176,42 +176,22 @@ def held_out(rows: list[dict[str, Any]]) -> None:
         r["held_out"], r["held_out_qm"] = r["static"][key], [int(x) for x in key.split(",")]
 
 
+def _count(lo: int) -> Any:
+    """argparse type: an integer >= lo (a one-line usage error otherwise)."""
+    def parse(text: str) -> int:
+        if not text.lstrip("-").isdigit() or int(text) < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return int(text)
+    return parse
+
+
 def _f(x: float | None, fmt: str) -> str:
     return "  —  " if x is None else format(x, fmt)
 
 
-def main() -> None:
-    """Print the gap table."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="seed 0, h100 only, 20 steps")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--curves", default=",".join(CURVES))
-    ap.add_argument("--max-redraws", type=int, default=RouterConfig().max_redraws)
-    ap.add_argument("--policies", default="tailsieve,tailsieve-paper")
-    ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", type=Path, help="also write the rows here")
-    ap.add_argument("--drift-steps", type=int, default=200, help="steps of the math-drift ramp section (0: skip it)")
-    ap.add_argument("--drift-window", type=int, default=25, help="window of the drift section's switching oracle")
-    args = ap.parse_args()
-    seeds, curves, steps = [int(s) for s in args.seeds.split(",")], args.curves.split(","), args.steps
-    if args.quick:
-        seeds, curves, steps = [0], ["h100-llama3-8b"], 20
-    policies = tuple(args.policies.split(","))
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        capped = str(capped_trace(Path(tmp)))
-        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped)
-                 for w in args.workloads.split(",") for cv in curves for sd in seeds]
-        # the slow (multi-turn) cases first, so two workers stay busy
-        order = sorted(range(len(cases)), key=lambda i: cases[i].workload != "agent-search")
-        with ProcessPoolExecutor(args.workers) as ex:
-            done = dict(zip(order, ex.map(run_case, [cases[i] for i in order]), strict=True))
-        rows = [done[i] for i in range(len(cases))]
-    held_out(rows)
-    print(f"max_redraws {args.max_redraws}, {steps} steps, N=64x8, R=8; speedup over uniform; gap = 1 - speedup/best "
+def print_table(rows: list[dict[str, Any]], policies: tuple[str, ...], max_redraws: int, steps: int) -> None:
+    """One line per case: the best static split, the held-out split and each adaptive policy's columns."""
+    print(f"max_redraws {max_redraws}, {steps} steps, N=64x8, R=8; speedup over uniform; gap = 1 - speedup/best "
           "static; <u: more than 1% below uniform; ratio = mean length / uniform's; trunc = truncated share / "
           "uniform's; redraws max/mean; wratio = bias-corrected length ratio, ess = its ESS share; held-out = "
           "the static split best on the other seeds, on this one")
@@ -230,6 +210,10 @@ def main() -> None:
                      f"{_f(c['truncated_ratio'], '.2f')} {c['redraws_max']}/{c['redraws_mean']:.2f} "
                      f"{_f(c['weighted_ratio'], '.3f')} {_f(c['ess_ratio'], '.2f')} ")
         print(line)
+
+
+def print_summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
+    """Per policy: max and mean gap (in hindsight and held-out), cases within 3% and below uniform, per workload."""
     for p in policies:
         g = np.array([r["policies"][p]["gap"] for r in rows]) * 100
         below = [f"{r['workload']}/{r['curve'][:4]}/{r['seed']}" for r in rows if r["policies"][p]["below_uniform"]]
@@ -248,6 +232,41 @@ def main() -> None:
             hw = [1 - r["policies"][p]["speedup"] / r["held_out"] for r in rows if r["workload"] == w and r["held_out"]]
             tail = f"  held-out: max {100 * max(hw):5.1f}%" if hw else ""
             print(f"    {w:15s} max gap {gw.max():5.1f}%  mean gap {gw.mean():5.1f}%{tail}")
+
+
+def main() -> None:
+    """Print the gap table."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="seed 0, h100 only, 20 steps")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--curves", default=",".join(CURVES))
+    ap.add_argument("--max-redraws", type=int, default=RouterConfig().max_redraws)
+    ap.add_argument("--policies", default="tailsieve,tailsieve-paper")
+    ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--drift-steps", type=_count(0), default=200, help="steps of the math-drift ramp section (0: skip)")
+    ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
+    args = ap.parse_args()
+    seeds, curves, steps = [int(s) for s in args.seeds.split(",")], args.curves.split(","), args.steps
+    if args.quick:
+        seeds, curves, steps = [0], ["h100-llama3-8b"], 20
+    policies = tuple(args.policies.split(","))
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        capped = str(capped_trace(Path(tmp)))
+        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped)
+                 for w in args.workloads.split(",") for cv in curves for sd in seeds]
+        # the slow (multi-turn) cases first, so two workers stay busy
+        order = sorted(range(len(cases)), key=lambda i: cases[i].workload != "agent-search")
+        with ProcessPoolExecutor(args.workers) as ex:
+            done = dict(zip(order, ex.map(run_case, [cases[i] for i in order]), strict=True))
+        rows = [done[i] for i in range(len(cases))]
+    held_out(rows)
+    print_table(rows, policies, args.max_redraws, steps)
+    print_summary(rows, policies)
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"max_redraws": args.max_redraws, "steps": steps, "rows": rows}, indent=1))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
 from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.controller import CONTROLLERS, Controller
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 if not SHARED.exists():  # CI clones main next to shared/ as well; fall back to the package copy
@@ -31,3 +34,17 @@ def curves(draw: st.DrawFn, monotone: bool | None = None) -> TpotCurve:
     if monotone:
         vals = list(np.maximum.accumulate(vals))
     return TpotCurve(name="rand", batch=tuple(batch), tpot_ms=tuple(vals))
+
+
+def fixed_forecast(name: str, like: Controller, cost: Callable[[int, int], float]) -> Any:
+    """A controller of registry `name`, with `like`'s router, curve and config, whose calibrated forecast T̂(q, m) is
+    `cost(q, m)` and every move of m feasible: the outer loop's rules without the model."""
+
+    class Fixed(CONTROLLERS[name]):  # type: ignore[misc,valid-type]
+        def _calibrated(self, state: object, pred: object, q: int, m: int) -> float:
+            return cost(q, m)
+
+        def feasible(self, *a: object) -> bool:
+            return True
+
+    return Fixed(like.router, like.curve, like.config)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import make_curve
+from conftest import fixed_forecast, make_curve
 from tailsieve.errors import ConfigError
 from tailsieve.model.makespan import finish_times
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
@@ -264,14 +264,10 @@ def test_outer_does_not_reverse_a_move_before_min_dwell() -> None:
     c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
     cost = {1: 9.0, 2: 5.0, 3: 10.0, 4: 10.0, 5: 10.0}
 
-    class Fixed(type(c)):  # type: ignore[misc]
-        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-            return 20.0 if m == 0 else cost[m]
+    def forecast(q: int, m: int) -> float:
+        return 20.0 if m == 0 else cost[m]
 
-        def feasible(self, *a: object) -> bool:
-            return True
-
-    f = Fixed(c.router, CURVE, c.config)
+    f = fixed_forecast("tailsieve", c, forecast)
     s = ControlState(q=1, m=3, dwell=0, history=(history(),))
     pred = f.predictor(s)
     just_grew = replace(s, move_dir=1, since_move=1)  # m went 2 -> 3 one step ago: m = 2 is a reversal
@@ -279,11 +275,7 @@ def test_outer_does_not_reverse_a_move_before_min_dwell() -> None:
     assert f.outer(replace(just_grew, since_move=3), pred).m == 2
     assert f.outer(replace(s, move_dir=-1, since_move=1), pred).m == 2  # same direction: allowed at once
 
-    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
-        _calibrated = Fixed._calibrated
-        feasible = Fixed.feasible
-
-    lit = Literal(c.router, CURVE, c.config)
+    lit = fixed_forecast("tailsieve-paper", c, forecast)
     assert lit.outer(just_grew, pred).m == 2  # the literal C.2 has no reversal guard
 
 
@@ -293,22 +285,14 @@ def test_leaving_uniform_goes_straight_to_the_best_split() -> None:
     c = make("tailsieve", q0=1, m0=0, m_gain=0.0)
     cost = {0: 20.0, 1: 12.0, 2: 8.0}
 
-    class Fixed(type(c)):  # type: ignore[misc]
-        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-            return cost.get(m, 30.0)
+    def forecast(q: int, m: int) -> float:
+        return cost.get(m, 30.0)
 
-        def feasible(self, *a: object) -> bool:
-            return True
-
-    f = Fixed(c.router, CURVE, c.config)
+    f = fixed_forecast("tailsieve", c, forecast)
     s = ControlState(q=0, m=0, history=(history(),))
     assert f.outer(s, f.predictor(s)).m == 2
 
-    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
-        _calibrated = Fixed._calibrated
-        feasible = Fixed.feasible
-
-    lit = Literal(c.router, CURVE, c.config)
+    lit = fixed_forecast("tailsieve-paper", c, forecast)
     assert lit.outer(s, lit.predictor(s)).m == 1  # the paper's C.2: one replica per move, from uniform too
     between = replace(s, q=1, m=4, dwell=0)
     cost.update({4: 20.0, 3: 15.0})
@@ -321,14 +305,7 @@ def test_reversal_dwell_doubles_with_each_reversal_in_a_row() -> None:
     c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
     cost = {1: 9.0, 2: 5.0, 3: 10.0, 4: 10.0, 5: 10.0}
 
-    class Fixed(type(c)):  # type: ignore[misc]
-        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-            return 20.0 if m == 0 else cost[m]
-
-        def feasible(self, *a: object) -> bool:
-            return True
-
-    f = Fixed(c.router, CURVE, c.config)
+    f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else cost[m])
     s = ControlState(q=1, m=3, dwell=0, history=(history(),), move_dir=1)
     pred = f.predictor(s)
     assert [f.reversal_dwell(replace(s, reversals=k)) for k in range(4)] == [3, 6, 12, 24]
@@ -348,23 +325,12 @@ def test_returning_to_uniform_goes_straight_there() -> None:
     c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=3)
     cost = {0: 5.0, 1: 12.0, 2: 11.0, 3: 10.0, 4: 10.0, 5: 10.0}
 
-    class Fixed(type(c)):  # type: ignore[misc]
-        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-            return cost[m]
-
-        def feasible(self, *a: object) -> bool:
-            return True
-
-    f = Fixed(c.router, CURVE, c.config)
+    f = fixed_forecast("tailsieve", c, lambda q, m: cost[m])
     s = ControlState(q=2, m=3, dwell=3, history=(history(),), move_dir=1, reversals=2)
     out = f.outer(s, f.predictor(s))
     assert (out.m, out.q, out.move_dir, out.reversals) == (0, 0, 0, 0)
 
-    class Literal(CONTROLLERS["tailsieve-paper"]):  # type: ignore[misc,valid-type]
-        _calibrated = Fixed._calibrated
-        feasible = Fixed.feasible
-
-    lit = Literal(c.router, CURVE, c.config)
+    lit = fixed_forecast("tailsieve-paper", c, lambda q, m: cost[m])
     assert lit.outer(s, lit.predictor(s)).m == 2
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import make_curve
+from conftest import fixed_forecast, make_curve
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import RouterConfig
@@ -53,14 +53,7 @@ def test_return_to_uniform_must_repay_the_waiting_candidates(uniform_s: float, r
     long_tail = flat(n=8, length=2_000)
     base = make(m_gain=0.0, min_dwell=1, move_horizon=8)
 
-    class Fixed(type(base)):  # type: ignore[misc]
-        def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-            return uniform_s if m == 0 else 10.0
-
-        def feasible(self, *a: object) -> bool:
-            return True
-
-    f = Fixed(base.router, CURVE, base.config)
+    f = fixed_forecast("tailsieve", base, lambda q, m: uniform_s if m == 0 else 10.0)
     s = ControlState(q=2, m=1, dwell=5, history=(flat(n=8),), tail_history=(long_tail,))
     pred = f.predictor(s)
     assert 8 * 0.1 < f.return_cost(s, pred) < 8 * 9.0  # about 17 s: more than 0.8 s, less than 9 s × 8

@@ -234,8 +234,8 @@ class RayLauncher(LocalLauncher):
         """The server's error line, read by its actor on its node (the driver's copy of the log when that fails)."""
         import ray
 
+        assert isinstance(rep, RayReplica)
         try:
-            assert isinstance(rep, RayReplica)
             return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
         except Exception:
             return server_error(rep.log, last_line=last_line)
