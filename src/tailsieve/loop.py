@@ -25,8 +25,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.control_state import StepWork
 from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
-from tailsieve.policy.router import Router, RouterConfig, RouterState
+from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
 from tailsieve.policy.step import GroupOutcome, GroupStatus, InvariantError, StepPlan, StepResult
 
 SKIP_STEPS = 2  # summaries skip the warm-up and the first steady step (§4.2 evaluates the steady state)
@@ -137,11 +138,25 @@ class StepOutput:
 def make_controller(
     name: str, router: RouterConfig, *, bulk_curve: TpotCurve, tail_curve: TpotCurve | None = None,
     config: ControllerConfig | None = None, q: int | None = None, m: int | None = None, kv_s_per_token: float = 0.0,
+    prefill_s: float = 0.0,
 ) -> Controller:
-    """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves and KV term (§3.2);
-    the simulator and real rollouts build theirs here, so both give it the same cost model."""
+    """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
+    prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
+    build theirs here, so both give it the same cost model."""
     return CONTROLLERS[name](router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
-                             kv_s_per_token=kv_s_per_token)
+                             kv_s_per_token=kv_s_per_token, prefill_s=prefill_s)
+
+
+def step_work(plan: StepPlan, result: StepResult) -> StepWork:
+    """The step's requests as they ran, plan order (tail first): tokens (a cut request's at the cutoff), replica,
+    and which groups were consumed (what `policy.observed` forecasts for exactly this work)."""
+    outcome = {o.ref.uid: o for o in result.outcomes}
+    groups = (*plan.tail, *plan.bulk)
+    g = len(plan.placement[groups[0].uid]) if groups else 0
+    lengths = np.array([outcome[ref.uid].lengths for ref in groups], dtype=np.int64).reshape(len(groups), g)
+    lanes = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64).reshape(len(groups), g)
+    kept = np.array([outcome[ref.uid].status is GroupStatus.DONE for ref in groups], dtype=bool)
+    return StepWork(lengths, lanes, len(plan.tail), kept)
 
 
 def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:
@@ -166,7 +181,8 @@ class StepLoop:
 
     def plan(self, state: LoopState) -> StepPlan:
         """§3.1: the next step's plan at the controller's (q, m)."""
-        return self.router.plan(state.router, state.control.q, state.control.m)
+        return self.router.plan(state.router, state.control.q, state.control.m,
+                                uniform_dispatch=Dispatch(state.control.uniform_dispatch))
 
     def complete(self, state: LoopState, plan: StepPlan, result: StepResult, restart_s: float = 0.0) -> StepOutput:
         """Check the step contract (`Router.observe`), show the controller the step, record it."""
@@ -177,7 +193,7 @@ class StepLoop:
         obs = StepObservation(
             step=plan.step, q=plan.q, m=plan.m, warmup=plan.warmup, candidates=len(rstate.candidates),
             tail_s=result.tail_s, bulk_s=result.bulk_s, consumed_lengths=batch, restart_s=restart_s,
-            pinned=_pinned_after_tail(plan, done),
+            pinned=_pinned_after_tail(plan, done), work=step_work(plan, result),
         )
         cstate = self.controller.update(state.control, obs)
         record = StepRecord(

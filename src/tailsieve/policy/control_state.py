@@ -19,11 +19,12 @@ class ControllerConfig:
     q0: int = 1  # initial isolation size (§4.4 default)
     m0: int | None = 0  # initial tail replicas: start at the uniform boundary; None = R // 2
     ema: float = 0.3  # weight of the newest measurement in rate / calibration EMAs
+    bias_ema: float = 0.1  # weight of the newest step in the forecast-bias EMAs (mostly luck per step: slow)
     momentum: float = 0.5  # damping of the q update (C.1 "damped momentum")
-    max_q_step: int = 2  # bounded change of q per decision
+    max_q_step: int = 2  # bounded change of q per decision (at least E/4: the bound scales with the range)
     q_gain: float = 0.03  # apply a q change only if the predicted makespan improves by more than this fraction
     m_gain: float = 0.03  # switching threshold of the outer loop
-    m_radius: int = 2  # candidate splits within this radius (C.2)
+    m_radius: int = 2  # C.2's radius: splits this near m are always scored (the outer loop scans the whole range)
     min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
     history_steps: int = 8  # consumed batches kept as response-work history
     calib_bounds: tuple[float, float] = (0.5, 2.0)
@@ -35,7 +36,7 @@ class ControllerConfig:
             raise ConfigError(f"q0 must be >= 0, got {self.q0}")
         if self.m0 is not None and self.m0 < 0:
             raise ConfigError(f"m0 must be >= 0, got {self.m0}")
-        for name in ("ema", "momentum"):
+        for name in ("ema", "momentum", "bias_ema"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{name} must lie in [0, 1], got {v}")
@@ -45,6 +46,17 @@ class ControllerConfig:
             raise ConfigError(f"move_cost_s must be >= 0 and finite, got {self.move_cost_s}")
         if self.move_horizon < 1:
             raise ConfigError(f"move_horizon must be >= 1, got {self.move_horizon}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """Every request of one step as it ran, in plan order (tail groups first): what the model would have forecast
+    for exactly this step's work, so calibration measures the model's error and not the luck of the draw."""
+
+    lengths: NDArray[np.int64]  # (P, G) tokens each request generated (a cut one: what it had at the cutoff)
+    lanes: NDArray[np.int64]  # (P, G) replica of each request
+    tail: int  # the first `tail` groups ran in the tail pool
+    kept: NDArray[np.bool_]  # (P,) groups consumed (run to completion)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +73,7 @@ class StepObservation:
     consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first
     restart_s: float = 0.0  # replica restarts before this step (a pool move between differently configured pools)
     pinned: int = 0  # consumed groups right after the tail groups that were candidates run pinned in the bulk pool
+    work: StepWork | None = None  # the step's requests as they ran (None: calibrate against the bootstrap forecast)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,10 @@ class ControlState:
     calib_tail: float = 1.0
     calib_bulk: float = 1.0
     calib_uniform: float = math.nan  # measured / predicted at uniform steps (NaN: none yet; the first one seeds it)
+    bias_tail: float = 0.0  # log forecast bias of each class (`policy.calibration`): modelled / bootstrap forecast
+    bias_bulk: float = 0.0
+    bias_uniform: float = 0.0
+    bias_step: float = 0.0  # log spread bias of a two-pool step's E[max] (`policy.calibration`)
     settled: int = 0
     dwell: int = 0  # steps since the last switch between uniform and isolation
     move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
@@ -83,6 +100,8 @@ class ControlState:
     move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
     since_move: int = 0  # steps since that move
     reversals: int = 0  # moves of m in a row that reversed the one before (each doubles the dwell a reversal needs)
+    returns: int = 0  # returns from a split to uniform so far (after one, leaving again waits `min_dwell` steps)
+    uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""

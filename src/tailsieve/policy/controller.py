@@ -23,8 +23,10 @@ import numpy as np
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
+from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.observed import observed_times
+from tailsieve.policy.predictor import Predictor, _split_half_candidates
 from tailsieve.policy.router import RouterConfig
 
 __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "StepObservation", "TailSieveController",
@@ -32,11 +34,6 @@ __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "Ste
 
 
 CONTROLLERS: dict[str, type[Controller]] = {}
-
-
-def ema(prev: float, x: float, a: float) -> float:
-    """Exponential moving average with weight `a` on the newest value; NaN `prev` (nothing seen yet) gives `x`."""
-    return x if math.isnan(prev) else (1 - a) * prev + a * x
 
 
 def register(name: str):  # type: ignore[no-untyped-def]
@@ -59,6 +56,9 @@ class Controller:
     jump_from_uniform: ClassVar[bool] = False
     guard_reversal: ClassVar[bool] = False
     price_return: ClassVar[bool] = False  # a return to uniform must repay the waiting candidates' step
+    choose_placement: ClassVar[bool] = False  # uniform steps deal requests or whole groups, whichever forecasts faster
+    scan_m: ClassVar[bool] = False  # the outer loop scores splits over the whole range of m, not only its radius
+    gain_on_target: ClassVar[bool] = False  # the q gain test prices the target, not the bounded step (`_move_q`)
 
     def __init__(
         self,
@@ -70,9 +70,11 @@ class Controller:
         m: int | None = None,
         tail_curve: TpotCurve | None = None,
         kv_s_per_token: float = 0.0,
+        prefill_s: float = 0.0,
     ) -> None:
         self.router = router
         self.kv_s_per_token = kv_s_per_token  # the replicas' KV-traffic term, when known (ReplicaConfig)
+        self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (shared by a group's requests there)
         self.curve = curve  # the bulk pool's curve (every replica's in uniform and warm-up steps)
         self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4)
         self.config = config or ControllerConfig()
@@ -82,7 +84,9 @@ class Controller:
         """State before the first step."""
         r = self.router.replicas
         m0 = min(self.config.m0 if self.config.m0 is not None else r // 2, max(r - 1, 0))
-        return ControlState(q=max(self.config.q0, 1) if m0 > 0 else 0, m=m0)
+        # before any step is seen: deal requests unless a prompt prefill makes splitting a group costly
+        dealt = "request" if self.choose_placement and self.prefill_s <= 0 else "group"
+        return ControlState(q=max(self.config.q0, 1) if m0 > 0 else 0, m=m0, uniform_dispatch=dealt)
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Next state after observing one step."""
@@ -96,7 +100,19 @@ class Controller:
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
             tails = (*tails, obs.consumed_lengths[: obs.q + obs.pinned])[-2 * keep :]
+        elif obs.m == 0 and not obs.warmup and self.router.extra > 0 and len(obs.consumed_lengths) > 1:
+            # a uniform step regenerates no candidate, but its groups tell what a tail pool would have run: select
+            # on one half of each group, regenerate with the other (the predictor's split-half prior); without
+            # this one heavy observed step would price every split for as long as the controller stays uniform
+            tails = (*tails, self.uniform_candidates(obs.consumed_lengths))[-2 * keep :]
         return self._learn_move_cost(replace(state, history=hist, tail_history=tails), obs)
+
+    def uniform_candidates(self, batch: np.ndarray) -> np.ndarray:
+        """The E candidates a uniform step's batch stands for, likeliest tail first: ranked on one half of each
+        group's members, their regenerated lengths the other half (`predictor._split_half_candidates`)."""
+        width = min(self.router.extra, batch.shape[0])
+        out: np.ndarray = _split_half_candidates(batch[None].astype(np.float64), width)[0].astype(np.int64)
+        return out
 
     def _learn_move_cost(self, state: ControlState, obs: StepObservation) -> ControlState:
         """EMA of the restart seconds of the steps whose m changed and that restarted replicas; remembers m."""
@@ -124,67 +140,92 @@ class Controller:
             kv_s_per_token=self.kv_s_per_token,
             pinned_candidates=self.router.max_redraws <= 1,
             candidate_steps=state.tail_history,
+            prefill_s=self.prefill_s,
+            uniform_by_request=state.uniform_dispatch == "request",
         )
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
-        if m == 0:
-            cu = state.calib_uniform
-            return pred.makespan(0, 0, calib_bulk=state.calib_bulk if math.isnan(cu) else cu)
-        return pred.makespan(q, m, state.calib_tail, state.calib_bulk)
+        ct, cb, cu = factors(state)
+        if m == 0:  # the uniform boundary with the state's placement
+            return float(np.mean(pred.uniform_times(state.uniform_dispatch == "request"))) * cu
+        return pred.makespan(q, m, ct, cb) * math.exp(state.bias_step)
 
     def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation) -> ControlState:
-        """EMA of measured / predicted pool time at the executed (q, m): corrects selector and model bias online.
-
-        The uniform boundary keeps its own factor (`calib_uniform`, learnt at uniform steps only): the bulk pool of
-        a two-pool step is a different forecast (by-request dispatch, a cutoff, pinned candidates, a consumed
-        history that lacks the groups cut at the cutoff), and its error does not transfer to N groups run to
-        completion on all replicas."""
-        lo, hi = self.config.calib_bounds
-        a = self.config.ema
+        """The model error and forecast bias after a step (`policy.calibration`): the model on the step's own
+        requests (`policy.observed`) against the measured times and against the bootstrap forecast at the
+        executed split (at uniform steps: with the placement that ran)."""
         if obs.warmup:
             return state
-        ct, cb, cu = state.calib_tail, state.calib_bulk, state.calib_uniform
-        if obs.m > 0 and obs.q > 0:
-            ft = float(np.mean(pred.tail_times(obs.q, obs.m)))
-            if ft > 0:
-                ct = (1 - a) * ct + a * float(np.clip(obs.tail_s / ft, lo, hi))
-        fb = float(np.mean(pred.bulk_times(obs.q if obs.m > 0 else 0, obs.m)))
-        if fb > 0:
-            ratio = float(np.clip(obs.bulk_s / fb, lo, hi))
-            if obs.m > 0:
-                cb = (1 - a) * cb + a * ratio
-            else:
-                cu = ema(cu, ratio, a)
-        return replace(state, calib_tail=ct, calib_bulk=cb, calib_uniform=cu)
+        modelled = None
+        dealt = state.uniform_dispatch == "request"
+        if obs.work is not None:
+            modelled = observed_times(obs.work, tail_curve=self.tail_curve, bulk_curve=self.curve,
+                                      kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
+            lanes = obs.work.lanes
+            dealt = bool(lanes.size) and bool((lanes != lanes[:, :1]).any())
+        ft = float(np.mean(pred.tail_times(obs.q, obs.m))) if obs.m > 0 and obs.q > 0 else 0.0
+        fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times(dealt)))
+        ct, cb, _ = factors(state)
+        step = pred.makespan(obs.q, obs.m, ct, cb) if obs.m > 0 and obs.q > 0 else math.nan
+        return calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb), forecast_step=step)
 
     def q_limit(self) -> int:
         """q never exceeds the candidates a step produces (E), nor N − 1."""
         return max(1, min(self.router.extra, self.router.groups - 1))
 
-    def best_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
-        """argmin_q of the calibrated T̂(q, m) over 1..q_limit (a coarse grid plus a window when the range is wide)."""
+    def best_q(self, state: ControlState, pred: Predictor, m: int, *, coarse: bool = False) -> tuple[int, float]:
+        """argmin_q of the calibrated T̂(q, m) over 1..q_limit (a coarse grid plus a window when the range is wide;
+        `coarse`: the grid alone, for splits far from the current one)."""
         qmax = self.q_limit()
-        qs = (
-            set(range(1, qmax + 1))
-            if qmax <= 24
-            else (
-                set(np.linspace(1, qmax, 12).astype(int)) | set(range(max(1, state.q - 6), min(qmax, state.q + 6) + 1))
-            )
-        )
+        grid = set(np.linspace(1, qmax, 8 if coarse else 12).astype(int)) | {qmax}
+        if qmax <= (12 if coarse else 24):
+            qs = set(range(1, qmax + 1))
+        elif coarse:
+            qs = grid
+        else:
+            qs = grid | set(range(max(1, state.q - 6), min(qmax, state.q + 6) + 1))
         pred.prefetch(qs, m)
         scored = sorted((self._calibrated(state, pred, q, m), q) for q in qs)
         return scored[0][1], scored[0][0]
 
+    def m_candidates(self, m: int) -> list[int]:
+        """Tail-pool sizes the outer loop scores from m: C.2's radius around m and, with `scan_m`, the whole range
+        1..R − 1 (every m up to 16 replicas, else a grid of 12 plus the radius): from the uniform boundary the best
+        split of a large fleet is far beyond the radius (m = 16–24 of R = 64)."""
+        r, rad = self.router.replicas, self.config.m_radius
+        near = set(range(max(1, m - rad), min(r - 1, m + rad) + 1))
+        if self.scan_m:
+            near |= set(range(1, r)) if r <= 17 else set(np.linspace(1, r - 1, 12).round().astype(int).tolist())
+        return sorted(near - {m})
+
+    def m_step(self) -> int:
+        """Most replicas one move between two-pool splits shifts: 1 on small fleets, R/16 on large ones (the whole
+        range is then crossed in a bounded number of decisions)."""
+        return max(1, -(-self.router.replicas // 16)) if self.scan_m else 1
+
+    def uniform_option(self, state: ControlState, pred: Predictor) -> tuple[float, str]:
+        """The calibrated uniform forecast T̂(0, 0) and its placement: with `choose_placement`, whichever of
+        dealing requests or whole groups forecasts faster (prefill per distinct prompt per replica included)."""
+        if not self.choose_placement:
+            return self._calibrated(state, pred, 0, 0), state.uniform_dispatch
+        return min((self._calibrated(replace(state, uniform_dispatch=d), pred, 0, 0), d) for d in ("request", "group"))
+
     def outer(self, state: ControlState, pred: Predictor) -> ControlState:
-        """C.2: splits within the radius plus (0, 0); feasibility G_tail(m) ≥ D_bulk(m); one replica per move."""
-        r, q, m = self.router.replicas, state.q, state.m
-        current = self._calibrated(state, pred, q, m)
+        """C.2: candidate splits (`m_candidates`) plus (0, 0); feasibility G_tail(m) ≥ D_bulk(m); moves of at most
+        `m_step` replicas between splits."""
+        q, m = state.q, state.m
+        t_uniform, dealt = self.uniform_option(state, pred)
+        state = replace(state, uniform_dispatch=dealt)
+        current = t_uniform if m == 0 else self._calibrated(state, pred, q, m)
         options: list[tuple[float, int, int]] = [(current, q, m)]
-        if m == 0 or state.dwell >= self.config.min_dwell:
-            options.append((self._calibrated(state, pred, 0, 0), 0, 0))
-        for mc in range(max(1, m - self.config.m_radius), min(r - 1, m + self.config.m_radius) + 1):
-            if mc == m or (self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir
-                           and state.since_move < self.reversal_dwell(state)):
+        if m > 0 and state.dwell >= self.config.min_dwell:
+            options.append((t_uniform, 0, 0))
+        # a return to uniform is not reversed before `min_dwell` uniform steps either: a round trip costs a return
+        # step and a warm-up, and one that soon follows the return is chasing the forecast's noise (kodcode-tests)
+        settling = self.guard_reversal and m == 0 and state.returns > 0 and state.dwell < self.config.min_dwell
+        for mc in () if settling else self.m_candidates(m):
+            if self.guard_reversal and m > 0 and np.sign(mc - m) == -state.move_dir \
+                    and state.since_move < self.reversal_dwell(state):
                 continue  # no reversal of the last move before its dwell: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
             if m > 0 and not self.feasible(state, pred, q, m, mc, current):
@@ -198,9 +239,10 @@ class Controller:
         if best_m == 0 and (current - best_t) * self.config.move_horizon < self.return_cost(state, pred):
             return replace(state, note=f"m {m}->0 would not repay the waiting candidates")
         step = int(np.sign(best_m - m))
-        # one replica per move between splits; leaving uniform goes straight to the best split: the next step is a
+        # bounded moves between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
-        new_m = best_m if (m == 0 or best_m == 0) and self.jump_from_uniform else m + step
+        jump = (m == 0 or best_m == 0) and self.jump_from_uniform
+        new_m = best_m if jump else m + step * min(abs(best_m - m), self.m_step())
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         between = new_m > 0 and m > 0
         return replace(
@@ -211,6 +253,7 @@ class Controller:
             dwell=0 if (new_m == 0) != (m == 0) else state.dwell,
             move_dir=step if between else 0,
             reversals=state.reversals + 1 if between and step == -state.move_dir else 0,
+            returns=state.returns + 1 if new_m == 0 else state.returns,
             since_move=0,
             velocity=0.0,
             settled=0,
@@ -225,9 +268,10 @@ class Controller:
         the uniform boundary). A return must repay it within `move_horizon` steps, like a restart."""
         if not self.price_return:
             return 0.0
-        cu = state.calib_bulk if math.isnan(state.calib_uniform) else state.calib_uniform
-        steady = float(np.mean(pred.bulk_times(0, 0)))
-        return max(0.0, float(np.mean(pred.uniform_return_times())) - steady) * cu
+        cu = factors(state)[2]
+        dealt = state.uniform_dispatch == "request"
+        steady = float(np.mean(pred.uniform_times(dealt)))
+        return max(0.0, float(np.mean(pred.uniform_return_times(dealt))) - steady) * cu
 
     def reversal_dwell(self, state: ControlState) -> int:
         """Steps after a move of m before it may be reversed: `min_dwell`, doubled for every reversal in a row
@@ -237,8 +281,9 @@ class Controller:
 
     # hooks of the outer loop (C.2); defaults: the predictive choice of q ----------------------------------------
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
-        """The q a candidate split with m tail replicas would run, and its calibrated T̂(q, m)."""
-        return self.best_q(state, pred, m)
+        """The q a candidate split with m tail replicas would run, and its calibrated T̂(q, m) (a coarse q grid for
+        splits beyond C.2's radius of the current one)."""
+        return self.best_q(state, pred, m, coarse=abs(m - state.m) > self.config.m_radius)
 
     def q_after_move(self, state: ControlState, pred: Predictor, new_m: int, best: int | None) -> int:
         """q after the outer loop moves one replica to `new_m` > 0 (`best`: the candidate split's q, when the move
@@ -248,7 +293,8 @@ class Controller:
     def feasible(self, state: ControlState, pred: Predictor, q: int, m: int, mc: int, deadline: float) -> bool:
         """C.2 deadline feasibility at the current predicted barrier: the pool gaining a replica must absorb at least
         the groups the losing pool can no longer finish by the deadline (G_tail(m) ≥ D_bulk(m), or mirrored)."""
-        n, ct, cb = self.router.groups, state.calib_tail, state.calib_bulk
+        n = self.router.groups
+        ct, cb, _ = factors(state)
         if mc > m:
             qmax = min(n - 1, 4 * self.router.extra + 4)
             gained = max(0, pred.tail_capacity(deadline / ct, mc, qmax) - q)
@@ -298,6 +344,9 @@ class TailSieveController(Controller):
     jump_from_uniform: ClassVar[bool] = True
     guard_reversal: ClassVar[bool] = True
     price_return: ClassVar[bool] = True
+    choose_placement: ClassVar[bool] = True
+    scan_m: ClassVar[bool] = True
+    gain_on_target: ClassVar[bool] = True  # the q gain test prices the target, not the bounded step (`_move_q`)
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
@@ -325,15 +374,25 @@ class TailSieveController(Controller):
         target, _ = self.best_q(state, pred, state.m)
         return self._move_q(state, float(target), lambda q: self._calibrated(state, pred, q, state.m))
 
+    def q_step(self) -> int:
+        """Most groups one q move shifts: `max_q_step`, at least a quarter of the range 1..q_limit (so q can cross
+        a wide range, E = 52 at N = 512, in a bounded number of decisions)."""
+        return max(self.config.max_q_step, -(-self.q_limit() // 4)) if self.gain_on_target else self.config.max_q_step
+
     def _move_q(self, state: ControlState, target: float, cost: Callable[[int], float]) -> tuple[ControlState, bool]:
+        """Damped momentum toward `target`, a bounded step; taken only if the gain test passes. With
+        `gain_on_target` the test prices where the moves are heading (T̂ at the target), not the bounded step:
+        on a flat stretch of T̂(q) a capped step gains nothing and would be refused forever."""
         cfg = self.config
         q = min(state.q, self.q_limit())
         v = cfg.momentum * state.velocity + (1 - cfg.momentum) * (target - q)
         step = round(v)
         if step == 0 and abs(target - q) >= 1:
             step = int(np.sign(target - q))
-        new_q = int(np.clip(q + np.clip(step, -cfg.max_q_step, cfg.max_q_step), 1, self.q_limit()))
-        if new_q == q or cost(new_q) > cost(q) * (1 - cfg.q_gain):
+        bound = self.q_step()
+        new_q = int(np.clip(q + np.clip(step, -bound, bound), 1, self.q_limit()))
+        goal = int(np.clip(round(target), 1, self.q_limit())) if self.gain_on_target else new_q
+        if new_q == q or cost(goal) > cost(q) * (1 - cfg.q_gain) or cost(new_q) > cost(q) * (1 + cfg.q_gain):
             return replace(state, q=q, velocity=v if new_q == q else v * 0.5), False
         hold = 1 if new_q > q else 2
         return replace(state, q=new_q, velocity=v, hold=hold, settled=0, note=f"q {q}->{new_q}"), True
@@ -358,6 +417,9 @@ class TailSievePaperController(TailSieveController):
     jump_from_uniform: ClassVar[bool] = False  # C.2: one replica per move, from the uniform boundary too
     guard_reversal: ClassVar[bool] = False
     price_return: ClassVar[bool] = False
+    choose_placement: ClassVar[bool] = False  # uniform group routing, as the paper's baseline
+    scan_m: ClassVar[bool] = False  # C.2's radius only
+    gain_on_target: ClassVar[bool] = False
 
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
         """C.2 literally: a candidate split keeps the current q."""

@@ -33,10 +33,12 @@ IntArray = NDArray[np.int64]
 GRID_POINTS = 1024  # the lengths grid: 0..max when that is at most this many tokens, else this many equal bins
 
 
-def uniform_makespan(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float = 0.0) -> FloatArray:
+def uniform_makespan(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float = 0.0,
+                     lane_offset_s: FloatArray | None = None) -> FloatArray:
     """(K,) all-admit makespan of K pools of (P, G) groups dealt group-atomically round-robin (group p → lane
     p mod L) and run to completion: max over lanes of Σ_j (L_(j) − L_(j+1))·[τ(j) + kv·j·(L_(j) + L_(j+1) − 1)/2]
-    with each lane's lengths sorted descending (App. D; the KV term as `lane_finish_times`)."""
+    with each lane's lengths sorted descending (App. D; the KV term as `lane_finish_times`), plus each lane's
+    `lane_offset_s` (its prefill seconds, `predictor.lane_prefill`) when given."""
     k, p, g = pools.shape
     if p == 0:
         return np.zeros(k)
@@ -50,7 +52,10 @@ def uniform_makespan(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_s_per
     seg = (desc - nxt) * curve.table(per * g)[1:]
     if kv_s_per_token > 0:
         seg = seg + kv_s_per_token * j * (desc + nxt - 1.0) * (desc - nxt) / 2.0
-    out: FloatArray = seg.sum(axis=2).max(axis=1)
+    per_lane = seg.sum(axis=2)
+    if lane_offset_s is not None:
+        per_lane = per_lane + lane_offset_s[None, :]
+    out: FloatArray = per_lane.max(axis=1)
     return out
 
 

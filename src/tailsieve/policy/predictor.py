@@ -65,18 +65,38 @@ def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve:
     return out
 
 
+def round_robin_lanes(p: int, g: int, n_lanes: int, by_request: bool) -> IntArray:
+    """(P, G) lane of every request of P groups of G dealt round-robin (§3.1): request k of the pool to lane
+    k mod L (by request), or group i to lane i mod L (by group), as `Router.plan` places them."""
+    if by_request:
+        out: IntArray = (np.arange(p * g) % n_lanes).reshape(p, g)
+        return out
+    return np.repeat((np.arange(p) % n_lanes)[:, None], g, axis=1)
+
+
+def lane_prefill(lanes: IntArray, n_lanes: int, prefill_s: float) -> FloatArray:
+    """(n_lanes,) prefill seconds each lane pays for the (P, G) placement `lanes`: one prompt prefill per group per
+    replica it reaches (prefix caching shares it among a group's requests on one replica; a group dealt over k
+    replicas pays it k times). Paid at admission, before decoding: it delays every finish on its lane."""
+    if prefill_s <= 0 or lanes.size == 0:
+        return np.zeros(n_lanes)
+    pairs = np.unique(np.arange(lanes.shape[0])[:, None] * n_lanes + lanes)
+    out: FloatArray = np.bincount(pairs % n_lanes, minlength=n_lanes).astype(np.float64) * prefill_s
+    return out
+
+
 def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_request: bool,
-                      kv_s_per_token: float = 0.0) -> FloatArray:
-    """(K, P) completion time of each group of K independent pools of P groups, round-robin over `n_lanes` each."""
+                      kv_s_per_token: float = 0.0, prefill_s: float = 0.0) -> FloatArray:
+    """(K, P) completion time of each group of K independent pools of P groups, round-robin over `n_lanes` each
+    (`prefill_s`: seconds per distinct prompt per lane, `lane_prefill`)."""
     k, p, g = pools.shape
     if p == 0:
         return np.zeros((k, 0))
-    if by_request:
-        lane = (np.arange(p * g) % n_lanes).reshape(p, g)
-    else:
-        lane = np.repeat((np.arange(p) % n_lanes)[:, None], g, axis=1)
+    lane = round_robin_lanes(p, g, n_lanes, by_request)
     lanes = (lane[None, :, :] + n_lanes * np.arange(k)[:, None, None]).ravel()
     fin = lane_finish_times(pools.ravel(), lanes.astype(np.int64), n_lanes * k, curve, kv_s_per_token)
+    if prefill_s > 0:
+        fin = fin + np.tile(lane_prefill(lane, n_lanes, prefill_s)[lane.ravel()], k)
     out: FloatArray = fin.reshape(k, p, g).max(axis=2)
     return out
 
@@ -101,6 +121,34 @@ def _split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
     return out
 
 
+def _candidates(fresh: FloatArray, width: int, candidates: NDArray[np.int64] | None,
+                candidate_steps: tuple[NDArray[np.int64], ...], rng: np.random.Generator) -> FloatArray:
+    """(K, E, G) candidate pools, likeliest tail first: rank r of a pool from rank r of a random whole step seen
+    regenerated (two such steps at least); else draws from the regenerated groups seen (mixed with the split-half
+    prior while there are few), sorted by their longest member."""
+    k, g = fresh.shape[0], fresh.shape[2]
+    full = [c for c in candidate_steps if c.shape[0] >= width]
+    if len(full) >= 2:  # whole steps' candidates seen regenerated, in the selector's order: bootstrap by rank
+        rows = np.stack([c[:width] for c in full]).astype(np.float64)  # (S, E, G)
+        pick = rng.integers(0, rows.shape[0], size=(k, width))
+        by_rank: FloatArray = rows[pick, np.arange(width)[None, :]]  # rank r of pool k from a random step's rank r
+        return by_rank
+    prior = _split_half_candidates(fresh, width)
+    obs = np.zeros((0, g), np.float64) if candidates is None else candidates.astype(np.float64)
+    seen = obs.shape[0]
+    if seen >= 2 * width:  # enough regenerated tail groups observed: use them alone
+        cand = obs[rng.integers(0, seen, size=(k, width))]
+    elif seen > 0:  # few observations: mix them with the split-half prior
+        both = np.concatenate((np.broadcast_to(obs, (k, *obs.shape)), prior), axis=1)
+        pick = rng.integers(0, both.shape[1], size=(k, width))
+        cand = np.take_along_axis(both, pick[:, :, None], axis=1)
+    else:
+        cand = prior
+    rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
+    out: FloatArray = np.take_along_axis(cand, rank[:, :, None], axis=1)
+    return out
+
+
 class Predictor:
     """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths."""
 
@@ -120,6 +168,8 @@ class Predictor:
         pinned_candidates: bool = False,
         mean_field: bool | None = None,
         candidate_steps: tuple[NDArray[np.int64], ...] = (),
+        prefill_s: float = 0.0,
+        uniform_by_request: bool = False,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -129,35 +179,19 @@ class Predictor:
         self.by_request = by_request
         self.kv = kv_s_per_token  # KV-traffic seconds per context token per iteration (0: the curve alone)
         self.pinned = pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
+        self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
+        self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
         rng = np.random.default_rng(_SEED)
         k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
         fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
         self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
-        width = max(extra, 1)
-        prior = _split_half_candidates(fresh, width)
-        obs = np.zeros((0, history.shape[1]), np.float64) if candidates is None else candidates.astype(np.float64)
-        seen = obs.shape[0]
-        if seen >= 2 * width:  # enough regenerated tail groups observed: use them alone
-            cand = obs[rng.integers(0, seen, size=(k, width))]
-        elif seen > 0:  # few observations: mix them with the split-half prior
-            both = np.concatenate((np.broadcast_to(obs, (k, *obs.shape)), prior), axis=1)
-            pick = rng.integers(0, both.shape[1], size=(k, width))
-            cand = np.take_along_axis(both, pick[:, :, None], axis=1)
-        else:
-            cand = prior
-        rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
-        self.cand = np.take_along_axis(cand, rank[:, :, None], axis=1)  # (K, E, G), most likely tail first
-        full = [c for c in candidate_steps if c.shape[0] >= width]
-        if len(full) >= 2:  # whole steps' candidates seen regenerated, in the selector's order: bootstrap by rank
-            rows = np.stack([c[:width] for c in full]).astype(np.float64)  # (S, E, G)
-            pick = rng.integers(0, rows.shape[0], size=(k, width))
-            self.cand = rows[pick, np.arange(width)[None, :]]  # rank r of pool k from a random step's rank r
+        self.cand = _candidates(fresh, max(extra, 1), candidates, candidate_steps, rng)  # (K, E, G)
         work = k * (groups + extra) * history.shape[1]
         # mean field only under request dispatch (group-atomic lanes need the exact model; see policy.mean_field)
         self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
         self.use_mean_field = by_request and self.large
-        self._uniform: FloatArray | None = None  # T_uniform per pool, by lane sums (large fleets)
-        self._return: FloatArray | None = None  # the first uniform step after a two-pool one, per pool
+        self._uniform: dict[bool, FloatArray] = {}  # T_uniform per pool, by placement (request: True)
+        self._return: dict[bool, FloatArray] = {}  # the first uniform step after a two-pool one, per pool
         self._mf: MeanFieldPools | None = None
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
@@ -189,10 +223,17 @@ class Predictor:
         mf = self.mean_field
         for q, done in zip(tail, mf.completions_many([self._cand_idx(0, q) for q in tail], False, m,
                                                      self.tail_curve, self.kv), strict=True):
-            self._tail[(q, m)] = done.max(axis=1)
+            self._tail[(q, m)] = done.max(axis=1) + self._mf_prefill(q, m)
         for q, raw in zip(bulk, mf.completions_many([self._cand_idx(q, max(q, self.e)) for q in bulk], True,
                                                     self.r - m, self.curve, self.kv), strict=True):
-            self._bulk_t[(q, m)] = raw
+            self._bulk_t[(q, m)] = raw + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
+
+    def _mf_prefill(self, p: int, n_lanes: int) -> float:
+        """The mean field's prefill term: the mean lane's prefill seconds for P groups dealt by request."""
+        if self.prefill_s <= 0 or p <= 0:
+            return 0.0
+        lanes = round_robin_lanes(p, self.fresh.shape[2], n_lanes, True)
+        return float(lane_prefill(lanes, n_lanes, self.prefill_s).mean())
 
     def tail_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_tail of q candidate groups on m replicas."""
@@ -202,8 +243,10 @@ class Predictor:
         if key not in self._tail:
             if self.use_mean_field:
                 done = self.mean_field.completions(self._cand_idx(0, q), False, m, self.tail_curve, self.kv)
+                done = done + self._mf_prefill(q, m)
             else:
-                done = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request, self.kv)
+                done = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request, self.kv,
+                                         self.prefill_s)
             self._tail[key] = done.max(axis=1)
         return self._tail[key]
 
@@ -214,10 +257,11 @@ class Predictor:
         if key not in self._bulk_t and m > 0 and self.use_mean_field:
             self._bulk_t[key] = self.mean_field.completions(self._cand_idx(q, max(q, self.e)), True, self.r - m,
                                                             self.curve, self.kv)
+            self._bulk_t[key] = self._bulk_t[key] + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
         if key not in self._bulk_t:
             pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
-            by_request = self.by_request and m > 0  # the uniform boundary is group-atomic round-robin
-            self._bulk_t[key] = group_completions(pools, self.r - m, self.curve, by_request, self.kv)
+            by_request = self.uniform_by_request if m == 0 else self.by_request
+            self._bulk_t[key] = group_completions(pools, self.r - m, self.curve, by_request, self.kv, self.prefill_s)
         return self._bulk_t[key]
 
     def bulk_completions(self, q: int, m: int) -> FloatArray:
@@ -231,10 +275,8 @@ class Predictor:
         """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
         E − q non-isolated ones must complete: the later of their last completion and the (N − E)-th fresh one
         (pessimistic: a pinned request keeps its all-admit finish, not sped up by the aborts at the cutoff)."""
-        if m == 0 and self.large:  # the last of N completions is the slowest lane: sums per lane, no finish times
-            if self._uniform is None:
-                self._uniform = uniform_makespan(self.fresh, self.r, self.curve, self.kv)
-            return self._uniform
+        if m == 0:
+            return self.uniform_times()
         quota = self.n - q if m > 0 else self.n
         if quota <= 0:
             return np.zeros(self.fresh.shape[0])
@@ -250,16 +292,34 @@ class Predictor:
         out: FloatArray = np.maximum(cut, last_pin)
         return out
 
-    def uniform_return_times(self) -> FloatArray:
+    def uniform_times(self, by_request: bool | None = None) -> FloatArray:
+        """(K,) makespan of a uniform step (0, 0): N fresh groups on all R replicas, run to completion, dealt by
+        request or by whole group (default: the predictor's `uniform_by_request`), prefill per distinct prompt per
+        replica included."""
+        dealt = self.uniform_by_request if by_request is None else by_request
+        if dealt not in self._uniform:
+            self._uniform[dealt] = self._uniform_makespan(self.fresh, dealt)
+        return self._uniform[dealt]
+
+    def _uniform_makespan(self, pools: FloatArray, by_request: bool) -> FloatArray:
+        """The last completion of `pools` run to the end on R replicas (group dispatch: per-lane sums, no finish
+        times)."""
+        if by_request:
+            out: FloatArray = group_completions(pools, self.r, self.curve, True, self.kv, self.prefill_s).max(axis=1)
+            return out
+        lanes = round_robin_lanes(pools.shape[1], pools.shape[2], self.r, False)
+        return uniform_makespan(pools, self.r, self.curve, self.kv, lane_prefill(lanes, self.r, self.prefill_s))
+
+    def uniform_return_times(self, by_request: bool | None = None) -> FloatArray:
         """(K,) makespan of the first uniform step after a two-pool step: the E waiting candidates rejoin the front
-        of the queue and run to completion with N − E fresh groups, group-atomic round-robin on all R replicas
-        (`Router.plan` at m = 0). Its excess over `bulk_times(0, 0)` is the one-time price of returning to
-        uniform."""
-        if self._return is None:
+        of the queue and run to completion with N − E fresh groups on all R replicas (`Router.plan` at m = 0). Its
+        excess over `uniform_times` is the one-time price of returning to uniform."""
+        dealt = self.uniform_by_request if by_request is None else by_request
+        if dealt not in self._return:
             e = min(self.e, self.n)
             pools = np.concatenate((self._cands(0, e), self.fresh[:, : self.n - e]), axis=1)
-            self._return = uniform_makespan(pools, self.r, self.curve, self.kv)
-        return self._return
+            self._return[dealt] = self._uniform_makespan(pools, dealt)
+        return self._return[dealt]
 
     def makespan(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> float:
         """T̂(q, m) = E[max(c_tail·T_tail, c_bulk·T_bulk)] over the resampled pools (§3.2)."""

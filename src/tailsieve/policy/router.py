@@ -158,13 +158,15 @@ class Router:
         place = round_robin(bulk, reps, cfg.group_size, dispatch or cfg.dispatch)
         return StepPlan(state.step, (), tuple(bulk), place, (), reps, cfg.groups, True, stream, left, self._pins(bulk))
 
-    def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None) -> StepPlan:
+    def plan(self, state: RouterState, q: int, m: int, *, dispatch: Dispatch | None = None,
+             uniform_dispatch: Dispatch = Dispatch.GROUP) -> StepPlan:
         """§3.1: uniform when m = 0 (or E = 0); warm-up when there are no candidates; else q candidates + fresh bulk.
 
-        Uniform steps always dispatch whole groups round-robin (uniform group routing); `dispatch` applies to the
-        two-pool steps. The isolated q is clamped to [1, min(candidates, N)]; the rest of the candidates go back to
-        the front of the queue. Pinned groups drawn into the bulk pool are listed in `plan.pinned` (at most the bulk
-        quota of them; any beyond wait at the front of the queue), so exactly N groups are consumed.
+        Uniform steps dispatch round-robin by `uniform_dispatch`: whole groups (the paper's uniform group routing, the
+        default) or each request (how a least-loaded balancer deals a synchronous step; the controller chooses);
+        `dispatch` applies to the two-pool steps. The isolated q is clamped to [1, min(candidates, N)]; the rest of the
+        candidates go back to the front of the queue. Pinned groups drawn into the bulk pool are listed in `plan.pinned`
+        (at most the bulk quota of them; any beyond wait at the front of the queue), so exactly N groups are consumed.
         """
         cfg = self.config
         n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
@@ -174,7 +176,7 @@ class Router:
         if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
             bulk, stream, left = self._draw(state, state.candidates, n, n)
             reps = tuple(range(r))
-            place = round_robin(bulk, reps, g, Dispatch.GROUP)
+            place = round_robin(bulk, reps, g, uniform_dispatch)
             return StepPlan(state.step, (), tuple(bulk), place, (), reps, n, False, stream, left, self._pins(bulk))
         if not state.candidates:
             return self.warmup(state, dispatch=disp)

@@ -134,7 +134,7 @@ class SimExecutor:
         place = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64)
         flat_len, flat_rep = lengths.ravel(), place.ravel()
         ptoks = self.prompt_tokens([ref.prompt_id for ref in groups])
-        flat_ptok = None if ptoks is None else np.repeat(ptoks, lengths.shape[1])
+        flat_ptok = None if ptoks is None else shared_prefill(np.repeat(ptoks, lengths.shape[1]), place)
         if flat_ptok is not None and prefix is not None:
             flat_ptok = flat_ptok + prefix.ravel()
         by_rep = np.argsort(flat_rep, kind="stable")  # requests grouped by replica, plan order inside each
@@ -158,6 +158,18 @@ class SimExecutor:
         for run, idx, curve, ptok in runs:
             out[idx] = resume_replica(run, keep[idx], cut_s, curve, self.replica, ptok)
         return out.reshape(fin.shape)
+
+
+def shared_prefill(prompt_tokens: NDArray[np.int64], place: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Prompt tokens each request prefills when a replica's prefix cache shares a prompt (§3.1 dispatch): the first
+    request of a group on a replica prefills the prompt, the group's later requests there reuse it (0); a group dealt
+    over k replicas pays it k times. `place`: (n, G) replica of each request; `prompt_tokens` flat, plan order."""
+    n = place.shape[0]
+    key = np.arange(n)[:, None] * (int(place.max(initial=0)) + 1) + place
+    _, first = np.unique(key.ravel(), return_index=True)
+    out = np.zeros_like(prompt_tokens)
+    out[first] = prompt_tokens[first]
+    return out
 
 
 class SimRestarts:

@@ -144,6 +144,16 @@ def static_grid(workload: Workload, curve: TpotCurve, config: SimConfig, *, qs: 
     return StaticGrid(best[1], best[2], best[3], means)
 
 
+def prompt_prefill_s(workload: Workload, replica: ReplicaConfig) -> float:
+    """Seconds one replica spends prefilling one prompt of the workload (the mean recorded prompt length; 0 where
+    none is recorded or the replicas have no prefill term): the controller's price of dealing a group over
+    several replicas (each prefills it again)."""
+    if replica.prefill_ms_per_token <= 0:
+        return 0.0
+    tokens = [workload.prompt_tokens(p) or 0 for p in workload.prompts]
+    return float(np.mean(tokens)) * replica.prefill_ms_per_token / 1e3 if tokens else 0.0
+
+
 def _run_controller(
     name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None
 ) -> PolicyRun:
@@ -151,7 +161,8 @@ def _run_controller(
     rc = config.router
     tail_curve, bulk_curve = config.spec.curves(curve)
     controller = make_controller(name, rc, bulk_curve=bulk_curve, tail_curve=tail_curve, config=config.controller,
-                                 q=config.q, m=config.m, kv_s_per_token=config.replica.kv_ms_per_1k_tokens / 1e6)
+                                 q=config.q, m=config.m, kv_s_per_token=config.replica.kv_ms_per_1k_tokens / 1e6,
+                                 prefill_s=prompt_prefill_s(workload, config.replica))
     loop = StepLoop(Router(rc, workload.prompts, shuffle=config.shuffle, seed=config.seed), controller)
     executor = SimExecutor(workload, bulk_curve, rc, config.replica, tail_curve=tail_curve)
     restarts = SimRestarts(config.restart_s)

@@ -1,0 +1,90 @@
+"""The controller's calibration (§3.2): how far measured pool times are from the forecasts, learnt online.
+
+Two factors per forecast class (tail pool, bulk pool, uniform boundary), both EMAs:
+- **model error** (`ControlState.calib_*`): measured / the model on this step's own requests (`policy.observed`).
+  What the all-admit model misses on this fleet (engine overheads, context effects): exactly 1 in the simulator.
+  It carries no luck of the draw, so it may move fast (weight `ema`, clipped to `calib_bounds`).
+- **forecast bias** (`ControlState.bias_*`, a log-EMA): the model on this step's requests / the bootstrap forecast
+  at the executed split. What the resampled history gets wrong about the next step (a candidate model that
+  over- or under-rates the selector, a mean-field forecast that runs early). One step's ratio is mostly luck (a
+  regenerated group with a response at the cap doubles T_tail), so each step's log-ratio is clipped to
+  ±`BIAS_CLIP` and enters a slow EMA (weight `bias_ema`): one outlier moves a forecast by 2%, a lasting bias is
+  learnt in about ten steps (issue 22: a single 2× step used to hold the controller at uniform for 10–14 steps).
+A pool's forecast is multiplied by their product (`factors`). A two-pool split has one more, on the step:
+- **spread bias** (`ControlState.bias_step`, a log-EMA clipped the same way): measured makespan / the calibrated
+  E[max(c_tail·T_tail, c_bulk·T_bulk)] at the executed split. The bootstrap pools can have each pool's mean right
+  and still under-state the step-to-step spread (kodcode-r1, (7, 4): T_bulk's spread 36.6 s measured against
+  10.4 s across the resampled pools), which makes E[max] and so every split look faster than it is, by 6–7%
+  there, against a uniform forecast that is right (uniform has no max of two pools).
+While the controller stays at uniform the two-pool biases decay toward 0 at the same rate (the history they
+corrected has been replaced). The uniform boundary keeps its own pair, learnt at uniform steps only: a two-pool
+bulk pool (by-request dispatch, a cutoff, pinned candidates) is a different forecast.
+Without a per-request record (`StepObservation.work` is None) the model error is measured against the bootstrap
+forecast, as before issue 22, and the bias stays 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
+
+BIAS_CLIP = 0.2  # most one step moves the log forecast bias before the EMA (±22%)
+
+
+def ema(prev: float, x: float, a: float) -> float:
+    """Exponential moving average with weight `a` on the newest value; NaN `prev` (nothing seen yet) gives `x`."""
+    return x if math.isnan(prev) else (1 - a) * prev + a * x
+
+
+def factors(state: ControlState) -> tuple[float, float, float]:
+    """(c_tail, c_bulk, c_uniform): model error × forecast bias of each forecast class (the uniform pair falls back
+    to the bulk's until a uniform step was seen)."""
+    ct = state.calib_tail * math.exp(state.bias_tail)
+    cb = state.calib_bulk * math.exp(state.bias_bulk)
+    cu = cb if math.isnan(state.calib_uniform) else state.calib_uniform * math.exp(state.bias_uniform)
+    return ct, cb, cu
+
+
+def _log_step(prev: float, observed: float, forecast: float, a: float) -> float:
+    if not (observed > 0 and forecast > 0):
+        return prev
+    return (1 - a) * prev + a * float(np.clip(math.log(observed / forecast), -BIAS_CLIP, BIAS_CLIP))
+
+
+def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfig, *,
+              modelled: tuple[float, float] | None, forecast: tuple[float, float],
+              forecast_step: float = math.nan) -> ControlState:
+    """The factors after one steady step. `modelled`: (T_tail, T_bulk) of the model on the step's own requests
+    (None: no per-request record); `forecast`: the bootstrap forecast's (T_tail, T_bulk) at the executed split;
+    `forecast_step`: its calibrated makespan there (two-pool steps)."""
+    if obs.warmup:
+        return state
+    b = config.bias_ema
+    if obs.m > 0 and obs.q > 0 and modelled is not None and forecast_step > 0:
+        state = replace(state, bias_step=_log_step(state.bias_step, max(obs.tail_s, obs.bulk_s), forecast_step, b))
+    lo, hi = config.calib_bounds
+    a = config.ema
+    ft, fb = modelled if modelled is not None else forecast
+    s = state
+    if obs.m > 0 and obs.q > 0 and ft > 0:
+        s = replace(s, calib_tail=(1 - a) * s.calib_tail + a * float(np.clip(obs.tail_s / ft, lo, hi)))
+        if modelled is not None:
+            s = replace(s, bias_tail=_log_step(s.bias_tail, ft, forecast[0], b))
+    if fb > 0:
+        ratio = float(np.clip(obs.bulk_s / fb, lo, hi))
+        if obs.m > 0:
+            s = replace(s, calib_bulk=(1 - a) * s.calib_bulk + a * ratio)
+            if modelled is not None:
+                s = replace(s, bias_bulk=_log_step(s.bias_bulk, fb, forecast[1], b))
+        else:
+            s = replace(s, calib_uniform=ema(s.calib_uniform, ratio, a))
+            if modelled is not None:
+                s = replace(s, bias_uniform=_log_step(s.bias_uniform, fb, forecast[1], b))
+    if obs.m == 0:  # the two-pool biases age while no split runs: their evidence is from an older history
+        s = replace(s, bias_tail=(1 - b) * s.bias_tail, bias_bulk=(1 - b) * s.bias_bulk,
+                    bias_step=(1 - b) * s.bias_step)
+    return s
