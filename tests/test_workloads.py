@@ -112,7 +112,8 @@ def test_argument_validation() -> None:
 
 def test_names_modes_and_paths(small: Path) -> None:
     assert list(bundled_workloads()) == ["kodcode-r1", "kodcode-tests", "synthetic-math", "synthetic-math-weak",
-                                         "synthetic-math-strong", "video-rl", "agent-search", "math-drift"]
+                                         "synthetic-math-strong", "video-rl", "agent-search", "math-drift",
+                                         "rare-cap"]
     assert load_workload(None).name == "kodcode-r1"
     assert load_workload(str(small)).prompts == ("b", "c", "a")
     syn = load_workload("synthetic-math", mode="resample")  # synthetic names ignore the mode
