@@ -88,10 +88,11 @@ def test_workloads_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["workloads", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     names = [w["name"] for w in out["workloads"]]
-    assert out["default"] == "kodcode-r1" and names[0] == "kodcode-r1" and len(names) == 8
+    assert out["default"] == "kodcode-r1" and names[0] == "kodcode-r1" and len(names) == 9
     assert {w["kind"] for w in out["workloads"]} == {"trace", "synthetic"}
     assert main(["workloads"]) == 0
-    assert "synthetic-math-strong" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "synthetic-math-strong" in listing and "rare-cap" in listing
 
 
 def test_single_epoch_trace_gives_statistics_and_says_why_auc_is_null(capsys: pytest.CaptureFixture[str],

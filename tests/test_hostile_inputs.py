@@ -388,6 +388,8 @@ SIZE = st.sampled_from(("-5", "0", "1", "2", "3", "x", "1.5", "nan", str(2**63),
 WAIT = st.sampled_from(("-1", "nan", "inf", "-inf", "0", "0.1", "x", "1e300", ""))
 SPEC = st.sampled_from(("mtp", "mtp:3", "ngram:99", "eagle3:4,acceptance=nan", "mtp,acceptance=2", "warp", "",
                         "mtp:-1", "ngram:3,decay=inf", "suffix:2,draft_cost=1e300"))
+COLUMNS = {"--length-column": st.sampled_from(("length", "nope", "prompt_id", "")),
+           "--prompt-column": st.sampled_from(("prompt_id", "x", "length", ""))}  # every command that reads a trace
 FLAG_VALUES: dict[str, dict[str, Any]] = {
     "simulate": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--steps": SIZE, "--rho": number_text,
                  "--q": SIZE, "--m": SIZE, "--q0": SIZE, "--m0": SIZE, "--max-redraws": SIZE, "--seed": number_text,
@@ -396,25 +398,25 @@ FLAG_VALUES: dict[str, dict[str, Any]] = {
                  "--replay": st.sampled_from(("recorded", "resample", "synthetic", "")),
                  "--policy": st.sampled_from(("static", "all", "", ",", "nope", "tailsieve")),
                  "--tail-spec": SPEC, "--bulk-spec": SPEC, "--spec-budgets": st.sampled_from(("1,2", "-1", "x", "99")),
-                 "--spec": st.sampled_from(("mtp", "ngram:2", "x", "mtp,acceptance=nan"))},
+                 "--spec": st.sampled_from(("mtp", "ngram:2", "x", "mtp,acceptance=nan")), **COLUMNS},
     "route": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--q": SIZE, "--m": SIZE,
               "--policies": st.sampled_from(("topq", "seer-oracle", "", "nope", "uniform,topq-best")),
-              "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/"))},
+              "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/")), **COLUMNS},
     "plan": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--steps": SIZE, "--rho": number_text,
              "--max-redraws": SIZE, "--seed": number_text, "--max-num-seqs": SIZE, "--kv-ms-per-1k": number_text,
              "--prefill-ms-per-token": number_text, "--replay": st.sampled_from(("recorded", "resample", "x")),
-             "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/"))},
+             "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/")), **COLUMNS},
     "profile": {"--contexts": st.sampled_from(("0", "0,1024", "-1", "x", "", ",", "1e9", "0,99999999")),
                 "--batches": st.sampled_from(("1", "0", "x", "")), "--max-tokens": SIZE},
     "oracle": {"--sample": SIZE, "--repeat": SIZE, "--seed": number_text, "--max-seconds": number_text,
-               "--max-states": SIZE},
+               "--max-states": SIZE, **COLUMNS},
     "rollout": {"--temperature": number_text, "--top-p": number_text, "--top-k": number_text,
                 "--presence-penalty": number_text, "--length-scale": number_text, "--max-tokens": SIZE,
                 "--stall-timeout": WAIT, "--give-up-after": WAIT, "--retries": SIZE, "--q": SIZE, "--m": SIZE,
                 "--q0": SIZE, "--m0": SIZE, "--rho": number_text, "--seed": number_text, "--max-redraws": SIZE,
                 "--groups": SIZE, "--group-size": SIZE, "--steps": SIZE, "--tail-spec": SPEC, "--bulk-spec": SPEC,
                 "--policy": st.sampled_from(("static", "uniform,tailsieve", "", "nope")),
-                "--replay-lengths": st.sampled_from(("kodcode-r1", "nope"))},
+                "--replay-lengths": st.sampled_from(("kodcode-r1", "nope")), **COLUMNS},
     "launch": {"--replicas": SIZE, "--device": st.sampled_from(("cpu", "gpu", "tpu")),
                "--cores": st.sampled_from(("0;1", "a;b", ";", "0-3;4-7", "0,2", "", "1;2;3")),
                "--gpus": st.sampled_from(("0;1", "0,1;2", "", "GPU-abc;1")),
@@ -424,7 +426,7 @@ FLAG_VALUES: dict[str, dict[str, Any]] = {
                "--server-args": st.sampled_from(("--foo 1", "'unclosed", "")),
                "--startup-timeout": number_text, "--served-model-name": st.text(max_size=5)},
     "analyze": {"--seed": number_text, "--prompts": SIZE, "--checkpoints": SIZE, "--samples": SIZE,
-                "--length-column": st.sampled_from(("length", "nope")), "--prompt-column": st.sampled_from(("x",))},
+                **COLUMNS},
 }
 
 

@@ -17,10 +17,17 @@ from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.workloads import MultiTurnSource, bundled_workloads, generator_names, load_workload
-from tailsieve.workloads.regimes import MATH_DRIFT_CONFIG, VIDEO_CONFIG, AgentConfig, AgentModel
-from tailsieve.workloads.synthetic import SyntheticModel
+from tailsieve.workloads.regimes import (
+    MATH_DRIFT_CONFIG,
+    RARE_CAP_CONFIG,
+    RARE_CAP_SHARE,
+    VIDEO_CONFIG,
+    AgentConfig,
+    AgentModel,
+)
+from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
 
-REGIME_NAMES = ("video-rl", "agent-search", "math-drift")
+REGIME_NAMES = ("video-rl", "agent-search", "math-drift", "rare-cap")
 
 
 def sample(name: str, n: int, step: int = 0, g: int = 8) -> np.ndarray:
@@ -79,6 +86,72 @@ def test_agent_search_turns_length_and_prompt_share() -> None:
     assert between_within_shares(list(x))[0] < 0.25
     assert float(np.corrcoef(t.ravel(), x.ravel())[0, 1]) > 0.5  # more turns, more tokens
     assert w.tool_wait_s == 2.0 and isinstance(w.source, MultiTurnSource)
+
+
+def cap_hits(config: SyntheticConfig, generations: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Cap hits of every prompt's first `generations` generations (generation a at step a) × 8 samples, and the
+    prompts' standardised effects z_p."""
+    m = SyntheticModel(config, seed=0)
+    hit = np.stack([np.concatenate([m.lengths(p, a, a, 8) for a in range(generations)]) for p in m.prompts])
+    return hit == config.max_length, np.array([m.prompt_z(p) for p in m.prompts])
+
+
+def four_sigma(p: float, n1: int, n2: int) -> float:
+    """Four standard deviations of the difference of two independent binomial shares with success probability p."""
+    return 4.0 * float(np.sqrt(p * (1 - p) * (1 / n1 + 1 / n2)))
+
+
+def test_rare_cap_share_is_in_the_band_and_prompt_independent() -> None:
+    """131,072 draws (2048 prompts × 8 generations × 8): the cap-hit share is 1 % within 4σ (and inside the issue's
+    0.5–2 % band), and equal for the easiest and hardest tenth of the prompts within 4σ of the difference;
+    synthetic-math (β = 5.26) fails the same bound by far, so the test can tell."""
+    hit, z = cap_hits(RARE_CAP_CONFIG)
+    n = hit.size
+    assert n == 131_072 and RARE_CAP_SHARE == 0.01
+    assert abs(hit.mean() - RARE_CAP_SHARE) <= 4 * np.sqrt(RARE_CAP_SHARE * (1 - RARE_CAP_SHARE) / n)  # 0.0011
+    assert 0.005 <= hit.mean() <= 0.02
+    order, tenth = np.argsort(z), len(z) // 10
+    easy, hard = hit[order[:tenth]], hit[order[-tenth:]]
+    assert abs(hard.mean() - easy.mean()) <= four_sigma(RARE_CAP_SHARE, easy.size, hard.size)  # 4σ = 0.0049
+    math_hit, math_z = cap_hits(SyntheticConfig(), generations=1)
+    o = np.argsort(math_z)
+    e, h = math_hit[o[:tenth]], math_hit[o[-tenth:]]
+    assert h.mean() - e.mean() > 10 * four_sigma(float(math_hit.mean()), e.size, h.size)
+
+
+def test_rare_cap_hits_only_by_runaway_and_keeps_the_bulk() -> None:
+    """Completed responses stay at or below the 6000 soft ceiling, so L = 16384 exactly when the runaway fires;
+    with the runaway switched off the bulk draws are identical (common random numbers)."""
+    w = load_workload("rare-cap")
+    off = SyntheticModel(replace(RARE_CAP_CONFIG, runaway_logit=-60.0), seed=0)
+    for p in w.prompts[:256]:
+        a, b = w.lengths(p, 0, 0, 8), off.lengths(p, 0, 0, 8)
+        assert np.array_equal(a[a < 16384], b[a < 16384]) and (b <= 6000).all()
+    s = length_stats(sample("rare-cap", 2048), max_length=16384)
+    assert s.max_completed is not None and s.max_completed <= 6000 and s.max == 16384
+    assert s.p50 == pytest.approx(1407.0) and w.max_length == 16384
+
+
+def test_rare_cap_step_makespan_jumps_two_to_three_times() -> None:
+    """Uniform, N = 8 × G = 8 on R = 8 (h100-llama3-8b), 40 steps, against the same draws without runaways: a step
+    is longer exactly when its batch holds a cap hit (closed form 1 − 0.99^64 = 47.4 % of steps, within 4σ), and
+    then 2–3× as long (median)."""
+    from tailsieve.model.curves import load_curve
+    from tailsieve.policy.router import RouterConfig
+    from tailsieve.simulation.runs import SimConfig, run_policy
+    from tailsieve.workloads import synthetic_workload
+
+    curve = load_curve("h100-llama3-8b")
+    config = SimConfig(router=RouterConfig(groups=8, group_size=8, replicas=8), steps=40)
+    on = run_policy("uniform", load_workload("rare-cap"), curve, config)
+    no_cap = replace(RARE_CAP_CONFIG, runaway_logit=-60.0)
+    off = run_policy("uniform", synthetic_workload("rare-cap", config=no_cap), curve, config)
+    ratio = np.array([a.makespan_s / b.makespan_s for a, b in zip(on.steps, off.steps, strict=True)])
+    hit = np.array([bool((x == 16384).any()) for x in on.batch_lengths])
+    assert (ratio[~hit] == 1.0).all() and (ratio[hit] > 1.5).all()
+    p_step = 1 - (1 - RARE_CAP_SHARE) ** 64
+    assert abs(hit.mean() - p_step) <= 4 * np.sqrt(p_step * (1 - p_step) / 40)
+    assert 2.0 <= float(np.median(ratio[hit])) <= 3.0
 
 
 @pytest.mark.parametrize("name", REGIME_NAMES)

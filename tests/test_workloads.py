@@ -112,7 +112,8 @@ def test_argument_validation() -> None:
 
 def test_names_modes_and_paths(small: Path) -> None:
     assert list(bundled_workloads()) == ["kodcode-r1", "kodcode-tests", "synthetic-math", "synthetic-math-weak",
-                                         "synthetic-math-strong", "video-rl", "agent-search", "math-drift"]
+                                         "synthetic-math-strong", "video-rl", "agent-search", "math-drift",
+                                         "rare-cap"]
     assert load_workload(None).name == "kodcode-r1"
     assert load_workload(str(small)).prompts == ("b", "c", "a")
     syn = load_workload("synthetic-math", mode="resample")  # synthetic names ignore the mode
@@ -170,3 +171,16 @@ def test_stream_validation() -> None:
         PromptStream([])
     with pytest.raises(ConfigError, match="take needs k >= 0, got -1"):
         PromptStream(["a"]).take(-1)
+
+
+def test_columns_apply_to_trace_files_only() -> None:
+    """A generated workload has no columns: naming one is an error, not silently ignored."""
+    for kw in ({"length_column": "generated_tokens"}, {"prompt_column": "q"}):
+        with pytest.raises(ConfigError, match=r"^workload 'rare-cap' is generated, not read from a file: a length or "
+                                              r"prompt column applies to trace files only$"):
+            load_workload("rare-cap", **kw)
+    think, full = load_workload("kodcode-r1", length_column="think_tokens").trace, load_workload("kodcode-r1").trace
+    assert think is not None and full is not None
+    assert (think.meta["length_column"], full.meta["length_column"]) == ("think_tokens", "response_tokens")
+    assert len(think) == len(full) == 696 and (think.length <= full.length).all()
+    assert think.length.sum() < full.length.sum()

@@ -8,7 +8,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from rich.console import Console
 from rich.table import Table
@@ -47,6 +47,35 @@ def nonneg_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return value
+
+
+def column_name(text: str) -> str:
+    """argparse type: a non-empty trace column name."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a column name, got {text!r}")
+    return text
+
+
+def add_trace_columns(p: argparse.ArgumentParser, what: str = "the trace file") -> None:
+    """`--length-column` / `--prompt-column` for every command that reads a trace (App. B traces; docs/inputs.md)."""
+    p.add_argument("--length-column", metavar="NAME", type=column_name,
+                   help=f"column of {what} holding the response lengths (default: the first recognised alias, "
+                        "docs/workloads.md)")
+    p.add_argument("--prompt-column", metavar="NAME", type=column_name,
+                   help=f"column of {what} holding the prompt ids (default: the first recognised alias)")
+
+
+class TraceColumns(TypedDict):
+    """The column keywords of `load_trace` and `load_workload` (None: the recognised aliases)."""
+
+    length_column: str | None
+    prompt_column: str | None
+
+
+def trace_columns(args: argparse.Namespace) -> TraceColumns:
+    """The `length_column` / `prompt_column` keywords of `load_trace` and `load_workload`, from `add_trace_columns`."""
+    return TraceColumns(length_column=getattr(args, "length_column", None),
+                        prompt_column=getattr(args, "prompt_column", None))
 
 
 def print_json(obj: Any) -> None:

@@ -14,7 +14,15 @@ from tailsieve.analysis.length_report import (
     Analysis,
     analyze_workload,
 )
-from tailsieve.cli._common import nonneg_int, plot_path, positive_int, print_json, print_table
+from tailsieve.cli._common import (
+    add_trace_columns,
+    nonneg_int,
+    plot_path,
+    positive_int,
+    print_json,
+    print_table,
+    trace_columns,
+)
 from tailsieve.workloads import load_workload
 
 
@@ -25,8 +33,7 @@ def register(sub: Any) -> None:
                    help="bundled workload name or trace file (CSV, JSONL, Parquet); default kodcode-r1")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", metavar="OUT", help="save the AUC heatmap and share bars (.png/.pdf/.svg)")
-    p.add_argument("--length-column", help="name of the length column (default: recognised aliases)")
-    p.add_argument("--prompt-column", help="name of the prompt-id column (default: recognised aliases)")
+    add_trace_columns(p)
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of a synthetic workload (default 0)")
     p.add_argument("--prompts", type=positive_int, default=DESIGN_PROMPTS, help="synthetic design: prompts I")
     p.add_argument("--checkpoints", type=positive_int, default=DESIGN_CHECKPOINTS,
@@ -38,8 +45,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Analyse one trace or workload."""
     plot = None if args.plot is None else plot_path(args.plot)  # checked before any work
-    w = load_workload(args.workload, seed=args.seed, length_column=args.length_column,
-                      prompt_column=args.prompt_column)
+    w = load_workload(args.workload, seed=args.seed, **trace_columns(args))
     a = analyze_workload(w, n_prompts=args.prompts, n_checkpoints=args.checkpoints, n_samples=args.samples)
     if plot is not None:
         save_plot(a, plot)

@@ -27,15 +27,22 @@ def run(args: argparse.Namespace) -> int:
         else:
             rows: list[tuple[object, ...]] = [(b, 1000 * c.tpot_s(b), b / c.tpot_s(b)) for b in sizes]
             print_table(f"{c.name}: {c.description}", ["batch", "tpot_ms", "tokens/s (all)"], rows)
+            for label, text in (("source", c.source), ("licence", c.licence), ("derivation", c.derivation),
+                                ("past the last point", c.extension)):
+                if text:
+                    print(f"{label}: {text}")
         return 0
     curves = builtin_curves()
     if args.json:
         print_json({"curves": [c.to_json() for c in curves.values()]})
         return 0
     listing: list[tuple[object, ...]] = [
-        (c.name, c.description, f"{c.batch[0]}..{c.batch[-1]}", c.tpot_ms[0], c.tpot_ms[-1], c.extension)
+        (c.name, c.description, f"{c.batch[0]}..{c.batch[-1]}", c.tpot_ms[0], c.tpot_ms[-1], c.extension, c.licence)
         for c in curves.values()
     ]
     print_table("Built-in TPOT curves", ["name", "hardware / model", "batches", "ms@first", "ms@last",
-                                         "past the last point"], listing)
+                                         "past the last point", "licence"], listing)
+    print("sources (data/ATTRIBUTION.md; `tailsieve curves NAME` shows how the points were derived):")
+    for c in curves.values():
+        print(f"  {c.name}: {c.source}")
     return 0

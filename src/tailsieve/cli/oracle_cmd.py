@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.cli._common import nonneg_int, plot_path, positive_float, positive_int, print_json, print_table
+from tailsieve.cli._common import (
+    add_trace_columns,
+    nonneg_int,
+    plot_path,
+    positive_float,
+    positive_int,
+    print_json,
+    print_table,
+    trace_columns,
+)
 from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
@@ -34,6 +43,7 @@ def register(sub: Any) -> None:
         "isolation and uniform alternation. Without --sample, all requests of the trace form one group.",
     )
     p.add_argument("--trace", help="trace file or bundled name (default: the bundled KodCode R1 trace)")
+    add_trace_columns(p)
     p.add_argument("--curve", default=DEFAULT_CURVE, help=f"TPOT curve name or file (default {DEFAULT_CURVE})")
     p.add_argument("--sample", type=positive_int, help="requests per group, drawn without replacement")
     p.add_argument("--repeat", type=positive_int, help="number of sampled groups (default 100; needs --sample)")
@@ -129,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     if args.sample is None and (args.repeat is not None or args.seed is not None):
         raise TailSieveError("--repeat and --seed need --sample")
-    trace = require_tokens(load_trace(args.trace))
+    trace = require_tokens(load_trace(args.trace, **trace_columns(args)))
     curve = load_curve(args.curve)
     lengths = trace.length
     n = int(lengths.size)

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from tailsieve.analysis.report import fidelity_notes, policy_json, summarize, summary_table
-from tailsieve.cli._common import console, print_json
+from tailsieve.cli._common import add_trace_columns, console, print_json
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
                    help="the fleet's cost model file (`tailsieve profile`), a curve file or a built-in curve name "
                         "(default: %(default)s)")
     p.add_argument("--workload", help="bundled workload name or trace file (default: kodcode-r1)")
+    add_trace_columns(p, "a --workload trace file")
     p.add_argument("--replay", default=ReplayMode.RESAMPLE.value, help="trace replay: recorded or resample (default)")
     p.add_argument("--replicas", type=int, default=8, help="R replicas (default: %(default)s)")
     p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")

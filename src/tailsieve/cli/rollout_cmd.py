@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
-from tailsieve.cli._common import console
+from tailsieve.cli._common import add_trace_columns, console, trace_columns
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import Api, Endpoint, SamplingParams
@@ -66,6 +66,7 @@ def register(sub: Any) -> None:
     p.add_argument("--replay-lengths", metavar="WORKLOAD",
                    help="fixed-length replay: ignore_eos and max_tokens per request from this workload/trace")
     p.add_argument("--replay-mode", default="recorded", help="replay mode of --replay-lengths (recorded|resample)")
+    add_trace_columns(p, "a --replay-lengths trace file")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
     add_model_args(p)
     p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS][,acceptance=…] for the controller's "
@@ -189,7 +190,8 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                                   stop)
     api = Api.CHAT if args.api == "auto" and template is Template.CODE else Api(
         "completions" if args.api == "auto" else args.api)
-    replay = load_workload(args.replay_lengths, mode=args.replay_mode) if args.replay_lengths else None
+    replay = (load_workload(args.replay_lengths, mode=args.replay_mode, **trace_columns(args))
+              if args.replay_lengths else None)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     faults = fault_policy(args)
     if args.seed < 0:

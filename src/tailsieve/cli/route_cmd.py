@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from tailsieve.cli._common import console, print_json
+from tailsieve.cli._common import add_trace_columns, console, print_json, trace_columns
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
@@ -79,6 +79,7 @@ def register(sub: Any) -> None:
                        description="Run every known-length routing policy on each step of a trace under the "
                                    "all-admit model; report makespans and speedups over uniform group routing.")
     p.add_argument("--trace", help="bundled trace name or CSV/JSONL file (default: the bundled KodCode R1 trace)")
+    add_trace_columns(p)
     p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve: built-in name or file (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=8, help="R identical replicas (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G responses per prompt group (default: %(default)s)")
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
     curve = load_curve(args.curve)
-    trace = require_tokens(load_trace(args.trace))
+    trace = require_tokens(load_trace(args.trace, **trace_columns(args)))
     steps, left_out = trace_steps(trace, args.groups, args.group_size)
     per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
     if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):

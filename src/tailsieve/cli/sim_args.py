@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tailsieve.cli._common import trace_columns
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
@@ -120,14 +121,14 @@ def pool_spec(args: argparse.Namespace) -> PoolSpec:
 
 
 def load_inputs(args: argparse.Namespace) -> Workload:
-    """The workload under the validated --replay mode."""
+    """The workload under the validated --replay mode, with the trace's --length-column / --prompt-column."""
     try:
         mode = ReplayMode(args.replay)
     except ValueError:
         mode = ReplayMode.SYNTHETIC
     if mode is ReplayMode.SYNTHETIC:
         raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
-    return load_workload(args.workload, mode=mode, seed=args.seed)
+    return load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
 
 
 @contextmanager

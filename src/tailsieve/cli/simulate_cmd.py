@@ -16,7 +16,7 @@ from rich.table import Table
 
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
-from tailsieve.cli._common import console, plot_path, print_json
+from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
@@ -38,6 +38,7 @@ def register(sub: Any) -> None:
                     "print a Table-1-style comparison (mean step time after warm-up, speedup over uniform, final "
                     "q and m, wasted tokens, length bias) and the partial-rollout capture rates.")
     p.add_argument("--workload", help="bundled workload name or trace file (default: kodcode-r1)")
+    add_trace_columns(p, "a --workload trace file")
     p.add_argument("--replay", default=DEFAULT_REPLAY.value,
                    help="trace replay mode: recorded (exact cyclic) or resample (i.i.d. per generation; default)")
     p.add_argument("--curve", default="h100-llama3-8b",

@@ -41,6 +41,8 @@ class TpotCurve:
     description: str = ""
     source: str = ""
     extension: str = ""
+    licence: str = ""  # the licence of the measurements behind a built-in curve (data/ATTRIBUTION.md)
+    derivation: str = ""  # how the points were computed from the source's rows
 
     def __post_init__(self) -> None:
         _validate_points(self.name, self.batch, self.tpot_ms)
@@ -69,6 +71,8 @@ class TpotCurve:
             "description": self.description,
             "source": self.source,
             "extension": self.extension,
+            "licence": self.licence,
+            "derivation": self.derivation,
         }
 
 
@@ -187,7 +191,7 @@ def read_curve_file(path: Path) -> TpotCurve:
 
 @lru_cache(maxsize=1)
 def builtin_curves() -> dict[str, TpotCurve]:
-    """The named curves shipped with the package (derived from published measurements; see data/CURVES.md)."""
+    """The named curves shipped with the package (derived from published measurements; see data/ATTRIBUTION.md)."""
     raw = json.loads(resources.files("tailsieve").joinpath("data/curves.json").read_text(encoding="utf-8"))
     out: dict[str, TpotCurve] = {}
     for entry in raw["curves"]:
@@ -198,6 +202,8 @@ def builtin_curves() -> dict[str, TpotCurve]:
             description=entry["description"],
             source=entry["source"],
             extension=entry["extension"],
+            licence=entry["licence"],
+            derivation=entry.get("derivation", ""),
         )
     return out
 

@@ -264,6 +264,7 @@ def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
         description=(f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, "
                      f"c={spec.cost:g}, v={spec.verify:g}, p={spec.share:g})"),
         source=base.source,
+        licence=base.licence,
         extension="exact: derived from the base curve at every batch size (docs/speculative.md)",
     )
 

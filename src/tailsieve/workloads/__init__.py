@@ -1,7 +1,8 @@
 """Workloads (§2.3, App. A.5, App. B): which prompts come and how long each generation of them is.
 
 `workload.py` (replay modes, `load_workload`), `traces.py` (trace files), `synthetic.py` (the calibrated generator),
-`regimes.py` (video/VLM RL, multi-turn agentic search, drifting low-prompt-share math).
+`regimes.py` (video/VLM RL, multi-turn agentic search, drifting low-prompt-share math, rare prompt-independent
+cap hits).
 """
 
 from tailsieve.workloads.workload import (

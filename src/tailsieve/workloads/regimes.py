@@ -1,9 +1,9 @@
 """RL workload regimes beyond the paper's math workload (issue 14): video/VLM RL, multi-turn agentic search, math RL
-with a low prompt share and lengths that grow over the run.
+with a low prompt share and lengths that grow over the run; and rare, prompt-independent cap hits (issue 22).
 
-`video-rl` and `math-drift` are `SyntheticModel`s with other parameters; `agent-search` is `AgentModel`, whose
-samples are several decode turns separated by tool calls (`turns`, `tool_wait_s`). Every draw is a pure function of
-(seed, prompt, generation[, step]): common random numbers across policies. The targets and which of them are
+`video-rl`, `math-drift` and `rare-cap` are `SyntheticModel`s with other parameters; `agent-search` is `AgentModel`,
+whose samples are several decode turns separated by tool calls (`turns`, `tool_wait_s`). Every draw is a pure
+function of (seed, prompt, generation[, step]): common random numbers across policies. The targets and which of them are
 assumptions rather than published statistics are in docs/workloads.md ("Workload regimes").
 """
 
@@ -37,6 +37,16 @@ VIDEO_CONFIG = SyntheticConfig(
 MATH_DRIFT_CONFIG = SyntheticConfig(
     mu=6.97, sigma_prompt=0.47, sigma_checkpoint=0.10, sigma_interaction=0.15, sigma_sample=0.75,
     runaway_logit=-3.93, runaway_prompt_slope=1.0, growth=1.75, growth_steps=200, prompt_prefix="mathdrift",
+)
+
+
+# (d) rare cap hits (issue 22): the synthetic-math bulk, softly bounded at 6000 tokens, and a runaway to the 16384 cap
+# with probability 1 % for every sample of every prompt (runaway_prompt_slope = 0: sigmoid(-ln 99) = 1/100),
+# so a cap hit is luck, not a property of the prompt, and a step that waits for one takes 2-3x as long.
+RARE_CAP_SHARE = 0.01
+RARE_CAP_CONFIG = SyntheticConfig(
+    ceiling=6000.0, runaway_logit=-math.log(1.0 / RARE_CAP_SHARE - 1.0), runaway_prompt_slope=0.0,
+    prompt_prefix="rarecap",
 )
 
 
@@ -137,4 +147,6 @@ REGIMES: dict[str, tuple[Callable[[int], SyntheticModel | AgentModel], str]] = {
                      "multi-turn agentic search: 2-8 turns, 2 s tool wait between turns, low prompt share"),
     "math-drift": (lambda seed: SyntheticModel(MATH_DRIFT_CONFIG, seed=seed),
                    "math RL, prompt share ~17%, lengths grow 1.75x over 200 steps (cap 16384)"),
+    "rare-cap": (lambda seed: SyntheticModel(RARE_CAP_CONFIG, seed=seed),
+                 "math bulk below ~6k; 1% of samples of any prompt run to the 16384 cap (prompt-independent)"),
 }

@@ -293,13 +293,16 @@ def load_workload(
     length_column: str | None = None,
     prompt_column: str | None = None,
 ) -> Workload:
-    """A workload by bundled name or trace path (None: kodcode-r1); synthetic names ignore `mode`."""
+    """A workload by bundled name or trace path (None: kodcode-r1); synthetic names ignore `mode` and refuse columns."""
     m = parse_mode(mode)
     if seed < 0 or seed != math.floor(seed):
         raise ConfigError(f"seed must be a non-negative integer, got {seed}")
     if spec is None:
         spec = "synthetic-math" if m is ReplayMode.SYNTHETIC else DEFAULT_TRACE
     if isinstance(spec, str) and spec in generator_names():
+        if length_column is not None or prompt_column is not None:
+            raise ConfigError(f"workload '{spec}' is generated, not read from a file: a length or prompt column "
+                              "applies to trace files only")
         return synthetic_workload(spec, seed=seed)
     if m is ReplayMode.SYNTHETIC:
         raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
