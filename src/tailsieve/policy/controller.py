@@ -392,7 +392,9 @@ class TailSieveController(Controller):
         bound = self.q_step()
         new_q = int(np.clip(q + np.clip(step, -bound, bound), 1, self.q_limit()))
         goal = int(np.clip(round(target), 1, self.q_limit())) if self.gain_on_target else new_q
-        if new_q == q or cost(goal) > cost(q) * (1 - cfg.q_gain) or cost(new_q) > cost(q) * (1 + cfg.q_gain):
+        if new_q != q and cost(new_q) > cost(q) * (1 + cfg.q_gain):
+            new_q = goal  # the bounded step lands on a worse stretch of T̂(q) (a cliff of pinned candidates): go on
+        if new_q == q or cost(goal) > cost(q) * (1 - cfg.q_gain):
             return replace(state, q=q, velocity=v if new_q == q else v * 0.5), False
         hold = 1 if new_q > q else 2
         return replace(state, q=new_q, velocity=v, hold=hold, settled=0, note=f"q {q}->{new_q}"), True

@@ -33,7 +33,9 @@ from tailsieve.policy.mean_field import MeanFieldPools, uniform_makespan
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool averages within itself)
+RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool averages within itself), at least
+# MIN_RESAMPLES: the step-to-step spread (a long pinned candidate now and then) needs a few pools even at N = 512
+MIN_RESAMPLES = 4
 MEAN_FIELD_REQUESTS = 65_536  # per-candidate request finishes (K·(N + E)·G) above which two-pool splits use the
 # mean-field forecast (`policy.mean_field`) instead of the exact all-admit lanes
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
@@ -182,7 +184,8 @@ class Predictor:
         self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
         self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
         rng = np.random.default_rng(_SEED)
-        k = resamples if resamples is not None else int(np.clip(round(RESAMPLES * 64 / groups), 2, RESAMPLES))
+        auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
+        k = resamples if resamples is not None else auto
         fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
         self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
         self.cand = _candidates(fresh, max(extra, 1), candidates, candidate_steps, rng)  # (K, E, G)
