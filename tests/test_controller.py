@@ -363,3 +363,68 @@ def test_pinned_candidates_join_the_tail_history() -> None:
     np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:3])
     s = c._with_history(ControlState(q=1, m=2), replace(o, pinned=0))
     np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:1])
+
+
+def test_the_outer_loop_scans_the_whole_range_of_m_on_any_fleet() -> None:
+    """`tailsieve` scores every split up to 16 replicas and a 12-point grid plus C.2's radius beyond; the literal
+    `tailsieve-paper` only the radius. Moves between splits shift at most R/16 replicas (1 on small fleets)."""
+    small, paper = make("tailsieve", r=8), make("tailsieve-paper", r=8)
+    assert small.m_candidates(3) == [1, 2, 4, 5, 6, 7] and paper.m_candidates(3) == [1, 2, 4, 5]
+    big = make("tailsieve", n=512, r=64)
+    got = big.m_candidates(30)
+    assert {1, 63, 28, 29, 31, 32} <= set(got) and 30 not in got and len(got) <= 12 + 4
+    assert small.m_step() == 1 and big.m_step() == 4 and make("tailsieve-paper", n=512, r=64).m_step() == 1
+
+
+def test_leaving_uniform_on_a_large_fleet_reaches_a_split_far_beyond_the_radius() -> None:
+    """From (0, 0) the best split of a large fleet (here m = 24 of 64) is found and reached in one decision."""
+    c = make("tailsieve", n=512, r=64, m0=0, m_gain=0.0)
+    f = fixed_forecast("tailsieve", c, lambda q, m: 100.0 if m == 0 else 60.0 + abs(m - 24))
+    s = ControlState(q=0, m=0, history=(history(n=512),))
+    out = f.outer(s, f.predictor(s))
+    assert out.m in {m for m in c.m_candidates(0) if abs(m - 24) <= 3}
+
+
+def test_the_q_gain_test_prices_the_target_not_the_bounded_step() -> None:
+    """T̂(q) flat up to q = E, better at E: every bounded step alone gains nothing, the target gains 50%.
+    `tailsieve-fixed` walks there in steps of at most max(2, E/4); the literal rule tests the step and stays."""
+    c = make("tailsieve-fixed", n=64, r=8, rho=0.5, q0=1)  # E = 32
+    cost = lambda q, m: 5.0 if q == 32 else 10.0  # noqa: E731
+    f = fixed_forecast("tailsieve-fixed", c, cost)
+    lit = fixed_forecast("tailsieve-paper", c, cost)
+    assert f.q_step() == 8 and lit.q_step() == 2
+    s = ControlState(q=1, m=4)
+    qs = [1]
+    for _ in range(12):
+        s, moved = f._move_q(replace(s, hold=0), 32.0, lambda q: cost(q, 4))
+        qs.append(s.q)
+    assert qs[-1] == 32 and max(np.diff(qs)) <= 8
+    held, moved = lit._move_q(ControlState(q=1, m=4), 32.0, lambda q: cost(q, 4))
+    assert held.q == 1 and not moved
+
+
+def test_uniform_steps_refresh_the_candidate_history() -> None:
+    """A uniform step regenerates no candidate; its batch stands in (split half: ranked on half of each group's
+    members, regenerated as the other half), so one heavy two-pool step is diluted as uniform steps go by."""
+    c = make("tailsieve", n=16, r=4, rho=0.25)  # E = 4
+    batch = history(n=16)
+    pseudo = c.uniform_candidates(batch)
+    assert pseudo.shape == (4, 4)
+    top = np.argsort(-batch[:, :2].max(axis=1), kind="stable")[:4]
+    assert pseudo.tolist() == np.concatenate([batch[top, 2:]] * 2, axis=1).tolist()
+    heavy = np.full((4, 4), 16384, dtype=np.int64)
+    s = ControlState(q=0, m=0, history=(batch,), tail_history=(heavy, heavy))
+    before = c._calibrated(s, c.predictor(s), 4, 1)
+    for k in range(6):
+        s = c._with_history(s, StepObservation(step=k, q=0, m=0, warmup=False, candidates=0, tail_s=0.0,
+                                                bulk_s=1.0, consumed_lengths=history(n=16, seed=k + 1)))
+    assert len(s.tail_history) == 8 and c._calibrated(s, c.predictor(s), 4, 1) < 0.85 * before  # 2 of 8 steps heavy
+
+
+def test_a_return_to_uniform_is_not_reversed_before_min_dwell() -> None:
+    c = make("tailsieve", m0=0, m_gain=0.0, min_dwell=3)
+    f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else 10.0)
+    s = ControlState(q=0, m=0, history=(history(),), returns=1, dwell=1)
+    assert f.outer(s, f.predictor(s)).m == 0  # one uniform step after the return
+    assert f.outer(replace(s, dwell=3), f.predictor(s)).m > 0
+    assert f.outer(replace(s, returns=0, dwell=0), f.predictor(s)).m > 0  # the start leaves at once

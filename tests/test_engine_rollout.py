@@ -131,6 +131,11 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
     assert priced.move_cost_s == 12.5
     held = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, reversals=3, move_dir=-1)))))
     assert (held.reversals, held.move_dir) == (3, -1)
+    learnt = replace(state.control, bias_tail=0.05, bias_bulk=-0.02, bias_uniform=0.01, bias_step=0.07, returns=2,
+                     uniform_dispatch="request")
+    back = control_from_json(json.loads(json.dumps(control_to_json(learnt))))
+    assert (back.bias_tail, back.bias_bulk, back.bias_uniform, back.bias_step) == (0.05, -0.02, 0.01, 0.07)
+    assert (back.returns, back.uniform_dispatch) == (2, "request")
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3

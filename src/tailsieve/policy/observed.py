@@ -5,9 +5,10 @@ bootstrap forecast, that ratio mixes the model's error with the luck of the step
 with a response at the length cap doubles T_tail and, through an EMA, makes every split look slow for many steps
 (issue 22). Here the prediction is made on the step's own requests, on the lanes they ran on: the tail pool's
 groups to completion, the bulk pool's consumed groups plus the cut ones stopped at their progress (in the
-all-admit model a request that stops at the cutoff leaves its lane exactly as an abort does). The ratio is then
-the model's error alone (exactly 1 for the simulator's all-admit replicas), and the draw's luck goes where it
-belongs, into the length history.
+all-admit model a request that stops at the cutoff leaves its lane as an abort does, up to the one iteration its
+progress, counted in whole tokens, leaves out). The ratio is then the model's error alone (1 for the simulator's
+all-admit replicas, exactly or within one decode iteration when pinned groups outlast the cutoff), and the draw's
+luck goes where it belongs, into the length history.
 """
 
 from __future__ import annotations

@@ -1,0 +1,91 @@
+"""Calibration (`policy.calibration`): model error from the step's own requests, forecast biases clipped and slow,
+so one outlier step cannot hold the controller anywhere (issue 22)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tailsieve.loop import StepLoop, make_controller
+from tailsieve.model.curves import load_curve
+from tailsieve.policy.calibration import BIAS_CLIP, calibrate, factors
+from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.router import Router, RouterConfig
+from tailsieve.simulation.executor import SimExecutor
+from tailsieve.workloads import load_workload
+
+CFG = ControllerConfig()
+
+
+def observation(*, q: int, m: int, tail_s: float, bulk_s: float) -> StepObservation:
+    return StepObservation(step=3, q=q, m=m, warmup=False, candidates=2, tail_s=tail_s, bulk_s=bulk_s,
+                           consumed_lengths=np.ones((4, 2), np.int64))
+
+
+def test_an_outlier_step_moves_the_bias_by_at_most_the_clip_and_leaves_the_model_error() -> None:
+    """A regenerated group at the cap doubles T_tail: the model on that step's requests says so too (the model is
+    right), so the model error stays 1, and the forecast bias moves by bias_ema · BIAS_CLIP, not by the 2×."""
+    s = ControlState(q=2, m=1)
+    out = calibrate(s, observation(q=2, m=1, tail_s=200.0, bulk_s=90.0), CFG, modelled=(200.0, 90.0),
+                    forecast=(100.0, 90.0), forecast_step=100.0)
+    assert out.calib_tail == pytest.approx(1.0) and out.calib_bulk == pytest.approx(1.0)
+    assert out.bias_tail == pytest.approx(CFG.bias_ema * BIAS_CLIP)
+    assert out.bias_bulk == pytest.approx(0.0)
+    assert out.bias_step == pytest.approx(CFG.bias_ema * BIAS_CLIP)  # 200 / 100, clipped
+    ct, cb, _ = factors(out)
+    assert ct == pytest.approx(math.exp(0.02)) and cb == pytest.approx(1.0)
+
+
+def test_model_error_is_measured_against_the_models_own_forecast_of_the_step() -> None:
+    """An engine 25% slower than the model: the model error learns it at the `ema` rate, the bias stays put."""
+    s = ControlState(q=2, m=1)
+    out = calibrate(s, observation(q=2, m=1, tail_s=125.0, bulk_s=125.0), CFG, modelled=(100.0, 100.0),
+                    forecast=(100.0, 100.0))
+    assert out.calib_tail == pytest.approx(1 + CFG.ema * 0.25) and out.calib_bulk == pytest.approx(1 + CFG.ema * 0.25)
+    assert (out.bias_tail, out.bias_bulk, out.bias_step) == (0.0, 0.0, 0.0)
+
+
+def test_without_a_request_record_the_forecast_is_the_reference_and_no_bias_is_learnt() -> None:
+    s = ControlState(q=2, m=1)
+    out = calibrate(s, observation(q=2, m=1, tail_s=150.0, bulk_s=50.0), CFG, modelled=None, forecast=(100.0, 100.0))
+    assert out.calib_tail == pytest.approx(1 + CFG.ema * 0.5) and out.calib_bulk == pytest.approx(1 - CFG.ema * 0.5)
+    assert (out.bias_tail, out.bias_bulk) == (0.0, 0.0)
+
+
+def test_uniform_steps_learn_the_uniform_pair_and_age_the_two_pool_biases() -> None:
+    s = ControlState(q=0, m=0, bias_tail=0.1, bias_bulk=-0.1, bias_step=0.2)
+    out = calibrate(s, observation(q=0, m=0, tail_s=0.0, bulk_s=110.0), CFG, modelled=(0.0, 100.0),
+                    forecast=(0.0, 100.0))
+    decay = 1 - CFG.bias_ema
+    assert (out.bias_tail, out.bias_bulk, out.bias_step) == pytest.approx((0.1 * decay, -0.1 * decay, 0.2 * decay))
+    assert out.calib_uniform == pytest.approx(1.1)  # the first uniform step seeds it
+    assert out.bias_uniform == 0.0
+    assert factors(out)[2] == pytest.approx(1.1)
+    assert factors(replace(out, calib_uniform=math.nan, calib_bulk=0.9))[2] == pytest.approx(0.9 * math.exp(-0.09))
+
+
+def test_warmup_steps_teach_nothing() -> None:
+    s = ControlState(q=2, m=1)
+    ob = replace(observation(q=2, m=1, tail_s=500.0, bulk_s=500.0), warmup=True)
+    assert calibrate(s, ob, CFG, modelled=(1.0, 1.0), forecast=(1.0, 1.0)) == s
+
+
+def test_in_the_simulator_the_model_error_stays_one() -> None:
+    """All-admit simulated replicas are the model: every model-error factor stays at 1 (to the one iteration a cut
+    request's whole-token progress leaves out), whatever the draws do; only the biases move."""
+    wl = load_workload("synthetic-math", seed=1)
+    rc = RouterConfig(groups=16, group_size=4, replicas=4, rho=0.25)
+    curve = load_curve("h100-llama3-8b")
+    loop = StepLoop(Router(rc, wl.prompts), make_controller("tailsieve", rc, bulk_curve=curve))
+    ex = SimExecutor(wl, curve, rc)
+    state, ran = loop.initial(), set()
+    for _ in range(12):
+        out = loop.step(state, ex)
+        state, c = out.state, out.state.control
+        ran.add(out.plan.m > 0 and not out.plan.warmup)
+        assert c.calib_tail == pytest.approx(1.0, abs=2e-3) and c.calib_bulk == pytest.approx(1.0, abs=2e-3)
+        assert math.isnan(c.calib_uniform) or c.calib_uniform == pytest.approx(1.0, abs=2e-3)
+    assert ran == {True, False}  # two-pool and uniform (or warm-up) steps both ran
