@@ -1,22 +1,31 @@
-"""Controller quality: mean step time of `tailsieve` against the best static (q, m) in hindsight and uniform.
+"""Controller quality: mean step time of the adaptive policies against the best static (q, m) in hindsight, verl-lif
+and uniform; one command per section (bench/README.md).
 
 Run: `python bench/bench_controller.py [--quick] [--steps 30] [--seeds 0,1,2] [--max-redraws 1] [--json out.json]`.
 For every workload regime × curve × seed it grids static (q, m) over q = 1..E, m = 1..R−1 on the same prompt stream
-and length draws (`run_policy` with one `SimConfig`), and prints, per adaptive policy: its speedup over uniform,
-the gap to the best static (q, m) in hindsight (1 − speedup / best, %), a `<u` flag when it is more than 1% slower
-than uniform, and the bias columns of the run's report (`tailsieve.analysis.metrics.summarize`): the length ratio
+and length draws (`run_policy` with one `SimConfig`), runs `verl-lif` (verl's request load balancer), and prints, per
+adaptive policy: its speedup over uniform, the gap to the best static (q, m) in hindsight (1 − speedup / best, %),
+the gap to the reference max(best static, verl-lif) (`gref`), a `<u` flag when it is more than 1% slower than
+uniform, the bias columns of the run's report (`tailsieve.analysis.metrics.summarize`): the length ratio
 `mean_ratio` (consumed mean length / uniform's), the truncation ratio against uniform, redraws max/mean, and
 the bias-corrected length ratio `wratio` with its effective-sample-size share `ess` (opt-in weights, computed here
-for every adaptive run; they change no decision). Then
-the max and mean gap per policy, and the cases below uniform. `held-out` is the static split picked on the other seeds
-of the same workload and curve, on this seed: the best static in hindsight is the largest of 49 noisy estimates,
-so it is biased up; the held-out split is one a user could have fixed before the run. The drift section runs
-`math-drift` over its whole ramp (`--drift-steps`) with a per-window switching oracle: an upper bound on what any
-controller that tracks the drift can gain over the best single split.
+for every adaptive run; they change no decision), and `mur`: the longest run of consecutive steps (after SKIP_STEPS)
+at m = 0. Then the max and mean gap per policy, the cases below uniform, the issue-22 counts against the reference
+(within 3%, more than 6% below, below 0.99x uniform) and the rare-cap check (no run more than 3 consecutive steps
+at (0, 0) where the best static split beats uniform by >= 10%). `held-out` is the static split picked on the other
+seeds of the same workload and curve, on this seed: the best static in hindsight is the largest of 49 noisy
+estimates, so it is biased up; the held-out split is one a user could have fixed before the run. The drift section
+runs `math-drift` over its whole ramp (`--drift-steps`) with a per-window switching oracle: an upper bound on what
+any controller that tracks the drift can gain over the best single split.
 
-Targets (issue 14): at the default redraw limit `tailsieve` within 3% of the best static everywhere, never more
-than 1% below uniform, ≥ 3% ahead of the best static on `math-drift`. `--max-redraws 8` gives the same table at the
-pre-issue-14 limit. The `capped` trace (80% of responses at the 16384 cap) is the case where isolation cannot help.
+Sections (each instead of the main table; `controller_sections.py`): `--fleet` (R = 32, 64, 256, N = 8R, coarse
+static grid), `--decompose` (where the time goes: perfect ranking, static and switching oracles, request vs group
+placement, known lengths), `--fig6b` (convergence of (q, m) from different starts, rho 0.5).
+
+Targets (issue 22): `tailsieve` >= 0.97x max(best static, verl-lif) everywhere, never below 0.99x uniform, never
+more than 6% below the reference on any seed; at large fleets >= 0.95x the best static. `--max-redraws 8` gives
+the main table at the pre-issue-14 limit. The `capped` trace (80% of responses at the 16384 cap) is the case where
+isolation cannot help; `rare-cap` (1% of the responses of any prompt at the cap) one where cutting a few tails pays.
 """
 
 from __future__ import annotations
@@ -32,16 +41,20 @@ from typing import Any
 
 import numpy as np
 
+from controller_sections import add_arguments, decompose_section, fig6b_section, fleet_section
 from tailsieve.analysis.metrics import summarize
-from tailsieve.loop import SKIP_STEPS
+from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
-WORKLOADS = ("kodcode-r1", "kodcode-tests", "synthetic-math", "video-rl", "agent-search", "math-drift", "capped")
-CURVES = ("h100-llama3-8b", "a100-llama3-8b")
+WORKLOADS = ("kodcode-r1", "kodcode-tests", "synthetic-math", "video-rl", "agent-search", "math-drift", "rare-cap",
+             "capped")
+CURVES = ("h100-llama3-8b", "a100-llama3-8b", "a100x4-mixtral-8x7b")
+NEAR, FAR = 0.03, 0.06  # summary thresholds: within 3% of the reference; more than 6% below it
+RARE_CAP_GAIN, RARE_CAP_RUN = 1.10, 3  # issue 22: best static >= 1.10x uniform => at most 3 steps in a row at (0, 0)
 
 
 def capped_trace(folder: Path) -> Path:
@@ -69,8 +82,19 @@ class Case:
     capped: str
 
 
+def uniform_runs(run: PolicyRun, skip: int = SKIP_STEPS) -> tuple[int, int]:
+    """Longest run of consecutive steps (after `skip`) at m == 0: counting the warm-up steps (recorded at (0, 0)),
+    and counting only the steady ones (a warm-up step breaks the run)."""
+    best = cur = best_steady = cur_steady = 0
+    for s in run.steps[skip:]:
+        cur = cur + 1 if s.m == 0 else 0
+        cur_steady = cur_steady + 1 if s.m == 0 and not s.warmup else 0
+        best, best_steady = max(best, cur), max(best_steady, cur_steady)
+    return best, best_steady
+
+
 def run_case(c: Case) -> dict[str, Any]:
-    """Uniform, the static grid and the adaptive policies of one case; one JSON-able row."""
+    """Uniform, verl-lif, the static grid and the adaptive policies of one case; one JSON-able row."""
     wl = load_workload(c.capped if c.workload == "capped" else c.workload, mode="resample", seed=c.seed)
     curve = load_curve(c.curve)
     rc = RouterConfig(max_redraws=c.max_redraws)
@@ -83,18 +107,22 @@ def run_case(c: Case) -> dict[str, Any]:
     static = {f"{q},{m}": base / run_policy("static", wl, curve, cfg(q=q, m=m)).mean_step_s()
               for q in range(1, rc.extra + 1) for m in range(1, rc.replicas)}
     best_key = max(static, key=lambda k: static[k])
+    verl = base / run_policy("verl-lif", wl, curve, cfg()).mean_step_s()
     row: dict[str, Any] = {"workload": c.workload, "curve": c.curve, "seed": c.seed, "best": static[best_key],
-                           "best_qm": [int(x) for x in best_key.split(",")], "static": static, "policies": {}}
+                           "best_qm": [int(x) for x in best_key.split(",")], "static": static, "verl": verl,
+                           "reference": max(static[best_key], verl), "policies": {}}
     ctl = ControllerConfig(**json.loads(c.controller))
     for p in c.policies:
         run = run_policy(p, wl, curve, cfg(controller=ctl, bias_correction=True))  # weights change no decision
         s = summarize({"uniform": uniform, p: run})[p]
         sp = float(s.speedup or 0.0)
         t, w = s.truncation, s.weighting
+        mur, mur_steady = uniform_runs(run)
         row["policies"][p] = {
-            "speedup": sp, "gap": 1 - sp / row["best"], "below_uniform": sp < 0.99,
-            "final_qm": [run.final_q, run.final_m],
-            "qm_path": sorted({(r.q, r.m) for r in run.steps[2:]}),
+            "speedup": sp, "gap": 1 - sp / row["best"], "gap_ref": 1 - sp / row["reference"],
+            "below_uniform": sp < 0.99, "final_qm": [run.final_q, run.final_m],
+            "qm_path": sorted({(r.q, r.m) for r in run.steps[SKIP_STEPS:]}),
+            "max_uniform_run": mur, "max_uniform_run_steady": mur_steady,
             "mean_ratio": None if s.bias is None else s.bias.mean_ratio,
             "truncated_ratio": None if t is None else t.ratio,
             "redraws_max": s.redraws.max, "redraws_mean": s.redraws.mean,
@@ -189,37 +217,47 @@ def _f(x: float | None, fmt: str) -> str:
     return "  —  " if x is None else format(x, fmt)
 
 
+def _label(r: dict[str, Any]) -> str:
+    """workload/curve/seed, the curve shortened to its hardware (h100, a100, a100x4)."""
+    return f"{r['workload']}/{r['curve'].split('-')[0]}/{r['seed']}"
+
+
 def print_table(rows: list[dict[str, Any]], policies: tuple[str, ...], max_redraws: int, steps: int) -> None:
-    """One line per case: the best static split, the held-out split and each adaptive policy's columns."""
-    print(f"max_redraws {max_redraws}, {steps} steps, N=64x8, R=8; speedup over uniform; gap = 1 - speedup/best "
-          "static; <u: more than 1% below uniform; ratio = mean length / uniform's; trunc = truncated share / "
-          "uniform's; redraws max/mean; wratio = bias-corrected length ratio, ess = its ESS share; held-out = "
-          "the static split best on the other seeds, on this one")
-    head = f"{'workload':15s} {'curve':15s} sd  best (q,m) held-out "
+    """One line per case: the best static split, the held-out split, verl-lif, the reference and each adaptive
+    policy's columns."""
+    print(f"max_redraws {max_redraws}, {steps} steps, N=64x8, R=8; speedup over uniform; best = best static (q,m) in "
+          "hindsight; verl = verl-lif (request dealing, nothing cut); ref = max(best, verl); gap = 1 - speedup/best; "
+          "gref = 1 - speedup/ref; <u: more than 1% below uniform; ratio = mean length / uniform's; trunc = "
+          "truncated share / uniform's; redr = redraws max/mean; wratio = bias-corrected length ratio, ess = its "
+          "ESS share; mur = longest run of consecutive steps at m = 0 after the first "
+          f"{SKIP_STEPS} (warm-ups count); held-out = the static split best on the other seeds, on this one")
+    head = f"{'workload':14s} {'curve':19s} sd  best (q,m)  held-out verl  ref   "
     for p in policies:
-        head += f"| {p:16s} speedup   gap  (q,m)  ratio trunc redr   wratio ess "
+        head += f"| {p:15s} speedup  gap   gref (q,m)  ratio trunc redr   wratio ess  mur "
     print(head)
     for r in rows:
         bq, bm = r["best_qm"]
-        line = (f"{r['workload']:15s} {r['curve']:15s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm}) "
-                f"{_f(r['held_out'], '.3f')}   ")
+        line = (f"{r['workload']:14s} {r['curve']:19s} {r['seed']:2d}  {r['best']:.3f} ({bq},{bm}) "
+                f"{_f(r['held_out'], '.3f')}    {r['verl']:.3f} {r['reference']:.3f} ")
         for p in policies:
             c = r["policies"][p]
-            line += (f"| {'':16s} {c['speedup']:.3f}{'<u' if c['below_uniform'] else '  '} {100 * c['gap']:5.1f}% "
-                     f"({c['final_qm'][0]},{c['final_qm'][1]}) {_f(c['mean_ratio'], '.3f')} "
-                     f"{_f(c['truncated_ratio'], '.2f')} {c['redraws_max']}/{c['redraws_mean']:.2f} "
-                     f"{_f(c['weighted_ratio'], '.3f')} {_f(c['ess_ratio'], '.2f')} ")
+            line += (f"| {'':15s} {c['speedup']:.3f}{'<u' if c['below_uniform'] else '  '} {100 * c['gap']:5.1f}% "
+                     f"{100 * c['gap_ref']:5.1f}% ({c['final_qm'][0]},{c['final_qm'][1]}) "
+                     f"{_f(c['mean_ratio'], '.3f')} {_f(c['truncated_ratio'], '.2f')} "
+                     f"{c['redraws_max']}/{c['redraws_mean']:.2f} {_f(c['weighted_ratio'], '.3f')} "
+                     f"{_f(c['ess_ratio'], '.2f')} {c['max_uniform_run']:3d} ")
         print(line)
 
 
 def print_summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
-    """Per policy: max and mean gap (in hindsight and held-out), cases within 3% and below uniform, per workload."""
+    """Per policy: max and mean gap (in hindsight and held-out), cases within 3% and below uniform, per workload;
+    then the issue-22 counts against the reference max(best static, verl-lif)."""
     for p in policies:
         g = np.array([r["policies"][p]["gap"] for r in rows]) * 100
-        below = [f"{r['workload']}/{r['curve'][:4]}/{r['seed']}" for r in rows if r["policies"][p]["below_uniform"]]
+        below = [_label(r) for r in rows if r["policies"][p]["below_uniform"]]
         worst = rows[int(np.argmax(g))]
         gu = np.array([1 - r["policies"][p]["speedup"] / max(r["best"], 1.0) for r in rows]) * 100
-        print(f"{p}: max gap {g.max():.1f}% ({worst['workload']}/{worst['curve'][:4]}/{worst['seed']})  "
+        print(f"{p}: max gap {g.max():.1f}% ({_label(worst)})  "
               f"mean gap {g.mean():.1f}%  within 3%: {int((g <= 3).sum())}/{g.size}  "
               f"(against max(best static, uniform): max {gu.max():.1f}%, mean {gu.mean():.1f}%)  "
               f"below uniform by >1%: {len(below)} {' '.join(below)}")
@@ -232,6 +270,68 @@ def print_summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None
             hw = [1 - r["policies"][p]["speedup"] / r["held_out"] for r in rows if r["workload"] == w and r["held_out"]]
             tail = f"  held-out: max {100 * max(hw):5.1f}%" if hw else ""
             print(f"    {w:15s} max gap {gw.max():5.1f}%  mean gap {gw.mean():5.1f}%{tail}")
+    print_reference_summary(rows, policies)
+
+
+def print_reference_summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
+    """Issue 22: per policy, cases within 3% of max(best static, verl-lif), more than 6% below it, below 0.99x
+    uniform; the target check (>= 0.97x the reference as a mean over seeds in every workload x curve, never more than
+    6% below on any seed, never below 0.99x uniform)."""
+    print(f"\nagainst the reference max(best static, verl-lif) (verl-lif is the reference in "
+          f"{sum(r['verl'] > r['best'] for r in rows)}/{len(rows)} cases):")
+    for p in policies:
+        gref = np.array([r["policies"][p]["gap_ref"] for r in rows])
+        far = [_label(r) for r in rows if r["policies"][p]["gap_ref"] > FAR]
+        below = [_label(r) for r in rows if r["policies"][p]["below_uniform"]]
+        pairs = {(r["workload"], r["curve"]) for r in rows}
+        means = {k: float(np.mean([r["policies"][p]["speedup"] / r["reference"] for r in rows
+                                   if (r["workload"], r["curve"]) == k])) for k in pairs}
+        short = sorted(f"{w}/{cv.split('-')[0]} {v:.3f}" for (w, cv), v in means.items() if v < 1 - NEAR)
+        ok = not short and not far and not below
+        print(f"{p:16s} within 3%: {int((gref <= NEAR).sum())}/{gref.size}  >6% below: {len(far)} {' '.join(far)}  "
+              f"<0.99x uniform: {len(below)} {' '.join(below)}  max gref {100 * gref.max():.1f}%  "
+              f"mean {100 * gref.mean():.1f}%")
+        print(f"{'':16s} target (mean over seeds >= 0.97x ref in every workload x curve, none >6% below, none "
+              f"<0.99x uniform): {'MET' if ok else 'NOT met'}"
+              + (f"; below 0.97x: {', '.join(short)}" if short else ""))
+
+
+def print_rare_cap(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
+    """Issue 22's rare-cap target, per case: when the best static split beats uniform by >= 10%, no adaptive run
+    spends more than 3 consecutive steps at (0, 0)."""
+    rare = [r for r in rows if r["workload"] == "rare-cap"]
+    if not rare:
+        return
+    print(f"\nrare-cap: best static >= {RARE_CAP_GAIN:.2f}x uniform => at most {RARE_CAP_RUN} consecutive steps at "
+          f"(0, 0) after step {SKIP_STEPS} (run: warm-ups counted / steady steps only)")
+    for r in rare:
+        applies = r["best"] >= RARE_CAP_GAIN
+        cells = []
+        for p in policies:
+            c = r["policies"][p]
+            verdict = ("ok" if c["max_uniform_run"] <= RARE_CAP_RUN else "FAIL") if applies else "n/a"
+            cells.append(f"{p} {c['max_uniform_run']}/{c['max_uniform_run_steady']} {verdict}")
+        print(f"  {r['curve']:19s} seed {r['seed']}: best {r['best']:.3f} ({'applies' if applies else 'gain < 10%'})"
+              f"  " + "  ".join(cells))
+
+
+def run_sections(args: argparse.Namespace) -> None:
+    """`--fleet`, `--decompose`, `--fig6b` (any of them, in this order) instead of the main table; `--quick` shrinks
+    each to a smoke-test size."""
+    if args.quick:
+        args.fleet_replicas, args.fleet_steps, args.fleet_grid, args.fleet_grid_slow = "32", 10, (3, 4), (2, 2)
+        args.decompose_steps, args.decompose_workloads = 20, "kodcode-r1,synthetic-math,rare-cap,capped"
+        args.fig6b_steps = 30
+    out: dict[str, Any] = {}
+    if args.fleet:
+        out["fleet"] = fleet_section(args)
+    if args.decompose:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["decompose"] = decompose_section(args, str(capped_trace(Path(tmp))))
+    if args.fig6b:
+        out["fig6b"] = fig6b_section(args)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 def main() -> None:
@@ -243,13 +343,17 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--curves", default=",".join(CURVES))
     ap.add_argument("--max-redraws", type=int, default=RouterConfig().max_redraws)
-    ap.add_argument("--policies", default="tailsieve,tailsieve-paper")
+    ap.add_argument("--policies", default="tailsieve,tailsieve-paper,tailsieve-fixed")
     ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--drift-steps", type=_count(0), default=200, help="steps of the math-drift ramp section (0: skip)")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
+    add_arguments(ap)
     args = ap.parse_args()
+    if args.fleet or args.decompose or args.fig6b:
+        run_sections(args)
+        return
     seeds, curves, steps = [int(s) for s in args.seeds.split(",")], args.curves.split(","), args.steps
     if args.quick:
         seeds, curves, steps = [0], ["h100-llama3-8b"], 20
@@ -267,6 +371,7 @@ def main() -> None:
     held_out(rows)
     print_table(rows, policies, args.max_redraws, steps)
     print_summary(rows, policies)
+    print_rare_cap(rows, policies)
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"max_redraws": args.max_redraws, "steps": steps, "rows": rows}, indent=1))
