@@ -149,14 +149,17 @@ def make_controller(
 
 def step_work(plan: StepPlan, result: StepResult) -> StepWork:
     """The step's requests as they ran, plan order (tail first): tokens (a cut request's at the cutoff), replica,
-    and which groups were consumed (what `policy.observed` forecasts for exactly this work)."""
+    which groups were consumed and which were drawn fresh (what `policy.observed` forecasts for exactly this work,
+    and the controller's sample of fresh group work)."""
     outcome = {o.ref.uid: o for o in result.outcomes}
     groups = (*plan.tail, *plan.bulk)
     g = len(plan.placement[groups[0].uid]) if groups else 0
     lengths = np.array([outcome[ref.uid].lengths for ref in groups], dtype=np.int64).reshape(len(groups), g)
     lanes = np.array([plan.placement[ref.uid] for ref in groups], dtype=np.int64).reshape(len(groups), g)
     kept = np.array([outcome[ref.uid].status is GroupStatus.DONE for ref in groups], dtype=bool)
-    return StepWork(lengths, lanes, len(plan.tail), kept)
+    fresh = np.array([ref.cuts == 0 for ref in groups], dtype=bool)
+    finished = np.array([outcome[ref.uid].finished_members for ref in groups], dtype=np.int64)
+    return StepWork(lengths, lanes, len(plan.tail), kept, fresh, finished)
 
 
 def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:

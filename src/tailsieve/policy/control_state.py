@@ -57,6 +57,8 @@ class StepWork:
     lanes: NDArray[np.int64]  # (P, G) replica of each request
     tail: int  # the first `tail` groups ran in the tail pool
     kept: NDArray[np.bool_]  # (P,) groups consumed (run to completion)
+    fresh: NDArray[np.bool_] | None = None  # (P,) groups drawn from the stream this step (never cut before)
+    finished: NDArray[np.int64] | None = None  # (P,) members that finished (a cut group's shortest ones)
 
 
 @dataclass(frozen=True, slots=True)

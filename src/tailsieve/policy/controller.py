@@ -25,6 +25,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.fresh import fresh_sample
 from tailsieve.policy.observed import observed_times
 from tailsieve.policy.predictor import Predictor, _split_half_candidates
 from tailsieve.policy.router import RouterConfig
@@ -95,7 +96,8 @@ class Controller:
     # helpers shared by the adaptive controllers -------------------------------------------------------------
     def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
         keep = self.config.history_steps
-        hist = (*state.history, obs.consumed_lengths)[-keep:]
+        sample = None if obs.work is None else fresh_sample(obs.work, state.history, obs.step)
+        hist = (*state.history, obs.consumed_lengths if sample is None else sample)[-keep:]
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
