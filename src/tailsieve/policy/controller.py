@@ -27,7 +27,7 @@ from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.fresh import fresh_sample
 from tailsieve.policy.observed import observed_times
-from tailsieve.policy.predictor import Predictor, _split_half_candidates
+from tailsieve.policy.predictor import Predictor, split_half_candidates
 from tailsieve.policy.router import RouterConfig
 
 __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "StepObservation", "TailSieveController",
@@ -111,9 +111,9 @@ class Controller:
 
     def uniform_candidates(self, batch: np.ndarray) -> np.ndarray:
         """The E candidates a uniform step's batch stands for, likeliest tail first: ranked on one half of each
-        group's members, their regenerated lengths the other half (`predictor._split_half_candidates`)."""
+        group's members, their regenerated lengths the other half (`predictor.split_half_candidates`)."""
         width = min(self.router.extra, batch.shape[0])
-        out: np.ndarray = _split_half_candidates(batch[None].astype(np.float64), width)[0].astype(np.int64)
+        out: np.ndarray = split_half_candidates(batch[None].astype(np.float64), width)[0].astype(np.int64)
         return out
 
     def _learn_move_cost(self, state: ControlState, obs: StepObservation) -> ControlState:

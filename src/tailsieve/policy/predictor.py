@@ -14,7 +14,7 @@ model with round-robin dispatch:
 - uniform (0, 0): N fresh groups on all R replicas, group-atomic round-robin, all to completion.
 
 Before any tail group has been observed, candidates are modelled by split-half selection within the consumed
-groups (`_split_half_candidates`).
+groups (`split_half_candidates`).
 T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
 tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measured/predicted calibrations.
 """
@@ -103,7 +103,7 @@ def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_requ
     return out
 
 
-def _split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
+def split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
     """Candidates before any tail was observed: select on one half of each group, regenerate with the other.
 
     A group's members are independent generations of one prompt, so ranking a pool by the longest member of the
@@ -135,7 +135,7 @@ def _candidates(fresh: FloatArray, width: int, candidates: NDArray[np.int64] | N
         pick = rng.integers(0, rows.shape[0], size=(k, width))
         by_rank: FloatArray = rows[pick, np.arange(width)[None, :]]  # rank r of pool k from a random step's rank r
         return by_rank
-    prior = _split_half_candidates(fresh, width)
+    prior = split_half_candidates(fresh, width)
     obs = np.zeros((0, g), np.float64) if candidates is None else candidates.astype(np.float64)
     seen = obs.shape[0]
     if seen >= 2 * width:  # enough regenerated tail groups observed: use them alone
