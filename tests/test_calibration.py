@@ -11,7 +11,7 @@ import pytest
 
 from tailsieve.loop import StepLoop, make_controller
 from tailsieve.model.curves import load_curve
-from tailsieve.policy.calibration import BIAS_CLIP, calibrate, factors
+from tailsieve.policy.calibration import BIAS_CLIP, COUNTERFACTUAL_CLIP, calibrate, factors, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.router import Router, RouterConfig
 from tailsieve.simulation.executor import SimExecutor
@@ -89,3 +89,15 @@ def test_in_the_simulator_the_model_error_stays_one() -> None:
         assert c.calib_tail == pytest.approx(1.0, abs=2e-3) and c.calib_bulk == pytest.approx(1.0, abs=2e-3)
         assert math.isnan(c.calib_uniform) or c.calib_uniform == pytest.approx(1.0, abs=2e-3)
     assert ran == {True, False}  # two-pool and uniform (or warm-up) steps both ran
+
+
+def test_the_uniform_counterfactual_moves_the_uniform_bias_by_its_clipped_log_ratio() -> None:
+    """A split step's counterfactual uniform time against the bootstrap forecast: log(1.2) enters the slow EMA as
+    it is; a 2× miss is clipped at COUNTERFACTUAL_CLIP; the two-pool biases and model errors are untouched."""
+    s0 = ControlState(q=2, m=2, bias_tail=0.05)
+    s1 = learn_uniform(s0, 1.2, 1.0, CFG)
+    assert s1.bias_uniform == pytest.approx(CFG.bias_ema * math.log(1.2))
+    s2 = learn_uniform(s0, 1.0, 2.0, CFG)
+    assert s2.bias_uniform == pytest.approx(-CFG.bias_ema * COUNTERFACTUAL_CLIP)
+    assert (s2.bias_tail, s2.calib_bulk, s2.bias_step) == (0.05, s0.calib_bulk, 0.0) and math.isnan(s2.calib_uniform)
+    assert learn_uniform(s0, 0.0, 1.0, CFG) == s0  # nothing measured: nothing learnt

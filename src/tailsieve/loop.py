@@ -159,7 +159,8 @@ def step_work(plan: StepPlan, result: StepResult) -> StepWork:
     kept = np.array([outcome[ref.uid].status is GroupStatus.DONE for ref in groups], dtype=bool)
     fresh = np.array([ref.cuts == 0 for ref in groups], dtype=bool)
     finished = np.array([outcome[ref.uid].finished_members for ref in groups], dtype=np.int64)
-    return StepWork(lengths, lanes, len(plan.tail), kept, fresh, finished)
+    uids = np.array([ref.uid for ref in groups], dtype=np.int64)
+    return StepWork(lengths, lanes, len(plan.tail), kept, fresh, finished, uids)
 
 
 def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:

@@ -113,7 +113,7 @@ def control_to_json(s: ControlState) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(s):
         v = getattr(s, f.name)
-        if f.name in ("history", "tail_history"):
+        if f.name in ("history", "tail_history", "last_fresh"):
             out[f.name] = [a.tolist() for a in v]
         elif isinstance(v, float):
             out[f.name] = _num(v)
@@ -129,7 +129,7 @@ def control_from_json(obj: dict[str, Any]) -> ControlState:
         if f.name not in obj:
             continue
         v = obj[f.name]
-        if f.name in ("history", "tail_history"):
+        if f.name in ("history", "tail_history", "last_fresh"):
             kw[f.name] = tuple(np.asarray(a, dtype=np.int64).reshape(-1, len(a[0]) if a else 0) for a in v)
         elif f.type == "float":  # NaN was written as null
             kw[f.name] = math.nan if v is None else float(v)

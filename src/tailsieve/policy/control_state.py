@@ -59,6 +59,7 @@ class StepWork:
     kept: NDArray[np.bool_]  # (P,) groups consumed (run to completion)
     fresh: NDArray[np.bool_] | None = None  # (P,) groups drawn from the stream this step (never cut before)
     finished: NDArray[np.int64] | None = None  # (P,) members that finished (a cut group's shortest ones)
+    uids: NDArray[np.int64] | None = None  # (P,) stream uid of each group (links a cut group to its regeneration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +107,7 @@ class ControlState:
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
+    # the last two-pool step's fresh groups as they ran (`policy.fresh.fresh_record`; empty: none pending): its cut
+    # groups are completed once their regenerations are seen, the next step
+    last_fresh: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""

@@ -23,10 +23,10 @@ import numpy as np
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.calibration import calibrate, ema, factors
+from tailsieve.policy.calibration import calibrate, ema, factors, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
-from tailsieve.policy.fresh import fresh_sample
-from tailsieve.policy.observed import observed_times
+from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regenerations
+from tailsieve.policy.observed import observed_times, uniform_counterfactual
 from tailsieve.policy.predictor import Predictor, split_half_candidates
 from tailsieve.policy.router import RouterConfig
 
@@ -94,10 +94,14 @@ class Controller:
         raise NotImplementedError
 
     # helpers shared by the adaptive controllers -------------------------------------------------------------
-    def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
+    def _with_history(self, state: ControlState, obs: StepObservation,
+                      redo: np.ndarray | None = None) -> ControlState:
         keep = self.config.history_steps
-        sample = None if obs.work is None else fresh_sample(obs.work, state.history, obs.step)
-        hist = (*state.history, obs.consumed_lengths if sample is None else sample)[-keep:]
+        past = state.history
+        if redo is not None and past:  # the last step's sample, its cut groups completed by their regenerations
+            past = (*past[:-1], redo)
+        sample = None if obs.work is None else fresh_sample(obs.work, past, obs.step)
+        hist = (*past, obs.consumed_lengths if sample is None else sample)[-keep:]
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
@@ -107,7 +111,22 @@ class Controller:
             # on one half of each group, regenerate with the other (the predictor's split-half prior); without
             # this one heavy observed step would price every split for as long as the controller stays uniform
             tails = (*tails, self.uniform_candidates(obs.consumed_lengths))[-2 * keep :]
-        return self._learn_move_cost(replace(state, history=hist, tail_history=tails), obs)
+        last: tuple[np.ndarray, ...] = ()
+        if obs.work is not None and obs.work.uids is not None and obs.m > 0 and obs.q > 0 and not obs.warmup:
+            rec = fresh_record(obs.work)
+            last = () if rec is None or rec[:, 1].all() else (rec,)
+        state = replace(state, history=hist, tail_history=tails, last_fresh=last)
+        return self._learn_move_cost(state, obs)
+
+    def completed_last(self, state: ControlState, obs: StepObservation) -> np.ndarray | None:
+        """The last two-pool step's fresh groups with their cut members completed (`policy.fresh.complete`), now that
+        this step regenerated them (None: nothing pending): what that step's fresh work really was, as well as it can
+        be told; it replaces the sample made at the cutoff and prices the uniform boundary (`_calibrate`)."""
+        if not state.last_fresh or obs.work is None or not state.history:
+            return None
+        rec = state.last_fresh[0]
+        population = (rec[rec[:, 1] == 1, 3:], *state.history[:-1])
+        return complete(rec, population, obs.step - 1, regenerations(obs.work))
 
     def uniform_candidates(self, batch: np.ndarray) -> np.ndarray:
         """The E candidates a uniform step's batch stands for, likeliest tail first: ranked on one half of each
@@ -152,7 +171,8 @@ class Controller:
             return float(np.mean(pred.uniform_times(state.uniform_dispatch == "request"))) * cu
         return pred.makespan(q, m, ct, cb) * math.exp(state.bias_step)
 
-    def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation) -> ControlState:
+    def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation,
+                   redo: np.ndarray | None = None) -> ControlState:
         """The model error and forecast bias after a step (`policy.calibration`): the model on the step's own
         requests (`policy.observed`) against the measured times and against the bootstrap forecast at the
         executed split (at uniform steps: with the placement that ran)."""
@@ -169,7 +189,14 @@ class Controller:
         fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times(dealt)))
         ct, cb, _ = factors(state)
         step = pred.makespan(obs.q, obs.m, ct, cb) if obs.m > 0 and obs.q > 0 else math.nan
-        return calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb), forecast_step=step)
+        state = calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb), forecast_step=step)
+        if redo is not None and redo.shape[0] == self.router.groups:
+            # the uniform boundary priced on the last split step's fresh groups: what a uniform step would have run
+            by_request = state.uniform_dispatch == "request"
+            cf = uniform_counterfactual(redo, self.router.replicas, by_request, self.curve,
+                                        kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
+            state = learn_uniform(state, cf, float(np.mean(pred.uniform_times(by_request))), self.config)
+        return state
 
     def q_limit(self) -> int:
         """q never exceeds the candidates a step produces (E), nor N − 1."""
@@ -352,10 +379,11 @@ class TailSieveController(Controller):
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
-        state = replace(self._with_history(state, obs), dwell=state.dwell + (0 if obs.warmup else 1),
+        redo = self.completed_last(state, obs)
+        state = replace(self._with_history(state, obs, redo), dwell=state.dwell + (0 if obs.warmup else 1),
                         since_move=state.since_move + 1)
         pred = self.predictor(state)
-        state = self._calibrate(state, pred, obs)
+        state = self._calibrate(state, pred, obs, redo)
         if state.m > 0:
             state, moved = self.inner(state, pred, obs)
             if moved:

@@ -30,31 +30,67 @@ _SEED = 20261201
 def fresh_sample(work: StepWork, history: tuple[NDArray[np.int64], ...], step: int) -> NDArray[np.int64] | None:
     """(F, G) lengths of the step's fresh groups, cut members completed by censored resampling (None when the step
     drew no fresh group, e.g. a uniform step that ran only returning candidates)."""
+    rec = fresh_record(work)
+    if rec is None:
+        return None
+    return complete(rec, (work.lengths[work.kept].ravel(), *(h.ravel() for h in history)), step)
+
+
+def fresh_record(work: StepWork) -> NDArray[np.int64] | None:
+    """(F, 3 + G) the step's fresh groups as they ran: uid (−1 unknown), consumed (0/1), finished members, then the
+    G lengths (a cut request's at the cutoff). What `complete` fills in, now or once the regenerations are seen."""
     fresh = work.fresh if work.fresh is not None else np.ones(work.kept.shape, dtype=bool)
     fresh = fresh.copy()
     fresh[: work.tail] = False  # the tail pool runs candidates only
     if not fresh.any():
         return None
-    groups = work.lengths[fresh].astype(np.int64)
-    cut = ~work.kept[fresh]
-    if not cut.any():
-        return groups
-    done = work.lengths[work.kept].ravel()
-    pool = np.sort(np.concatenate([done, *(h.ravel() for h in history)]).astype(np.int64))
+    g = work.lengths.shape[1]
+    uids = work.uids[fresh] if work.uids is not None else np.full(int(fresh.sum()), -1, np.int64)
+    kept = work.kept[fresh]
+    done = np.zeros(kept.shape, np.int64) if work.finished is None else np.minimum(work.finished[fresh], g)
+    done = np.where(kept, g, done)
+    return np.column_stack((uids, kept, done, work.lengths[fresh])).astype(np.int64)
+
+
+def regenerations(work: StepWork) -> dict[int, NDArray[np.int64]]:
+    """uid → member lengths of every candidate this step regenerated to completion (a cut group of an earlier step,
+    run again from scratch): the same prompt's next draw."""
+    if work.uids is None:
+        return {}
+    fresh = work.fresh if work.fresh is not None else np.ones(work.kept.shape, dtype=bool)
+    rows = np.flatnonzero(work.kept & ~fresh)
+    return {int(work.uids[i]): work.lengths[i] for i in rows}
+
+
+def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], step: int,
+             regen: dict[int, NDArray[np.int64]] | None = None) -> NDArray[np.int64]:
+    """(F, G) lengths of a `fresh_record`, each cut member (censored at its progress p) drawn from lengths of at
+    least p: of the same prompt's regeneration when it has such members (`regen`: where the prompt sets the length,
+    its own next draw knows it best), else of the member lengths in `population`; p itself when none is that long.
+    Seeded by the step number: the controller stays a pure function of its inputs."""
+    out = rec[:, 3:].copy()
+    rows = np.flatnonzero(rec[:, 1] == 0)
+    if rows.size == 0:
+        return out
+    pool = np.sort(np.concatenate([np.asarray(a, np.int64).ravel() for a in population]))
     rng = np.random.default_rng((_SEED, step))
-    out = groups.copy()
-    rows = np.flatnonzero(cut)
-    g = out.shape[1]
-    done_n = (np.zeros(rows.size, np.int64) if work.finished is None
-              else np.minimum(work.finished[fresh][rows], g))
     # members of a cut group all started at t = 0, so the ones that finished are its shortest: the rest are censored
-    rank = np.argsort(np.argsort(out[rows], axis=1, kind="stable"), axis=1, kind="stable")
-    censored = rank >= done_n[:, None]
-    p = out[rows][censored]
-    lo = np.searchsorted(pool, p, side="left")  # pool[lo:] >= p
-    n_ge = pool.size - lo
-    pick = lo + np.floor(rng.random(p.size) * np.maximum(n_ge, 1)).astype(np.int64)
     block = out[rows]
-    block[censored] = np.where(n_ge > 0, pool[np.minimum(pick, pool.size - 1)], p)
+    rank = np.argsort(np.argsort(block, axis=1, kind="stable"), axis=1, kind="stable")
+    censored = rank >= rec[rows, 2][:, None]
+    draw = rng.random(block.shape)
+    for j, i in enumerate(rows):
+        own = np.sort((regen or {}).get(int(rec[i, 0]), np.zeros(0, np.int64)))
+        for k in np.flatnonzero(censored[j]):
+            block[j, k] = _at_least(own, block[j, k], draw[j, k], pool)
     out[rows] = block
     return out
+
+
+def _at_least(own: NDArray[np.int64], p: int, u: float, pool: NDArray[np.int64]) -> int:
+    """A length of at least p: from `own` when it has one, else from `pool`, else p (u: the uniform draw)."""
+    for source in (own, pool):
+        lo = int(np.searchsorted(source, p, side="left"))
+        if lo < source.size:
+            return int(source[lo + min(int(u * (source.size - lo)), source.size - lo - 1)])
+    return int(p)
