@@ -198,11 +198,12 @@ class SpecConfig:
 
     def position_acceptance(self, b: int = 1) -> NDArray[np.float64]:
         """P(position k accepted | 1..k−1 accepted) for k = 1..d at concurrency b: α(b)·γ^(k−1)."""
-        return self.alphas(np.asarray([b]))[0] * self.gamma ** np.arange(self.depth, dtype=np.float64)
+        return np.asarray(self.alphas(np.asarray([b]))[0] * self.gamma ** np.arange(self.depth, dtype=np.float64),
+                          dtype=np.float64)
 
     def alphas(self, b: NDArray[np.int64]) -> NDArray[np.float64]:
         """α(b) = clip(α + s·log2 b, 0, 1) for every b in the array."""
-        return np.clip(self.alpha + self.acceptance_slope * np.log2(b), 0.0, 1.0)
+        return np.asarray(np.clip(self.alpha + self.acceptance_slope * np.log2(b), 0.0, 1.0), dtype=np.float64)
 
     def expected_tokens_at(self, b: NDArray[np.int64]) -> NDArray[np.float64]:
         """ā(b) for every b: 1 + p·Σ_k Π_{j≤k} α(b)·γ^(j−1)."""
