@@ -129,7 +129,7 @@ def side_by_side_verdict(table: BudgetTable) -> str:
     ub, tb = table.best_baseline, table.best_tailsieve
     best_sym = min(table.rows, key=lambda r: (r.symmetric.mean_step_s, r.d_base))
     head = (f"route-specific depths beat {table.policy} d/d by more than {100 * ROUTE_WIN:g}% at budgets "
-            f"{[r.d_base for r in wins]} (best {max(r.route_credit for r in table.rows):.3f}×)" if wins else
+            f"{[r.d_base for r in wins]} (best {max(r.route_credit for r in wins):.3f}×)" if wins else
             f"route-specific depths never beat {table.policy} d/d by more than {100 * ROUTE_WIN:g}% "
             f"with a tail pool in use: no Fig. 6a effect here")
     if placement:
