@@ -130,7 +130,8 @@ def test_per_pool_speculation_flags_and_config_file(capsys: pytest.CaptureFixtur
                      "mtp:4,acceptance=0.8,verify_cost=0.5")
     assert flags["spec"]["tail"] | {"expected_tokens": 0} == {
         "method": "mtp", "tokens": 4, "acceptance": 0.8, "decay": 0.95, "draft_cost": 0.1, "verify_cost": 0.5,
-        "draft_share": 1.0, "drafter": "autoregressive", "expected_tokens": 0}
+        "draft_share": 1.0, "token_cost": 0.0, "token_cost_slope": 0.0, "acceptance_slope": 0.0,
+        "drafter": "autoregressive", "expected_tokens": 0}
     # uniform runs every replica as bulk: unchanged; the static policy's tail pool speculates
     assert flags["policies"]["uniform"]["steps"] == plain["policies"]["uniform"]["steps"]
     tail = [s["tail_s"] for s in flags["policies"]["static"]["steps"][1:2]]
@@ -159,10 +160,14 @@ def test_matched_budget_table(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert all(s["tail_bound_share"] is None or 0 <= s["tail_bound_share"] <= 1 for s in rows[1]["splits"])
     assert rows[0]["uniform_s"] == pytest.approx(doc["reference_s"])
     assert doc["best_uniform_budget"] in (0, 1) and doc["best_uniform_budget"] in doc["useful_uniform_budgets"]
+    assert rows[0]["tail_only"] is None and (rows[1]["tail_only"]["d_bulk"], rows[1]["tail_only"]["d_tail"]) == (0, 1)
+    best = min(s["mean_step_s"] for s in rows[1]["splits"])
+    assert rows[1]["route_credit"] == rows[1]["splits"][0]["mean_step_s"] / best
     out_png = tmp_path / "budget.png"
     assert main(["simulate", *SMALL, "--spec", "mtp", "--spec-budgets", "0,1", "--plot", str(out_png)]) == 0
     cap = capsys.readouterr()
     assert "Matched-budget speculation" in cap.out and "best budget: uniform d=" in cap.out and cap.err == ""
+    assert "Route credit" in cap.out and "route-specific depths" in cap.out
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -176,3 +181,21 @@ def test_ranking_is_chosen_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.strip()
     assert err == ("tailsieve simulate: error: unknown candidate ranking 'nope' (valid: least-progress, "
                    "stream-order)")
+
+
+def test_side_by_side_verdict_separates_depths_from_placement() -> None:
+    from tailsieve.cli.simulate_spec import side_by_side_verdict
+    from tailsieve.model.speculative import SpecConfig, SpecMethod
+    from tailsieve.simulation.spec_budget import BudgetRow, BudgetTable, SplitRun
+
+    nan = float("nan")
+    rows = (BudgetRow(0, 100.0, (SplitRun(0, 0, 90.0, 2, 2, 0.5),)),
+            BudgetRow(1, 80.0, (SplitRun(1, 1, 75.0, 2, 2, 0.5), SplitRun(0, 2, 70.0, 2, 2, 0.6))),
+            BudgetRow(2, 85.0, (SplitRun(2, 2, 80.0, 0, 0, 0.4), SplitRun(1, 3, 72.0, 0, 0, nan),
+                                SplitRun(0, 4, 79.0, 1, 1, 0.2))))
+    table = BudgetTable(SpecConfig(SpecMethod.MTP), "tailsieve", 100.0, rows)
+    assert side_by_side_verdict(table) == (
+        "route-specific depths beat tailsieve d/d by more than 1% at budgets [1] (best 1.071×); at budgets [2] the "
+        "best split beats d/d only because its run never placed a tail pool (its tail depth made the predictor keep "
+        "every replica bulk at d_bulk): a placement effect, not route-specific depths; best of each: uniform d=1 "
+        "1.250×, tailsieve d/d d=1 1.333×, best split d=1 0/2 1.429× (1.071× its best d/d).")

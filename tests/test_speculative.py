@@ -226,7 +226,8 @@ def test_parse_spec() -> None:
         ("warp:3", "--tail-spec.method must be one of none, mtp"),
         ("mtp:x", "--tail-spec: tokens must be an integer, got 'x'"),
         ("mtp:3,alpha=0.5",
-         "expected key=value with key in acceptance, decay, draft_cost, verify_cost, draft_share, got 'alpha=0.5'"),
+         "expected key=value with key in acceptance, decay, draft_cost, verify_cost, draft_share, token_cost, "
+         "token_cost_slope, acceptance_slope, got 'alpha=0.5'"),
         ("mtp:3,acceptance=high", "--tail-spec: acceptance must be a number, got 'high'"),
         ("mtp:40", "--tail-spec: speculative tokens must be an integer in 0..32, got 40"),
     ]:
@@ -320,7 +321,13 @@ def test_matched_budget_structure() -> None:
     ).mean_step_s()
     assert all(r.best in r.splits and r.best.mean_step_s == min(s.mean_step_s for s in r.splits) for r in table.rows)
     assert table.speedup(table.reference_s) == 1.0
-    assert len(seen) == 4 * (1 + 2 + 1 + 2 + 3) and "static 0/2" in seen
+    assert len(seen) == 4 * (1 + 2 + 1 + 2 + 3 + 2) and "static 0/2" in seen  # + tail-only 0/1 and 0/2
+    assert table.rows[0].tail_only is None
+    assert [(r.tail_only.d_bulk, r.tail_only.d_tail) for r in table.rows[1:] if r.tail_only] == [(0, 1), (0, 2)]
+    tail_only = PoolSpec(tail=SpecConfig(MTP, 2), bulk=SpecConfig(MTP, 0))
+    only = run_policy("static", wl, CURVE, replace(cfg, spec=tail_only))
+    assert table.rows[2].tail_only is not None and table.rows[2].tail_only.mean_step_s == only.mean_step_s()
+    assert [r.route_credit for r in table.rows] == [r.splits[0].mean_step_s / r.best.mean_step_s for r in table.rows]
     split = table.rows[2].splits[1]  # 1/3: recompute the tail-bound share from the run's own steps
     run = run_policy("static", wl, CURVE, replace(cfg, spec=PoolSpec(tail=SpecConfig(MTP, 3), bulk=SpecConfig(MTP, 1))))
     two_pool = [s for s in run.steps[SKIP_STEPS:] if s.m > 0 and s.q > 0]

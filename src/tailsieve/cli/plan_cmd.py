@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from tailsieve.analysis.report import fidelity_notes, policy_json, summarize, summary_table
+from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
@@ -55,6 +56,7 @@ def register(sub: Any) -> None:
     p.add_argument("--prefill-ms-per-token", type=float, default=None, help="override the model file's prefill term")
     p.add_argument("--seed", type=int, default=0, help="seed of the resampled draws (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/profile.md)")
+    plan_spec.add_arguments(p)
     p.set_defaults(func=run, q=None, m=None, q0=None, m0=None, dispatch="request", ranking=DEFAULT_RANKING,
                    shuffle=False, restart_s=0.0, config=None, tail_spec=None, bulk_spec=None)
 
@@ -90,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         "pays": bool(ada.speedup is not None and ada.verdict is not None and not ada.verdict.within_noise
                      and ada.speedup > 1),
     }
+    if args.spec:
+        doc["spec_depths"] = plan_spec.answer(args, workload, model.curve, config, ADAPTIVE)
     if args.json:
         for key in ("best_static", "tailsieve"):
             doc[key].pop("steps", None)
@@ -103,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     _answer(con, doc)
+    if args.spec:
+        plan_spec.print_answer(con, doc["spec_depths"])
     return 0
 
 

@@ -17,9 +17,16 @@ from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.speculative import SpecConfig, SpecMethod, parse_spec
 from tailsieve.simulation.runs import ORACLES
-from tailsieve.simulation.spec_budget import DEFAULT_BUDGETS, BudgetTable, check_budgets, matched_budget
+from tailsieve.simulation.spec_budget import (
+    DEFAULT_BUDGETS,
+    BudgetTable,
+    SplitRun,
+    check_budgets,
+    matched_budget,
+)
 
 NEAR_BEST = 0.02  # a budget is "useful" while its step time is within 2% of the best budget's
+ROUTE_WIN = 0.01  # route-specific depths "win" when the best split is over 1% faster than d/d at the same budget
 
 
 def parse_budgets(text: str) -> tuple[int, ...]:
@@ -46,7 +53,7 @@ def spec_template(text: str) -> SpecConfig:
     spec = parse_spec(text, "--spec")
     if spec.method is SpecMethod.NONE:
         raise ConfigError("--spec needs a speculative method (mtp, eagle3, dflash, ngram, suffix), got none")
-    if spec.tokens is not None:
+    if ":" in text.split(",")[0]:
         raise ConfigError(f"--spec takes a method, not a depth (the table sweeps --spec-budgets), got {text!r}")
     return spec
 
@@ -62,20 +69,21 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     config = build_config(args, [policy], model)
     curve = model.curve
     workload = load_inputs(args)
-    runs = 1 + sum((d > 0) + d + 1 for d in budgets)
+    runs = 1 + sum(2 * (d > 0) + d + 1 for d in budgets)
     with progress_bar(runs * config.steps, enabled=sys.stderr.isatty()) as tick:
         table = matched_budget(template, budgets, workload, curve, config, policy=policy, on_step=tick)
     replay = "synthetic" if workload.is_synthetic else args.replay
     setting = (f"{workload.name} ({replay}), curve {curve.name}, R={args.replicas}, N={args.groups} × "
                f"G={args.group_size}, {config.steps} steps, ρ={args.rho}")
     if plot is not None:
-        save_plot(table, plot, f"{template.method.value}: {setting}")
+        save_plot(table, plot, f"{args.spec}: {setting}")
     if args.json:
         print_json({"workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
                     "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
-                    "seed": args.seed, "window_skip": SKIP_STEPS, **table_json(table)})
+                    "seed": args.seed, "window_skip": SKIP_STEPS, "spec_text": args.spec, **table_json(table)})
         return 0
-    print_table(table, setting)
+    print_table(table, f"{args.spec}: {setting}")
+    print_side_by_side(table)
     if plot is not None:
         console().print(f"plot saved to {plot}")
     return 0
@@ -98,21 +106,71 @@ def table_json(table: BudgetTable) -> dict[str, Any]:
             "d_base": r.d_base, "uniform_s": r.baseline_s, "uniform_speedup": table.speedup(r.baseline_s),
             "best": {"d_bulk": r.best.d_bulk, "d_tail": r.best.d_tail, "mean_step_s": r.best.mean_step_s,
                      "speedup": table.speedup(r.best.mean_step_s)},
-            "splits": [{"d_bulk": s.d_bulk, "d_tail": s.d_tail, "mean_step_s": s.mean_step_s, "final_q": s.final_q,
-                        "final_m": s.final_m, "speedup": table.speedup(s.mean_step_s),
-                        "tail_bound_share": None if math.isnan(s.tail_bound) else s.tail_bound} for s in r.splits],
+            "splits": [split_json(table, s) for s in r.splits],
+            "tail_only": None if r.tail_only is None else split_json(table, r.tail_only),
+            "route_credit": r.route_credit,
         } for r in table.rows],
         "best_uniform_budget": table.best_baseline.d_base, "best_tailsieve_budget": table.best_tailsieve.d_base,
         "useful_uniform_budgets": useful(table, False), "useful_tailsieve_budgets": useful(table, True),
     }
 
 
+def split_json(table: BudgetTable, s: SplitRun) -> dict[str, Any]:
+    """One TailSieve run at a split."""
+    return {"d_bulk": s.d_bulk, "d_tail": s.d_tail, "mean_step_s": s.mean_step_s, "final_q": s.final_q,
+            "final_m": s.final_m, "speedup": table.speedup(s.mean_step_s),
+            "tail_bound_share": None if math.isnan(s.tail_bound) else s.tail_bound}
+
+
+def side_by_side_verdict(table: BudgetTable) -> str:
+    """Where route-specific depths win at a matched budget (> ROUTE_WIN over d/d), and against uniform's best."""
+    wins = [r for r in table.rows if r.route_credit > 1 + ROUTE_WIN and not math.isnan(r.best.tail_bound)]
+    placement = [r.d_base for r in table.rows if r.route_credit > 1 + ROUTE_WIN and math.isnan(r.best.tail_bound)]
+    ub, tb = table.best_baseline, table.best_tailsieve
+    best_sym = min(table.rows, key=lambda r: (r.symmetric.mean_step_s, r.d_base))
+    head = (f"route-specific depths beat {table.policy} d/d by more than {100 * ROUTE_WIN:g}% at budgets "
+            f"{[r.d_base for r in wins]} (best {max(r.route_credit for r in wins):.3f}×)" if wins else
+            f"route-specific depths never beat {table.policy} d/d by more than {100 * ROUTE_WIN:g}% "
+            f"with a tail pool in use: no Fig. 6a effect here")
+    if placement:
+        head += (f"; at budgets {placement} the best split beats d/d only because its run never placed a tail pool "
+                 "(its tail depth made the predictor keep every replica bulk at d_bulk): a placement effect, "
+                 "not route-specific depths")
+    return (f"{head}; best of each: uniform d={ub.d_base} {table.speedup(ub.baseline_s):.3f}×, {table.policy} d/d "
+            f"d={best_sym.d_base} {table.speedup(best_sym.symmetric.mean_step_s):.3f}×, best split d={tb.d_base} "
+            f"{tb.best.d_bulk}/{tb.best.d_tail} {table.speedup(tb.best.mean_step_s):.3f}× "
+            f"({best_sym.symmetric.mean_step_s / tb.best.mean_step_s:.3f}× its best d/d).")
+
+
+def print_side_by_side(table: BudgetTable) -> None:
+    """The route credit, per budget on the same stream: uniform d/d, TailSieve d/d, 0/d and the best split."""
+    name = table.policy
+    out = Table(title=f"Route credit (same stream; speedup over uniform without speculation, {name} without "
+                      f"speculation: {table.speedup(table.rows[0].symmetric.mean_step_s):.3f}×)")
+    for i, col in enumerate(("budget d", "uniform d/d", f"{name} d/d", f"{name} 0/d (tail only)",
+                             f"{name} best split", "best / d/d", "best / uniform d/d")):
+        out.add_column(col, justify="left" if i == 0 else "right")
+    for r in table.rows:
+        to = "–" if r.tail_only is None else f"{table.speedup(r.tail_only.mean_step_s):.3f}×"
+        out.add_row(str(r.d_base), f"{table.speedup(r.baseline_s):.3f}×",
+                    f"{table.speedup(r.symmetric.mean_step_s):.3f}×", to,
+                    f"{table.speedup(r.best.mean_step_s):.3f}× ({r.best.d_bulk}/{r.best.d_tail}"
+                    f"{', no tail' if math.isnan(r.best.tail_bound) else ''})",
+                    f"{r.route_credit:.3f}×", f"{r.baseline_s / r.best.mean_step_s:.3f}×")
+    con = console()
+    con.print(out)
+    con.print(side_by_side_verdict(table), highlight=False)
+
+
 def print_table(table: BudgetTable, setting: str) -> None:
     """Uniform and TailSieve's best split per budget, then TailSieve at every split (d − k, d + k)."""
     s, name = table.spec, table.policy
     share = "" if s.share == 1.0 else f", draft share {s.share:g}"
-    out = Table(title=f"Matched-budget speculation (§4.3, Fig. 6a): {s.method.value} (α={s.alpha:g}, γ={s.gamma:g}, "
-                      f"draft cost {s.cost:g}, verify cost {s.verify:g}{share}), {name} vs uniform\n{setting}")
+    terms = "" if not s.concurrency_terms else (f", token cost {s.token_cost:.3g} + {s.token_cost_slope:.3g}·log2 b, "
+                                                f"acceptance slope {s.acceptance_slope:g}")
+    out = Table(title=f"Matched-budget speculation (§4.3, Fig. 6a): {s.method.value} (α={s.alpha:.3g}, γ={s.gamma:g}, "
+                      f"draft cost {s.cost:.3g}, verify cost {s.verify:.3g}{share}{terms}), {name} vs uniform"
+                      f"\n{setting}")
     for i, col in enumerate(("budget d", "uniform d/d step s", "speedup", f"{name} best bulk/tail", "step s",
                              "speedup", "vs uniform d/d", "final q/m", "tail-bound steps")):
         out.add_column(col, justify="left" if i == 0 else "right")

@@ -15,6 +15,11 @@ Two calibration constants refine it (both 1 by default, the literal model above)
 of request-iterations carry a draft, so ā = 1 + p·Σ… and 1 + p·d tokens are verified per request) and a
 verification-cost share v (verification costs τ(b) + v·(τ(b(1 + p·d)) − τ(b)): the extra tokens do not re-read the
 weights or the b contexts) — `tailsieve profile --plain-curve` fits both from a real server.
+
+Three concurrency terms (all 0 by default) let cost and acceptance depend on b, as published measurements need
+(`model/spec_calibration.py` fits them): each extra verified token costs a further (u0 + u1·log2 b)·τ(b)
+(`token_cost`, `token_cost_slope`), and the first position's acceptance is α(b) = clip(α + s·log2 b, 0, 1)
+(`acceptance_slope`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from tailsieve.inputs import load_document
 from tailsieve.model.curves import TpotCurve
 
 MAX_TOKENS = 32  # speculative tokens per iteration accepted by the configuration (vLLM allows fewer in practice)
+EXACT_BATCH = 2048  # with concurrency terms the derived curve is tabulated exactly up to here (docs/speculative.md)
 
 
 class SpecMethod(StrEnum):
@@ -104,6 +110,9 @@ class SpecConfig:
     draft_cost: float | None = None  # c, drafting cost as a share of a target pass (shape: `Drafter`)
     verify_cost: float | None = None  # v, share of the curve's growth the extra verified tokens pay (1: τ(b(d+1)))
     draft_share: float | None = None  # p, share of request-iterations that carry a draft
+    token_cost: float = 0.0  # u0: each extra verified token also costs u0·τ(b)
+    token_cost_slope: float = 0.0  # u1: … and u1·log2(b)·τ(b) more (verification dearer at high concurrency)
+    acceptance_slope: float = 0.0  # s: α(b) = clip(α + s·log2 b, 0, 1)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpecMethod):
@@ -122,6 +131,11 @@ class SpecConfig:
                 raise ConfigError(f"speculative {name} must be {span}, got {v!r}")
         if self.draft_cost is not None and not math.isfinite(self.draft_cost):
             raise ConfigError(f"speculative draft_cost must be >= 0 and finite, got {self.draft_cost!r}")
+        for name, lo, hi in (("token_cost", 0.0, 100.0), ("token_cost_slope", 0.0, 100.0),
+                             ("acceptance_slope", -1.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:  # NaN fails the range
+                raise ConfigError(f"speculative {name} must be in [{lo:g}, {hi:g}], got {v!r}")
 
     @property
     def defaults(self) -> MethodDefaults:
@@ -177,15 +191,30 @@ class SpecConfig:
         """The same method and constants at another depth."""
         return replace(self, tokens=tokens)
 
-    def position_acceptance(self) -> NDArray[np.float64]:
-        """P(position k accepted | 1..k−1 accepted) for k = 1..d: α·γ^(k−1)."""
-        return self.alpha * self.gamma ** np.arange(self.depth, dtype=np.float64)
+    @property
+    def concurrency_terms(self) -> bool:
+        """True when cost or acceptance depends on b beyond the base curve (u0, u1 or s non-zero)."""
+        return bool(self.token_cost or self.token_cost_slope or self.acceptance_slope)
 
-    def expected_tokens(self) -> float:
-        """ā: expected tokens a request gains per verification iteration (1 + p·Σ_k Π_{j≤k} α_j)."""
+    def position_acceptance(self, b: int = 1) -> NDArray[np.float64]:
+        """P(position k accepted | 1..k−1 accepted) for k = 1..d at concurrency b: α(b)·γ^(k−1)."""
+        return np.asarray(self.alphas(np.asarray([b]))[0] * self.gamma ** np.arange(self.depth, dtype=np.float64),
+                          dtype=np.float64)
+
+    def alphas(self, b: NDArray[np.int64]) -> NDArray[np.float64]:
+        """α(b) = clip(α + s·log2 b, 0, 1) for every b in the array."""
+        return np.asarray(np.clip(self.alpha + self.acceptance_slope * np.log2(b), 0.0, 1.0), dtype=np.float64)
+
+    def expected_tokens_at(self, b: NDArray[np.int64]) -> NDArray[np.float64]:
+        """ā(b) for every b: 1 + p·Σ_k Π_{j≤k} α(b)·γ^(j−1)."""
         if not self.enabled:
-            return 1.0
-        return float(1.0 + self.share * np.cumprod(self.position_acceptance()).sum())
+            return np.ones(b.shape)
+        pos = self.alphas(b)[:, None] * self.gamma ** np.arange(self.depth, dtype=np.float64)[None, :]
+        return np.asarray(1.0 + self.share * np.cumprod(pos, axis=1).sum(axis=1), dtype=np.float64)
+
+    def expected_tokens(self, b: int = 1) -> float:
+        """ā: expected tokens a request gains per verification iteration at concurrency b."""
+        return float(self.expected_tokens_at(np.asarray([b]))[0])
 
     def curve(self, base: TpotCurve) -> TpotCurve:
         """τ_spec(b) = (τ(b(d+1)) + draft(b))/ā as a TPOT curve (the base curve itself when speculation is off)."""
@@ -202,7 +231,9 @@ class SpecConfig:
         """Resolved constants (defaults filled in) and ā."""
         return {"method": self.method.value, "tokens": self.depth, "acceptance": self.alpha, "decay": self.gamma,
                 "draft_cost": self.cost, "verify_cost": self.verify, "draft_share": self.share,
-                "drafter": self.defaults.drafter.value, "expected_tokens": self.expected_tokens()}
+                "token_cost": self.token_cost, "token_cost_slope": self.token_cost_slope,
+                "acceptance_slope": self.acceptance_slope, "drafter": self.defaults.drafter.value,
+                "expected_tokens": self.expected_tokens()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,39 +272,49 @@ def verify_points(tau: NDArray[np.float64], b: NDArray[np.int64],
 
 @lru_cache(maxsize=128)
 def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
-    """Tabulate τ_spec at b = 1..B, B = last measured batch + 1: past B every term is linear in b (the base curve's
-    own extension), so the curve's linear extension along its last two points is exact too."""
-    d, c, v = spec.depth, spec.cost, spec.verify
+    """Tabulate τ_spec at b = 1..B, B = last measured batch + 1 (EXACT_BATCH with concurrency terms): past B every
+    term is linear in b (the base curve's own extension), so the curve's linear extension along its last two points
+    is exact too; with concurrency terms (log2 b) it is exact up to EXACT_BATCH and linear beyond."""
     n = max(base.batch[-1], 1) + 1
+    if spec.concurrency_terms:
+        n = max(n, EXACT_BATCH)
     b = np.arange(1, n + 1)
-    tau = base.table(n * (d + 1))
-    tau_b, tau_x = verify_points(tau, b, spec.verified_per_request)
-    verify = tau_x if v == 1.0 else tau_b + v * (tau_x - tau_b)
-    drafter = spec.defaults.drafter
-    if drafter is Drafter.AUTOREGRESSIVE:
-        draft = c * d * tau_b
-    elif drafter is Drafter.PARALLEL:
-        draft = c * verify
-    else:
-        draft = c * tau_b
-    per_token_ms = (verify + draft) / spec.expected_tokens() * 1000.0
+    per_token_ms = iteration_s(base.table(n * (spec.depth + 1)), b, spec) / spec.expected_tokens_at(b) * 1000.0
     return TpotCurve(
         name=f"{base.name}+{spec.label}",
         batch=tuple(int(x) for x in b),
         tpot_ms=tuple(float(x) for x in per_token_ms),
         description=(f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, "
-                     f"c={spec.cost:g}, v={spec.verify:g}, p={spec.share:g})"),
+                     f"c={spec.cost:g}, v={spec.verify:g}, p={spec.share:g}, u0={spec.token_cost:g}, "
+                     f"u1={spec.token_cost_slope:g}, s={spec.acceptance_slope:g})"),
         source=base.source,
         licence=base.licence,
         extension="exact: derived from the base curve at every batch size (docs/speculative.md)",
     )
 
 
+def iteration_s(tau: NDArray[np.float64], b: NDArray[np.int64], spec: SpecConfig) -> NDArray[np.float64]:
+    """Seconds of one verification iteration with b running requests (every b of the array), τ table `tau`:
+    verify(b) = τ(b) + v·(τ(b(1 + p·d)) − τ(b)) + p·d·(u0 + u1·log2 b)·τ(b), plus draft(b) by the drafter."""
+    d, c, v = spec.depth, spec.cost, spec.verify
+    tau_b, tau_x = verify_points(tau, b, spec.verified_per_request)
+    verify = tau_x if v == 1.0 else tau_b + v * (tau_x - tau_b)
+    if spec.token_cost or spec.token_cost_slope:
+        verify = verify + spec.share * d * (spec.token_cost + spec.token_cost_slope * np.log2(b)) * tau_b
+    drafter = spec.defaults.drafter
+    if drafter is Drafter.AUTOREGRESSIVE:
+        return np.asarray(verify + c * d * tau_b, dtype=np.float64)
+    if drafter is Drafter.PARALLEL:
+        return np.asarray(verify * (1.0 + c), dtype=np.float64)
+    return np.asarray(verify + c * tau_b, dtype=np.float64)
+
+
 def _methods() -> str:
     return ", ".join(m.value for m in SpecMethod)
 
 
-SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share")
+SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share", "token_cost",
+             "token_cost_slope", "acceptance_slope")
 
 
 def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
@@ -305,11 +346,13 @@ def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
 
 
 def parse_spec(text: str, where: str) -> SpecConfig:
-    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share), e.g.
-    `mtp:5,acceptance=0.8`."""
+    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share, token_cost,
+    token_cost_slope, acceptance_slope), e.g. `mtp:5,acceptance=0.8`; METHOD may also be a built-in profile
+    (`mtp-qwen`, `model/spec_calibration.py`): its fitted constants and measured depth, the given keys on top."""
     head, *opts = [p.strip() for p in text.split(",")]
     method, _, tokens = head.partition(":")
-    obj: dict[str, Any] = {"method": method}
+    profile = _profile(method)
+    obj: dict[str, Any] = {"method": method if profile is None else profile.method.value}
     if tokens:
         try:
             obj["tokens"] = int(tokens)
@@ -323,7 +366,27 @@ def parse_spec(text: str, where: str) -> SpecConfig:
             obj[key.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"{where}: {key.strip()} must be a number, got {value.strip()!r}") from None
-    return spec_from_mapping(obj, where)
+    try:
+        spec = spec_from_mapping(obj, where)
+    except ConfigError as exc:
+        if "method must be one of" not in str(exc):
+            raise
+        from tailsieve.model.spec_calibration import profile_names
+
+        raise ConfigError(f"{exc}, or a profile: {profile_names()}") from None
+    if profile is None:
+        return spec
+    try:
+        return replace(profile, **{k: v for k, v in obj.items() if k != "method"})
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _profile(name: str) -> SpecConfig | None:
+    """A built-in speculation profile by name (imported here: the profiles are built from this module)."""
+    from tailsieve.model.spec_calibration import lookup
+
+    return lookup(name)
 
 
 def read_config(path: Path) -> dict[str, Any]:

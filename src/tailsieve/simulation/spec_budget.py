@@ -3,7 +3,8 @@ TailSieve with d_bulk + d_tail = 2·d_base, on the same prompt stream and draws.
 
 For each budget the baseline is `uniform` (every replica bulk, depth d_base); TailSieve runs every split with
 d_tail ≥ d_bulk (the paper shifts depth from the high-concurrency bulk route to the tail route; the symmetric split
-d_bulk = d_tail = d_base is included). Speedups are over uniform without speculation (Table 2's reference).
+d_bulk = d_tail = d_base is included) and, for the side-by-side route credit, tail-only speculation (0, d_base).
+Speedups are over uniform without speculation (Table 2's reference).
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ class BudgetRow:
     d_base: int
     baseline_s: float
     splits: tuple[SplitRun, ...]
+    tail_only: SplitRun | None = None  # TailSieve with depth d_base on the tail pool only (None at d_base = 0)
+
+    @property
+    def symmetric(self) -> SplitRun:
+        """TailSieve with depth d_base on every replica (d_base/d_base)."""
+        return self.splits[0]
+
+    @property
+    def route_credit(self) -> float:
+        """Symmetric step time over the best split's: > 1 when route-specific depths beat d/d at this budget."""
+        return self.symmetric.mean_step_s / self.best.mean_step_s
 
     @property
     def best(self) -> SplitRun:
@@ -111,16 +123,17 @@ def matched_budget(
         tick = None if on_step is None else (lambda _n, i: on_step(label, i))
         return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
 
+    def split(d_bulk: int, d_tail: int) -> SplitRun:
+        pools = PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk))
+        r = run(policy, pools, f"{policy} {d_bulk}/{d_tail}")
+        return SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m, tail_bound_share(r))
+
     off = spec.with_tokens(0)
     reference = run("uniform", PoolSpec.uniform(off), "uniform d=0").mean_step_s()
     rows: list[BudgetRow] = []
     for d in budgets:
         base = reference if d == 0 else run("uniform", PoolSpec.uniform(spec.with_tokens(d)), f"uniform d={d}")
-        splits: list[SplitRun] = []
-        for d_tail in range(d, 2 * d + 1):
-            d_bulk = 2 * d - d_tail
-            pools = PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk))
-            r = run(policy, pools, f"{policy} {d_bulk}/{d_tail}")
-            splits.append(SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m, tail_bound_share(r)))
-        rows.append(BudgetRow(d, base if isinstance(base, float) else base.mean_step_s(), tuple(splits)))
+        splits = tuple(split(2 * d - d_tail, d_tail) for d_tail in range(d, 2 * d + 1))
+        tail_only = split(0, d) if d > 0 else None
+        rows.append(BudgetRow(d, base if isinstance(base, float) else base.mean_step_s(), splits, tail_only))
     return BudgetTable(spec, policy, reference, tuple(rows))

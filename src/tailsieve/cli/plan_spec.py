@@ -1,0 +1,104 @@
+"""`tailsieve plan --spec PROFILE`: "which speculative depth per pool?" on the user's fleet (docs/speculative.md).
+
+Every (bulk depth, tail depth) pair of `--spec-depths` runs the adaptive controller (whose predictor reads both
+pools' speculative curves), and uniform runs at each depth on every replica, all on plan's one prompt stream; the
+answer is the fastest pair, against uniform at its best depth and against no speculation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tailsieve.cli.sim_args import progress_bar
+from tailsieve.errors import ConfigError
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecMethod, parse_spec
+from tailsieve.simulation.runs import SimConfig, run_policy
+from tailsieve.simulation.spec_budget import tail_bound_share
+from tailsieve.workloads import Workload
+
+DEFAULT_DEPTHS = "0,1,2,3"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """plan's `--spec` and `--spec-depths`."""
+    p.add_argument("--spec", help="answer 'which speculative depth per pool?' for this method or built-in profile "
+                                  "(mtp-qwen, dflash-qwen3-8b, dflash-qwen3-30b-a3b, or METHOD[,key=value…])")
+    p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
+                   help="depths tried on each pool, comma-separated (default: %(default)s)")
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    """`0,1,2` → (0, 1, 2); one-line error naming the bad item."""
+    out: set[int] = set()
+    for item in (t.strip() for t in text.split(",")):
+        try:
+            d = int(item)
+        except ValueError:
+            raise ConfigError(f"--spec-depths must be comma-separated integers, got {item!r}") from None
+        if not 0 <= d <= MAX_TOKENS:
+            raise ConfigError(f"--spec-depths values must lie in 0..{MAX_TOKENS}, got {d}")
+        out.add(d)
+    return tuple(sorted(out))
+
+
+def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,
+           policy: str) -> dict[str, Any]:
+    """Run the depth grid and return the answer as JSON-ready data."""
+    spec = parse_spec(args.spec, "--spec")
+    if spec.method is SpecMethod.NONE:
+        raise ConfigError("--spec needs a speculative method or profile, got none")
+    depths = parse_depths(args.spec_depths)
+    pairs = [(b, t) for b in depths for t in depths]
+    with progress_bar(config.steps * (len(pairs) + len(depths) + 1), enabled=sys.stderr.isatty()) as tick:
+        def run(name: str, pools: PoolSpec) -> Any:
+            return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
+
+        reference = run("uniform", PoolSpec()).mean_step_s()
+        uniform = {d: run("uniform", PoolSpec.uniform(spec.with_tokens(d))).mean_step_s() for d in depths}
+        grid = {}
+        for d_bulk, d_tail in pairs:
+            r = run(policy, PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk)))
+            grid[(d_bulk, d_tail)] = (r.mean_step_s(), tail_bound_share(r), r.final_q, r.final_m)
+    best = min(grid, key=lambda k: (grid[k][0], k[1], k[0]))
+    ubest = min(uniform, key=lambda d: (uniform[d], d))
+    t_best, share, q, m = grid[best]
+    return {
+        "spec": args.spec, "policy": policy, "depths": list(depths), "reference_s": reference,
+        "uniform": [{"depth": d, "mean_step_s": s, "speedup": reference / s} for d, s in uniform.items()],
+        "grid": [{"d_bulk": b, "d_tail": t, "mean_step_s": v[0], "speedup": reference / v[0],
+                  "tail_bound_share": None if math.isnan(v[1]) else v[1], "final_q": v[2], "final_m": v[3]}
+                 for (b, t), v in grid.items()],
+        "best": {"d_bulk": best[0], "d_tail": best[1], "mean_step_s": t_best, "speedup": reference / t_best,
+                 "vs_best_uniform": uniform[ubest] / t_best, "uses_tail_pool": not math.isnan(share),
+                 "final_q": q, "final_m": m},
+        "best_uniform": {"depth": ubest, "speedup": reference / uniform[ubest]},
+    }
+
+
+def print_answer(con: Console, doc: dict[str, Any]) -> None:
+    """The grid of speedups, then the one-line answer."""
+    depths = doc["depths"]
+    table = Table(title=f"{doc['policy']} with speculation {doc['spec']}: speedup over uniform without speculation "
+                        "(rows: bulk depth, columns: tail depth)")
+    table.add_column("bulk \\ tail")
+    for d in depths:
+        table.add_column(str(d), justify="right")
+    cells = {(g["d_bulk"], g["d_tail"]): g for g in doc["grid"]}
+    for b in depths:
+        table.add_row(str(b), *[f"{cells[(b, t)]['speedup']:.3f}×" for t in depths])
+    con.print(table)
+    best, ub = doc["best"], doc["best_uniform"]
+    where = ("" if best["uses_tail_pool"] else " (its run never placed a tail pool: every replica ran the bulk "
+             "depth, so the tail depth is nominal)")
+    con.print(f"which depth per pool: bulk {best['d_bulk']}, tail {best['d_tail']} → {best['speedup']:.3f}× uniform "
+              f"without speculation, {best['vs_best_uniform']:.3f}× uniform at its best depth {ub['depth']} "
+              f"({ub['speedup']:.3f}×); settles at q = {best['final_q']}, m = {best['final_m']}{where}.",
+              highlight=False)
