@@ -30,11 +30,14 @@ from tailsieve.engines.replies import (
     BadReply,
     ReplyError,
     StreamAcc,
+    check_size,
     loads,
     model_names,
     parse_chunk,
     parse_full,
     raise_stream_error,
+    read_capped,
+    reply_limit,
 )
 from tailsieve.engines.types import (
     DEFAULT_API_KEY_ENV,
@@ -233,6 +236,7 @@ class EngineClient:
         keep-alive connection the server closed while idle fails before any reply ("Server disconnected"): the
         request never started there, so it is sent once more on a new connection."""
         cap = req.max_tokens or params.max_tokens
+        limit = reply_limit(req, cap)
         try:
             try:
                 ctx = await self.session.post(endpoint.url + backend.path(self.options), json=body,
@@ -249,8 +253,10 @@ class EngineClient:
                     await _raise_status(endpoint, resp)
                 if self.options.stream:
                     prog = progress if progress is not None else [0] * req.n
-                    return await self._read_stream(resp, backend, req, StreamAcc(req.n, cap, prog), clock, scope)
-                data = backend.response(loads(await resp.read()), req)
+                    return await self._read_stream(resp, backend, req, StreamAcc(req.n, cap, prog), clock, scope,
+                                                   limit)
+                body_bytes = await read_capped(resp.content.iter_any(), limit, resp.content_length)
+                data = backend.response(loads(body_bytes), req)
                 return parse_full(data, req.n, cap, clock.elapsed())
         except (ReplicaFault, RequestRejected):
             raise
@@ -267,22 +273,28 @@ class EngineClient:
             raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc)}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
-                           clock: _Clock, scope: asyncio.Timeout) -> Completion:
-        """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`."""
+                           clock: _Clock, scope: asyncio.Timeout, limit: int) -> Completion:
+        """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`. The
+        stream's bytes are capped (`limit`) as they arrive, so no event larger than the cap is ever parsed."""
         state = _StreamState(str(resp.url.origin()))
-        buf = b""
+        buf = bytearray()
+        size = 0
         async for data in resp.content.iter_any():
+            size += len(data)
+            check_size(size, limit)
             buf += data
             if b"\n" not in data:
                 continue
-            *lines, buf = buf.split(b"\n")
+            end = buf.rfind(b"\n")
+            lines = bytes(buf[:end]).split(b"\n")
+            del buf[:end + 1]
             if self._feed(lines, backend, req, acc, clock, state):
                 break
             if state.progress:
                 clock.progressed(scope)
                 state.progress = False
         else:
-            self._feed([buf], backend, req, acc, clock, state)  # a last line without its newline
+            self._feed([bytes(buf)], backend, req, acc, clock, state)  # a last line without its newline
         return acc.result(state.done, clock.elapsed(), state.ttft)
 
     @staticmethod

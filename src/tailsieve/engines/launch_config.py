@@ -92,7 +92,7 @@ class LaunchConfig:
     bulk: PoolEngine = field(default_factory=PoolEngine)
     args: tuple[str, ...] = ()  # flags for every replica
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every replica
-    command: tuple[str, ...] = ()  # the server command before its flags; empty: python -m tailsieve.engines.launchers.vllm_server
+    command: tuple[str, ...] = ()  # the server command before its flags; empty: VLLM_SERVER
     cpu_defaults: bool = True  # add CPU_DEFAULT_ARGS (unless `args` already sets them)
     host: str = "127.0.0.1"
     startup_timeout_s: float = 600.0
