@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +61,29 @@ class BadFake(FakeServer):
 
     reply: str = "ok"
     echo: int = 0  # an HTTP status: answer every completion with it, its body echoing the request headers
+    # a generated reply (tests/test_reply_faults.py): request body -> the non-streamed body, or the `data:` events
+    custom: Callable[[dict[str, Any]], str | list[str]] | None = None
+
+    async def _custom(self, request: web.Request, make: Callable[[dict[str, Any]], str | list[str]]) \
+            -> web.StreamResponse:
+        body = await request.json()
+        self.started += 1
+        out = make(body)
+        if isinstance(out, str):
+            return web.Response(text=out, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        try:
+            await resp.prepare(request)
+            for event in out:
+                await resp.write(f"data: {event}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionError, RuntimeError):  # the client closed the connection (a capped reply)
+            pass
+        return resp
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        if self.custom is not None:
+            return await self._custom(request, self.custom)
         if self.echo:
             self.started += 1
             heads = {k: v for k, v in request.headers.items()}

@@ -36,8 +36,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -264,3 +266,122 @@ def test_a_bad_replica_that_answers_its_probes_does_not_fail_the_step(reply: str
         batch, events = asyncio.run(one_step([bad.url, good.url], c))
     check_complete(batch)
     assert sum(1 for i, up, _ in events if i == 0 and not up) >= 1
+
+
+# ---- issue 23: generated classes of replies that look complete but are not -------------------------------------
+# Each class is a list of variants; a variant builds, from the request body, the non-streamed body (`full`) and/or
+# the streamed `data:` events (`stream`). Every (class, variant, mode) is one case of the matrix test above: the bad
+# replica is marked down as `bad-reply`, its work re-dispatched, and the step completes on the healthy replica.
+HUGE = 32 << 20  # bytes: far over the cap of a 20-token request (about 1.1 MB), and slow to parse if it were read
+Make = Callable[[dict[str, Any]], str | list[str]]
+
+
+def _choice(i: int, text: str, ids: list[int] | None, finish: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish}
+    if ids is not None:
+        out["token_ids"] = ids
+    return out
+
+
+def _n(body: dict[str, Any]) -> int:
+    return int(body.get("n", 1))
+
+
+def finish_full(reason: str) -> Make:
+    return lambda b: json.dumps({"choices": [_choice(i, "xx", [1, 2], reason) for i in range(_n(b))],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 2 * _n(b)}})
+
+
+def finish_stream(reason: str) -> Make:
+    """Two tokens, then the (partial output's) finish event with `reason`."""
+    return lambda b: [json.dumps({"choices": [_choice(i, "x", [1], None)]}) for i in range(_n(b)) for _ in (0, 1)] \
+        + [json.dumps({"choices": [_choice(i, "", [], reason)]}) for i in range(_n(b))]
+
+
+def ids_full(text: str, ids: list[int] | None, usage: int | None) -> Make:
+    def make(b: dict[str, Any]) -> str:
+        doc: dict[str, Any] = {"choices": [_choice(i, text, ids, "stop") for i in range(_n(b))]}
+        if usage is not None:
+            doc["usage"] = {"prompt_tokens": 3, "completion_tokens": usage * _n(b)}
+        return json.dumps(doc)
+
+    return make
+
+
+def ids_stream(chunks: list[tuple[str, list[int] | None]], usage: int | None) -> Make:
+    """Token events (text, ids or None) per choice, the last one finishing it, then a usage-only event."""
+    def make(b: dict[str, Any]) -> list[str]:
+        events = [json.dumps({"choices": [_choice(i, t, ids, "stop" if k == len(chunks) - 1 else None)]})
+                  for i in range(_n(b)) for k, (t, ids) in enumerate(chunks)]
+        if usage is not None:
+            usage_doc = {"prompt_tokens": 3, "completion_tokens": usage * _n(b)}
+            events.append(json.dumps({"choices": [], "usage": usage_doc}))
+        return events
+
+    return make
+
+
+def _huge(choice: dict[str, Any]) -> str:
+    """A document of 32 MB claiming one finished token (built once: dumping it per request would hold the GIL that
+    the client's loop shares with the fake's thread for longer than the stall timeout)."""
+    text = json.dumps({"choices": [choice], "pad": ""})
+    return text[:-2] + " " * HUGE + '"}'
+
+
+HUGE_FULL = _huge(_choice(0, "x", [1], "stop"))
+HUGE_EVENTS = [_huge(_choice(i, "x", [1], "stop")) for i in range(3)]
+PAD = "p" * 100_000
+
+
+def _padded(i: int, finish: str | None) -> str:
+    return json.dumps({"choices": [_choice(i, "x", [1], finish)], "pad": PAD})
+
+
+def huge_full(b: dict[str, Any]) -> str:
+    return HUGE_FULL if _n(b) == 1 else json.dumps({"choices": [_choice(i, "x", [1], "stop") for i in range(_n(b))],
+                                                    "pad": " " * HUGE})
+
+
+def huge_line(b: dict[str, Any]) -> list[str]:
+    """One `data:` line of 32 MB per choice (each arrives in many reads)."""
+    return HUGE_EVENTS[:_n(b)]
+
+
+def many_events(b: dict[str, Any]) -> list[str]:
+    """max_tokens well-formed token events per choice, the last one finishing it (`length`), each padded to 100 kB:
+    every count is right, only the whole stream is past the cap (about 1.1 MB for 20 tokens)."""
+    cap = int(b.get("max_tokens", 20))
+    return [_padded(i, "length" if t == cap - 1 else None) for i in range(_n(b)) for t in range(cap)]
+
+
+CLASSES: dict[str, dict[str, dict[str, Make]]] = {
+    "finish-reason": {r: {"full": finish_full(r), "stream": finish_stream(r)}
+                      for r in ("abort", "banana", "error", "tool_calls", "Stop")},
+    "ids-vs-text": {
+        "text-empty-ids": {"full": ids_full("xxxxx", [], None), "stream": ids_stream([("x", [])] * 5, None)},
+        "text-empty-ids-usage": {"full": ids_full("xxxxx", [], 5), "stream": ids_stream([("x", [])] * 5, 5)},
+        "ids-below-usage": {"full": ids_full("xxx", [1, 2, 3], 5), "stream": ids_stream([("x", [1])] * 3, 5)},
+        "ids-above-usage": {"full": ids_full("xxx", [1, 2, 3], 1), "stream": ids_stream([("x", [1])] * 3, 1)},
+        "ids-on-some-events": {"stream": ids_stream([("x", [1]), ("x", None), ("x", None)], None)},
+    },
+    "size": {"huge": {"full": huge_full, "stream": huge_line}, "many-events": {"stream": many_events}},
+}
+GENERATED = [(cls, var, mode, make) for cls, variants in CLASSES.items() for var, modes in variants.items()
+             for mode, make in modes.items()]
+
+
+@pytest.mark.parametrize(("cls", "variant", "mode", "make"), GENERATED,
+                         ids=[f"{c}-{v}-{m}" for c, v, m, _ in GENERATED])
+@pytest.mark.parametrize("request_mode", [RequestMode.SPLIT, RequestMode.N], ids=["split", "n"])
+def test_generated_incomplete_replies_are_bad_replies(cls: str, variant: str, mode: str, make: Make,
+                                                      request_mode: RequestMode) -> None:
+    """Only stop/length complete a sample; ids must match text and counts; a reply over its byte cap is refused
+    before it is parsed, so the healthy replica's stall timer (0.5 s) never fires while the bad one is read."""
+    with BadFake(custom=make) as bad, FakeServer() as good:
+        t0 = time.monotonic()
+        batch, events = asyncio.run(one_step([bad.url, good.url], cfg(mode == "stream", mode=request_mode)))
+        assert time.monotonic() - t0 < BOUND_S
+    check_complete(batch)
+    downs = [why for i, up, why in events if i == 0 and not up]
+    assert downs and downs[0].startswith(f"{BAD}:"), events
+    assert all(i == 0 for i, _, _ in events)  # the healthy replica never went down (no starved stall timer)
