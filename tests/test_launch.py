@@ -339,3 +339,33 @@ def test_warm_up_generation_after_health(model: Path, tmp_path: Path) -> None:
     assert load_launch_config(write_cfg(tmp_path, model, "warmup_tokens = 0\n")).warmup_tokens == 0
     with pytest.raises(ConfigError, match="launch.warmup_tokens must be int, got 'x'"):
         load_launch_config(write_cfg(tmp_path, model, 'warmup_tokens = "x"\n'))
+
+
+# issue 23: the death line quotes the engine's own error. Generated: log shape class x variant -> the quoted line.
+DEAD = "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
+TAG, HEAD = "(APIServer pid=7) ", "ERROR 05-01 10:00:00 [async_llm.py:480] "
+LOG_CLASSES: dict[str, list[tuple[str, str]]] = {
+    "vllm-prefixed": [(f"{TAG}{HEAD}{DEAD}\n{TAG}INFO 05-01 10:00:01 [launcher.py:1] Shutting down.\n", DEAD),
+                      (f"\x1b[1;36m{TAG}\x1b[0;0m{HEAD}{DEAD}\n", DEAD),
+                      (f"{TAG}vllm.v1.engine.exceptions.{DEAD}\n", f"vllm.v1.engine.exceptions.{DEAD}"),
+                      ("(EngineCore_DP0 pid=9) CRITICAL 05-01 10:00:00 [core.py:9] EngineCore failed to start.\n",
+                       "EngineCore failed to start.")],
+    "crash": [("INFO x\nFatal Python error: Illegal instruction\n\nCurrent thread 0x1 (most recent call first):\n"
+               '  File "attn.py", line 3 in cpu_attention_with_kv_cache\n', "Fatal Python error: Illegal instruction"),
+              ("AmxPermissionError: arch_prctl(...) failed: errno 1 (x)\nFatal Python error: Illegal instruction\n",
+               "Fatal Python error: Illegal instruction (AmxPermissionError: arch_prctl(...) failed: errno 1 (x))"),
+              (f"{TAG}{HEAD}{DEAD}\nFatal Python error: Segmentation fault\n",
+               "Fatal Python error: Segmentation fault")],
+    "earlier-run": [("ValueError: the previous start failed\n== tailsieve launch: python -m x\nINFO serving\n",
+                     "no error in its log"),
+                    ("Fatal Python error: Aborted\n== tailsieve ray launch: python -m x\nKeyError: 'now'\n",
+                     "KeyError: 'now'")],
+}
+LOG_CASES = [(c, text, want) for c, cases in LOG_CLASSES.items() for text, want in cases]
+
+
+@pytest.mark.parametrize(("cls", "text", "want"), LOG_CASES, ids=[f"{c}-{k}" for k, (c, _, _) in enumerate(LOG_CASES)])
+def test_generated_death_lines_quote_the_engine_error(cls: str, text: str, want: str, tmp_path: Path) -> None:
+    log = tmp_path / "replica-0.log"
+    log.write_text(text)
+    assert server_error(log, last_line=False) == want

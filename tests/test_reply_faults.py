@@ -471,11 +471,28 @@ def test_url_credentials_with_an_api_key_are_refused_in_one_line(command: str, t
     prompts.write_text(json.dumps({"question_id": "q0", "question": "1+1?"}) + "\n")
     with FakeServer() as srv:
         url = srv.url.replace("http://", "http://admin:pw-0123456@")
-        args = (["rollout", "--endpoints", f"{url},{url}", "--prompts", str(prompts), "--groups", "2", "--group-size", "2"]
-                if command == "rollout" else ["profile", "--endpoint", url, "--model", "fake", "--batches", "1"])
+        rollout = ["rollout", "--endpoints", f"{url},{url}", "--prompts", str(prompts), "--groups", "2",
+                   "--group-size", "2"]
+        args = rollout if command == "rollout" else ["profile", "--endpoint", url, "--model", "fake", "--batches", "1"]
         rc = main([*args, "--out", str(tmp_path / "o")])
         assert srv.started == 0
     err = capsys.readouterr().err.strip()
     assert rc == 1 and err.count("\n") == 0 and "pw-0123456" not in err
     assert err.endswith(f"endpoint {srv.url} carries user:password credentials and the API key variable "
                         "TAILSIEVE_API_KEY is set: give one of them")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "full"])
+def test_a_replica_shutting_down_is_down_without_waiting_for_the_stall_timeout(stream: bool) -> None:
+    """Issue 23: vLLM keeps streams open while it shuts down after SIGTERM; its /health fails. With a 30 s stall
+    timeout, the quiet replica's /health is asked after `liveness_s` (0.3 s) and the step ends within seconds."""
+    c = replace(cfg(stream), faults=replace(POLICY, stall_timeout_s=30.0, liveness_s=0.3))
+    with BadFake(reply="shutdown") as bad, FakeServer() as good:
+        t0 = time.monotonic()
+        batch, events = asyncio.run(one_step([bad.url, good.url], c))
+        took = time.monotonic() - t0
+    check_complete(batch)
+    assert took < 5.0, took
+    downs = [why for i, up, why in events if i == 0 and not up]
+    assert downs and downs[0].startswith("disconnect:") and "/health fails while its requests made no progress for " \
+        "0.3s" in downs[0], events
