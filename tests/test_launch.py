@@ -369,3 +369,40 @@ def test_generated_death_lines_quote_the_engine_error(cls: str, text: str, want:
     log = tmp_path / "replica-0.log"
     log.write_text(text)
     assert server_error(log, last_line=False) == want
+
+
+def test_rollout_launch_reads_endpoints_after_the_launcher_started(model: Path, tmp_path: Path, record: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: the Ray launcher learns each replica's node and port only in `start()` (before it, its endpoints
+    are `http://127.0.0.1:0`); `rollout --launch` must read them after. The real local launcher, with its ports
+    chosen in `start()` exactly like the Ray launcher's, shows the order."""
+    from tailsieve.cli import rollout_cmd
+    from tailsieve.engines.launchers import base, local
+    from tailsieve.engines.launchers.process import pick_port
+
+    class LatePorts(local.LocalLauncher):
+        def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
+            super().__init__(config, log_dir)
+            for rep in self.replicas:
+                rep.port = 0
+
+        def start(self) -> LatePorts:
+            taken: set[int] = set()
+            for rep in self.replicas:
+                rep.port = pick_port(self.config.host, taken)
+                taken.add(rep.port)
+            return super().start()
+
+    monkeypatch.setitem(base.LAUNCHERS, "late-ports", LatePorts)
+    monkeypatch.setattr(rollout_cmd, "launcher_for", lambda config: "late-ports")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n" for i in range(30)))
+    out = tmp_path / "run"
+    rc = main(["rollout", "--launch", str(write_cfg(tmp_path, model)), "--prompts", str(prompts), "--groups", "4",
+               "--group-size", "2", "--max-tokens", "20", "--steps", "2", "--policy", "static", "--q", "1",
+               "--m", "1", "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    ports = [json.loads(x)["port"] for x in record.read_text().splitlines()]
+    assert len(rep["endpoints"]) == 2 and {int(u.rsplit(":", 1)[1]) for u in rep["endpoints"]} == set(ports)
+    assert 0 not in ports and all(u.startswith("http://127.0.0.1:") for u in rep["endpoints"])
