@@ -29,6 +29,12 @@ the hangs end within a bound. What the user sees for each reply kind (`tailsieve
 |                                                    |        |                     | finite number of seconds...` |
 | `profile`: 5xx, refused, stall, deadline           | both   | retried             | batch measured again         |
 |                                                    |        |                     | (`--retries`, backoff)       |
+
+Issue 23 adds GENERATED classes (`CLASSES`: class × variant × stream/full × split/n request mode): finish reasons
+that are not `stop`/`length` (`abort`, unknown words), token ids that do not match the text or the counts, and
+replies over the byte cap (refused before parsing; the healthy replica's stall timer never fires); plus generated
+bad endpoint URLs (`ENDPOINT_CLASSES`: port, scheme, host, credentials, query), URL credentials (basic auth,
+never shown, refused with an API key) and a replica shutting down (down after `liveness_s`, not the stall timeout).
 """
 
 from __future__ import annotations
