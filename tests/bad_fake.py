@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ STREAM: dict[str, list[str]] = {
     "not-json": ["{not json"],
 }
 
-HANGS = ("keepalive", "empty-events", "drip", "endless")
+HANGS = ("keepalive", "empty-events", "drip", "endless", "shutdown")
 
 
 @dataclass
@@ -60,8 +61,30 @@ class BadFake(FakeServer):
 
     reply: str = "ok"
     echo: int = 0  # an HTTP status: answer every completion with it, its body echoing the request headers
+    # a generated reply (tests/test_reply_faults.py): request body -> the non-streamed body, or the `data:` events
+    custom: Callable[[dict[str, Any]], str | list[str]] | None = None
+    shutting_down: bool = False  # `shutdown`: set at the first request; /health then answers 503
+
+    async def _custom(self, request: web.Request, make: Callable[[dict[str, Any]], str | list[str]]) \
+            -> web.StreamResponse:
+        body = await request.json()
+        self.started += 1
+        out = make(body)
+        if isinstance(out, str):
+            return web.Response(text=out, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        try:
+            await resp.prepare(request)
+            for event in out:
+                await resp.write(f"data: {event}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionError, RuntimeError):  # the client closed the connection (a capped reply)
+            pass
+        return resp
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        if self.custom is not None:
+            return await self._custom(request, self.custom)
         if self.echo:
             self.started += 1
             heads = {k: v for k, v in request.headers.items()}
@@ -87,10 +110,18 @@ class BadFake(FakeServer):
 
     async def _hang(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         """keepalive: SSE comments forever; empty-events: `data: {"choices": []}` forever; drip: a non-streamed
-        body that never ends (a space at a time); endless: one real token per tick, never finishing."""
+        body that never ends (a space at a time); endless: one real token per tick, never finishing; shutdown: a
+        server shutting down after SIGTERM (vLLM): one token, then the stream stays open and silent while /health
+        fails."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream" if body.get("stream") else
                                            "application/json"})
         await resp.prepare(request)
+        if self.reply == "shutdown":
+            if body.get("stream"):
+                await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': 'x'}]})}\n\n".encode())
+            self.shutting_down = True
+            await asyncio.sleep(HANG_S)
+            return resp
         line = {"keepalive": b": keep-alive\n\n", "empty-events": b'data: {"choices": []}\n\n', "drip": b" ",
                 "endless": f"data: {json.dumps({'choices': [{'index': 0, 'text': 'x'}]})}\n\n".encode()}[self.reply]
         loop = asyncio.get_running_loop()
@@ -99,6 +130,11 @@ class BadFake(FakeServer):
             await resp.write(line)
             await asyncio.sleep(TICK_S)
         return resp
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.shutting_down:
+            return web.Response(status=503, text="shutting down")
+        return await super()._health(request)
 
     async def _models(self, request: web.Request) -> web.Response:
         if self.reply == "models-bad":

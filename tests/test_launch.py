@@ -339,3 +339,70 @@ def test_warm_up_generation_after_health(model: Path, tmp_path: Path) -> None:
     assert load_launch_config(write_cfg(tmp_path, model, "warmup_tokens = 0\n")).warmup_tokens == 0
     with pytest.raises(ConfigError, match="launch.warmup_tokens must be int, got 'x'"):
         load_launch_config(write_cfg(tmp_path, model, 'warmup_tokens = "x"\n'))
+
+
+# issue 23: the death line quotes the engine's own error. Generated: log shape class x variant -> the quoted line.
+DEAD = "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
+TAG, HEAD = "(APIServer pid=7) ", "ERROR 05-01 10:00:00 [async_llm.py:480] "
+LOG_CLASSES: dict[str, list[tuple[str, str]]] = {
+    "vllm-prefixed": [(f"{TAG}{HEAD}{DEAD}\n{TAG}INFO 05-01 10:00:01 [launcher.py:1] Shutting down.\n", DEAD),
+                      (f"\x1b[1;36m{TAG}\x1b[0;0m{HEAD}{DEAD}\n", DEAD),
+                      (f"{TAG}vllm.v1.engine.exceptions.{DEAD}\n", f"vllm.v1.engine.exceptions.{DEAD}"),
+                      ("(EngineCore_DP0 pid=9) CRITICAL 05-01 10:00:00 [core.py:9] EngineCore failed to start.\n",
+                       "EngineCore failed to start.")],
+    "crash": [("INFO x\nFatal Python error: Illegal instruction\n\nCurrent thread 0x1 (most recent call first):\n"
+               '  File "attn.py", line 3 in cpu_attention_with_kv_cache\n', "Fatal Python error: Illegal instruction"),
+              ("AmxPermissionError: arch_prctl(...) failed: errno 1 (x)\nFatal Python error: Illegal instruction\n",
+               "Fatal Python error: Illegal instruction (AmxPermissionError: arch_prctl(...) failed: errno 1 (x))"),
+              (f"{TAG}{HEAD}{DEAD}\nFatal Python error: Segmentation fault\n",
+               "Fatal Python error: Segmentation fault")],
+    "earlier-run": [("ValueError: the previous start failed\n== tailsieve launch: python -m x\nINFO serving\n",
+                     "no error in its log"),
+                    ("Fatal Python error: Aborted\n== tailsieve ray launch: python -m x\nKeyError: 'now'\n",
+                     "KeyError: 'now'")],
+}
+LOG_CASES = [(c, text, want) for c, cases in LOG_CLASSES.items() for text, want in cases]
+
+
+@pytest.mark.parametrize(("cls", "text", "want"), LOG_CASES, ids=[f"{c}-{k}" for k, (c, _, _) in enumerate(LOG_CASES)])
+def test_generated_death_lines_quote_the_engine_error(cls: str, text: str, want: str, tmp_path: Path) -> None:
+    log = tmp_path / "replica-0.log"
+    log.write_text(text)
+    assert server_error(log, last_line=False) == want
+
+
+def test_rollout_launch_reads_endpoints_after_the_launcher_started(model: Path, tmp_path: Path, record: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: the Ray launcher learns each replica's node and port only in `start()` (before it, its endpoints
+    are `http://127.0.0.1:0`); `rollout --launch` must read them after. The real local launcher, with its ports
+    chosen in `start()` exactly like the Ray launcher's, shows the order."""
+    from tailsieve.cli import rollout_cmd
+    from tailsieve.engines.launchers import base, local
+    from tailsieve.engines.launchers.process import pick_port
+
+    class LatePorts(local.LocalLauncher):
+        def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
+            super().__init__(config, log_dir)
+            for rep in self.replicas:
+                rep.port = 0
+
+        def start(self) -> LatePorts:
+            taken: set[int] = set()
+            for rep in self.replicas:
+                rep.port = pick_port(self.config.host, taken)
+                taken.add(rep.port)
+            return super().start()
+
+    monkeypatch.setitem(base.LAUNCHERS, "late-ports", LatePorts)
+    monkeypatch.setattr(rollout_cmd, "launcher_for", lambda config: "late-ports")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n" for i in range(30)))
+    out = tmp_path / "run"
+    rc = main(["rollout", "--launch", str(write_cfg(tmp_path, model)), "--prompts", str(prompts), "--groups", "4",
+               "--group-size", "2", "--max-tokens", "20", "--steps", "2", "--policy", "static", "--q", "1",
+               "--m", "1", "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    ports = [json.loads(x)["port"] for x in record.read_text().splitlines()]
+    assert len(rep["endpoints"]) == 2 and {int(u.rsplit(":", 1)[1]) for u in rep["endpoints"]} == set(ports)
+    assert 0 not in ports and all(u.startswith("http://127.0.0.1:") for u in rep["endpoints"])

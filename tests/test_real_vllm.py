@@ -90,6 +90,25 @@ def test_tailsieve_step_cutoff_really_aborts(pair: LocalLauncher, workload) -> N
     assert len(steady.groups) == 6 and steady.record.tail_s > 0 and steady.record.bulk_s > 0
 
 
+def test_replicas_run_vllm_through_the_amx_requesting_entry_point(pair: LocalLauncher) -> None:
+    """Issue 23: every replica's process is `python -m tailsieve.engines.launchers.vllm_server` (the AMX permission
+    is requested there before vLLM imports) and it serves bf16 generations (the attention path AMX hosts fault in)."""
+    for rep in pair.replicas:
+        assert rep.proc is not None
+        argv = Path(f"/proc/{rep.proc.pid}/cmdline").read_bytes().split(b"\0")
+        k = argv.index(b"-m")
+        assert argv[k + 1] == b"tailsieve.engines.launchers.vllm_server" and b"bfloat16" in argv
+        assert "AmxPermissionError" not in rep.log.read_text(errors="replace")
+
+    async def go() -> list[int]:
+        async with EngineClient(ClientOptions(stream=True)) as c:
+            return [(await c.complete(Endpoint(u), "tiny", Request(f"amx{i}", "the model", max_tokens=8),
+                                      SamplingParams(ignore_eos=True))).choices[0].tokens
+                    for i, u in enumerate(pair.endpoints)]
+
+    assert asyncio.run(go()) == [8, 8]
+
+
 def test_many_seeded_requests_at_once(pair: LocalLauncher) -> None:
     long_prompt = " ".join(["the model sums integers and returns the answer"] * 6)
 

@@ -29,6 +29,12 @@ the hangs end within a bound. What the user sees for each reply kind (`tailsieve
 |                                                    |        |                     | finite number of seconds...` |
 | `profile`: 5xx, refused, stall, deadline           | both   | retried             | batch measured again         |
 |                                                    |        |                     | (`--retries`, backoff)       |
+
+Issue 23 adds GENERATED classes (`CLASSES`: class × variant × stream/full × split/n request mode): finish reasons
+that are not `stop`/`length` (`abort`, unknown words), token ids that do not match the text or the counts, and
+replies over the byte cap (refused before parsing; the healthy replica's stall timer never fires); plus generated
+bad endpoint URLs (`ENDPOINT_CLASSES`: port, scheme, host, credentials, query), URL credentials (basic auth,
+never shown, refused with an API key) and a replica shutting down (down after `liveness_s`, not the stall timeout).
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -264,3 +272,233 @@ def test_a_bad_replica_that_answers_its_probes_does_not_fail_the_step(reply: str
         batch, events = asyncio.run(one_step([bad.url, good.url], c))
     check_complete(batch)
     assert sum(1 for i, up, _ in events if i == 0 and not up) >= 1
+
+
+# ---- issue 23: generated classes of replies that look complete but are not -------------------------------------
+# Each class is a list of variants; a variant builds, from the request body, the non-streamed body (`full`) and/or
+# the streamed `data:` events (`stream`). Every (class, variant, mode) is one case of the matrix test above: the bad
+# replica is marked down as `bad-reply`, its work re-dispatched, and the step completes on the healthy replica.
+HUGE = 32 << 20  # bytes: far over the cap of a 20-token request (about 1.1 MB), and slow to parse if it were read
+Make = Callable[[dict[str, Any]], str | list[str]]
+
+
+def _choice(i: int, text: str, ids: list[int] | None, finish: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish}
+    if ids is not None:
+        out["token_ids"] = ids
+    return out
+
+
+def _n(body: dict[str, Any]) -> int:
+    return int(body.get("n", 1))
+
+
+def finish_full(reason: str) -> Make:
+    return lambda b: json.dumps({"choices": [_choice(i, "xx", [1, 2], reason) for i in range(_n(b))],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 2 * _n(b)}})
+
+
+def finish_stream(reason: str) -> Make:
+    """Two tokens, then the (partial output's) finish event with `reason`."""
+    return lambda b: [json.dumps({"choices": [_choice(i, "x", [1], None)]}) for i in range(_n(b)) for _ in (0, 1)] \
+        + [json.dumps({"choices": [_choice(i, "", [], reason)]}) for i in range(_n(b))]
+
+
+def ids_full(text: str, ids: list[int] | None, usage: int | None) -> Make:
+    def make(b: dict[str, Any]) -> str:
+        doc: dict[str, Any] = {"choices": [_choice(i, text, ids, "stop") for i in range(_n(b))]}
+        if usage is not None:
+            doc["usage"] = {"prompt_tokens": 3, "completion_tokens": usage * _n(b)}
+        return json.dumps(doc)
+
+    return make
+
+
+def ids_stream(chunks: list[tuple[str, list[int] | None]], usage: int | None) -> Make:
+    """Token events (text, ids or None) per choice, the last one finishing it, then a usage-only event."""
+    def make(b: dict[str, Any]) -> list[str]:
+        events = [json.dumps({"choices": [_choice(i, t, ids, "stop" if k == len(chunks) - 1 else None)]})
+                  for i in range(_n(b)) for k, (t, ids) in enumerate(chunks)]
+        if usage is not None:
+            usage_doc = {"prompt_tokens": 3, "completion_tokens": usage * _n(b)}
+            events.append(json.dumps({"choices": [], "usage": usage_doc}))
+        return events
+
+    return make
+
+
+def _huge(choice: dict[str, Any]) -> str:
+    """A document of 32 MB claiming one finished token (built once: dumping it per request would hold the GIL that
+    the client's loop shares with the fake's thread for longer than the stall timeout)."""
+    text = json.dumps({"choices": [choice], "pad": ""})
+    return text[:-2] + " " * HUGE + '"}'
+
+
+HUGE_FULL = _huge(_choice(0, "x", [1], "stop"))
+HUGE_EVENTS = [_huge(_choice(i, "x", [1], "stop")) for i in range(3)]
+PAD = "p" * 100_000
+
+
+def _padded(i: int, finish: str | None) -> str:
+    return json.dumps({"choices": [_choice(i, "x", [1], finish)], "pad": PAD})
+
+
+def huge_full(b: dict[str, Any]) -> str:
+    return HUGE_FULL if _n(b) == 1 else json.dumps({"choices": [_choice(i, "x", [1], "stop") for i in range(_n(b))],
+                                                    "pad": " " * HUGE})
+
+
+def huge_line(b: dict[str, Any]) -> list[str]:
+    """One `data:` line of 32 MB per choice (each arrives in many reads)."""
+    return HUGE_EVENTS[:_n(b)]
+
+
+def many_events(b: dict[str, Any]) -> list[str]:
+    """max_tokens well-formed token events per choice, the last one finishing it (`length`), each padded to 100 kB:
+    every count is right, only the whole stream is past the cap (about 1.1 MB for 20 tokens)."""
+    cap = int(b.get("max_tokens", 20))
+    return [_padded(i, "length" if t == cap - 1 else None) for i in range(_n(b)) for t in range(cap)]
+
+
+CLASSES: dict[str, dict[str, dict[str, Make]]] = {
+    "finish-reason": {r: {"full": finish_full(r), "stream": finish_stream(r)}
+                      for r in ("abort", "banana", "error", "tool_calls", "Stop")},
+    "ids-vs-text": {
+        "text-empty-ids": {"full": ids_full("xxxxx", [], None), "stream": ids_stream([("x", [])] * 5, None)},
+        "text-empty-ids-usage": {"full": ids_full("xxxxx", [], 5), "stream": ids_stream([("x", [])] * 5, 5)},
+        "ids-below-usage": {"full": ids_full("xxx", [1, 2, 3], 5), "stream": ids_stream([("x", [1])] * 3, 5)},
+        "ids-above-usage": {"full": ids_full("xxx", [1, 2, 3], 1), "stream": ids_stream([("x", [1])] * 3, 1)},
+        "ids-on-some-events": {"stream": ids_stream([("x", [1]), ("x", None), ("x", None)], None)},
+    },
+    "size": {"huge": {"full": huge_full, "stream": huge_line}, "many-events": {"stream": many_events}},
+}
+GENERATED = [(cls, var, mode, make) for cls, variants in CLASSES.items() for var, modes in variants.items()
+             for mode, make in modes.items()]
+
+
+@pytest.mark.parametrize(("cls", "variant", "mode", "make"), GENERATED,
+                         ids=[f"{c}-{v}-{m}" for c, v, m, _ in GENERATED])
+@pytest.mark.parametrize("request_mode", [RequestMode.SPLIT, RequestMode.N], ids=["split", "n"])
+def test_generated_incomplete_replies_are_bad_replies(cls: str, variant: str, mode: str, make: Make,
+                                                      request_mode: RequestMode) -> None:
+    """Only stop/length complete a sample; ids must match text and counts; a reply over its byte cap is refused
+    before it is parsed, so the healthy replica's stall timer (0.5 s) never fires while the bad one is read."""
+    with BadFake(custom=make) as bad, FakeServer() as good:
+        t0 = time.monotonic()
+        batch, events = asyncio.run(one_step([bad.url, good.url], cfg(mode == "stream", mode=request_mode)))
+        assert time.monotonic() - t0 < BOUND_S
+    check_complete(batch)
+    downs = [why for i, up, why in events if i == 0 and not up]
+    assert downs and downs[0].startswith(f"{BAD}:"), events
+    assert all(i == 0 for i, _, _ in events)  # the healthy replica never went down (no starved stall timer)
+
+
+# ---- issue 23: endpoints parsed once, strictly; credentials never shown, sent as basic auth ---------------------
+ENDPOINT_CLASSES: dict[str, list[tuple[str, str]]] = {  # class -> (URL, the reason in the one-line error)
+    "port": [("http://127.0.0.1:abc", "port 'abc' is not an integer in 1..65535"),
+             ("http://127.0.0.1:0", "port '0' is not an integer in 1..65535"),
+             ("http://127.0.0.1:65536", "port '65536' is not an integer in 1..65535"),
+             ("http://h:1:2", "port '1:2' is not an integer in 1..65535"),
+             ("http://h:-1", "port '-1' is not an integer in 1..65535"),
+             ("http://h:+80", "port '+80' is not an integer in 1..65535"),
+             ("http://h:\uff18\uff10", "port '\uff18\uff10' is not an integer in 1..65535"),
+             ("http://admin:pw-0123456@h:0", "port '0' is not an integer in 1..65535")],
+    "scheme": [("ftp://h:1", "not an http or https URL"), ("127.0.0.1:8000", "not an http or https URL"),
+               ("//h:1", "not an http or https URL"), ("http:/h:1", "not an http or https URL")],
+    "host": [("http://:80", "host '' is not a host name or IP address"),
+             ("http://h h:80", "host 'h h' is not a host name or IP address"),
+             ("http://-h:80", "host '-h' is not a host name or IP address")],
+    "credentials": [("http://:pw-0123456@h:80", "credentials without a user name")],
+    "query": [("http://h:80/?x=1", "a query or fragment is not part of a base URL"),
+              ("http://h:80#top", "a query or fragment is not part of a base URL")],
+}
+BAD_URLS = [(cls, url, why) for cls, cases in ENDPOINT_CLASSES.items() for url, why in cases]
+
+
+@pytest.mark.parametrize(("cls", "url", "why"), BAD_URLS, ids=[f"{c}-{k}" for k, (c, _, _) in enumerate(BAD_URLS)])
+def test_generated_bad_endpoints_are_refused_in_one_line(cls: str, url: str, why: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tailsieve.engines.types import BadEndpoint
+    with pytest.raises(BadEndpoint) as info:
+        Endpoint.parse(url)
+    shown = str(info.value)
+    assert why in shown and shown.endswith("expected http(s)://HOST:PORT") and "pw-0123456" not in shown
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "q0", "question": "1+1?"}) + "\n")
+    with FakeServer() as good:  # refused although another endpoint works, before any request
+        rc = main(["rollout", "--endpoints", f"{good.url},{url}", "--prompts", str(prompts), "--groups", "2",
+                   "--group-size", "2", "--out", str(tmp_path / "o")])
+        assert good.started == 0
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0 and why in err and "pw-0123456" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("given", "url"), [("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+                                           ("HTTP://h:0080", "http://h:80"), ("https://api.example.com", "https://api.example.com"),
+                                           ("http://[::1]:8000", "http://[::1]:8000"), ("http://h/proxy/v1", "http://h/proxy")])
+def test_good_endpoints_normalize_once(given: str, url: str) -> None:
+    assert Endpoint.parse(given).url == url == Endpoint(given).url and Endpoint(url) == Endpoint.parse(given)
+
+
+def test_url_credentials_are_sent_as_basic_auth_and_never_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import base64
+    monkeypatch.delenv("TAILSIEVE_API_KEY", raising=False)
+    secret = "hunter2-very-secret"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "question": f"{i}+1?"}) + "\n" for i in range(8)))
+    with FakeServer() as a, FakeServer() as b:
+        with_creds = [u.replace("http://", f"http://admin:{secret}@") for u in (a.url, b.url)]
+        rc = main(["rollout", "--endpoints", ",".join(with_creds), "--prompts", str(prompts), "--groups", "2",
+                   "--group-size", "2", "--max-tokens", "8", "--out", str(tmp_path / "run")])
+        sent = {h.get("Authorization") for h in a.headers + b.headers}
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert sent == {"Basic " + base64.b64encode(f"admin:{secret}".encode()).decode()}
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["endpoints"] == [a.url, b.url]  # credential-free
+    assert secret not in all_text(tmp_path, (cap.out, cap.err))
+    dead = f"http://admin:{secret}@127.0.0.1:9"
+    rc = main(["rollout", "--endpoints", dead, "--prompts", str(prompts), "--groups", "2", "--group-size", "2",
+               "--give-up-after", "0.2", "--out", str(tmp_path / "dead")])
+    rc2 = main(["profile", "--endpoint", dead, "--model", "m", "--batches", "1", "--retries", "0",
+                "--out", str(tmp_path / "c.json")])
+    cap = capsys.readouterr()
+    assert rc == rc2 == 1 and "127.0.0.1:9" in cap.err and secret not in all_text(tmp_path, (cap.out, cap.err))
+
+
+@pytest.mark.parametrize("command", ["rollout", "profile"])
+def test_url_credentials_with_an_api_key_are_refused_in_one_line(command: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TAILSIEVE_API_KEY", "tsk-key-0123456789")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "q0", "question": "1+1?"}) + "\n")
+    with FakeServer() as srv:
+        url = srv.url.replace("http://", "http://admin:pw-0123456@")
+        rollout = ["rollout", "--endpoints", f"{url},{url}", "--prompts", str(prompts), "--groups", "2",
+                   "--group-size", "2"]
+        args = rollout if command == "rollout" else ["profile", "--endpoint", url, "--model", "fake", "--batches", "1"]
+        rc = main([*args, "--out", str(tmp_path / "o")])
+        assert srv.started == 0
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0 and "pw-0123456" not in err
+    assert err.endswith(f"endpoint {srv.url} carries user:password credentials and the API key variable "
+                        "TAILSIEVE_API_KEY is set: give one of them")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "full"])
+def test_a_replica_shutting_down_is_down_without_waiting_for_the_stall_timeout(stream: bool) -> None:
+    """Issue 23: vLLM keeps streams open while it shuts down after SIGTERM; its /health fails. With a 30 s stall
+    timeout, the quiet replica's /health is asked after `liveness_s` (0.3 s) and the step ends within seconds."""
+    c = replace(cfg(stream), faults=replace(POLICY, stall_timeout_s=30.0, liveness_s=0.3))
+    with BadFake(reply="shutdown") as bad, FakeServer() as good:
+        t0 = time.monotonic()
+        batch, events = asyncio.run(one_step([bad.url, good.url], c))
+        took = time.monotonic() - t0
+    check_complete(batch)
+    assert took < 5.0, took
+    downs = [why for i, up, why in events if i == 0 and not up]
+    assert downs and downs[0].startswith("disconnect:") and "/health fails while its requests made no progress for " \
+        "0.3s" in downs[0], events

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     plain = load_curve(args.plain_curve) if args.plain_curve else None
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
+    EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
     con = Console(stderr=True)
     bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=con, transient=True, disable=not sys.stderr.isatty())

@@ -257,17 +257,19 @@ def run(args: argparse.Namespace) -> int:
             lc = replace(lc, weight_reload=True)
         launcher = make_launcher(launcher_for(lc), lc, out / "launch")
         configs = build_configs(args, pool_spec(args, load_config_file(launch_path)))
-        endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]
+        endpoints: list[Endpoint] = []  # known once the launcher has started (a Ray replica's node and port)
+        replicas = lc.replicas
     elif not args.endpoints:
         raise ConfigError("give the replicas: --endpoints URL,URL… or --launch CONFIG")
     else:
         configs = build_configs(args)
         endpoints = [Endpoint.parse(u, kind) for u in args.endpoints.split(",") if u.strip()]
-    if not endpoints:
-        raise ConfigError("--endpoints is empty")
-    check_replica_flags(args, len(endpoints))
+        if not endpoints:
+            raise ConfigError("--endpoints is empty")
+        replicas = len(endpoints)
+    check_replica_flags(args, replicas)
     for cfg in configs.values():
-        cfg.router(len(endpoints))
+        cfg.router(replicas)
     prompts = load_prompts(args.prompts)
     if args.weights_dir and not Path(args.weights_dir).is_dir():
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
@@ -283,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
     with sigterm_as_interrupt(launcher):
         try:
             launcher.start()
+            endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]  # after start: Ray places replicas
             return _run(args, with_move_price(configs, launcher), endpoints, prompts, out, launcher)
         finally:
             launcher.stop()

@@ -147,16 +147,17 @@ class VLLMBackend(EngineBackend):
         `reload_weights(weights_path=path)`, then the prefix cache is reset (its KV came from the old weights) and
         the server's weight version label is set."""
         url = endpoint.url
-        status, data = await post_json(session, url + "/collective_rpc",
+        status, data = await post_json(session, endpoint.target("/collective_rpc"),
                                        {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         if status == 404:
             raise WeightUpdateUnsupported(f"{url}: no /collective_rpc endpoint: start vLLM with "
                                           "VLLM_SERVER_DEV_MODE=1 to reload weights in place")
         _check(url, status, data, "reload_weights")
-        status, data = await post_json(session, url + "/reset_prefix_cache", {})
+        status, data = await post_json(session, endpoint.target("/reset_prefix_cache"), {})
         if status != 404:
             _check(url, status, data, "reset_prefix_cache")
-        status, data = await post_json(session, url + "/update_weight_version", {"new_version": str(version)})
+        status, data = await post_json(session, endpoint.target("/update_weight_version"),
+                                       {"new_version": str(version)})
         if status != 404:
             _check(url, status, data, "update_weight_version")
 
@@ -173,7 +174,7 @@ class SGLangBackend(EngineBackend):
 
     async def abort(self, session: aiohttp.ClientSession, endpoint: Endpoint, req: Request) -> None:
         """POST `/abort_request {"rid": ...}` (SGLang may keep generating after the connection closes)."""
-        async with session.post(endpoint.url + "/abort_request", json={"rid": req.rid},
+        async with session.post(endpoint.target("/abort_request"), json={"rid": req.rid},
                                 timeout=aiohttp.ClientTimeout(total=self.abort_timeout_s)):
             pass
 
@@ -182,5 +183,5 @@ class SGLangBackend(EngineBackend):
         """`POST /update_weights_from_disk {"model_path": path, "weight_version": "<version>"}` (SGLang flushes its
         cache itself)."""
         body = {"model_path": str(path), "weight_version": str(version)}
-        status, data = await post_json(session, endpoint.url + "/update_weights_from_disk", body)
+        status, data = await post_json(session, endpoint.target("/update_weights_from_disk"), body)
         _check(endpoint.url, status, data, "update_weights_from_disk")

@@ -30,15 +30,19 @@ from tailsieve.engines.replies import (
     BadReply,
     ReplyError,
     StreamAcc,
+    check_size,
     loads,
     model_names,
     parse_chunk,
     parse_full,
     raise_stream_error,
+    read_capped,
+    reply_limit,
 )
 from tailsieve.engines.types import (
     DEFAULT_API_KEY_ENV,
     Api,
+    BadEndpoint,
     Choice,
     ClientOptions,
     Completion,
@@ -52,7 +56,7 @@ from tailsieve.engines.types import (
     SamplingParams,
     ServerKind,
 )
-from tailsieve.redact import redact
+from tailsieve.redact import redact, register_secret
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -132,6 +136,7 @@ class EngineClient:
         self.options = options or ClientOptions()
         env = self.options.api_key_env
         self.__key = os.environ.get(env) if env else None
+        register_secret(self.__key)
         self._session: aiohttp.ClientSession | None = None
         self._aborts: set[asyncio.Task[None]] = set()
         self._backends: dict[str, EngineBackend] = {}
@@ -171,6 +176,17 @@ class EngineClient:
             self.open()
         assert self._session is not None
         return self._session
+
+    def check_endpoint(self, endpoint: Endpoint) -> None:
+        """Credentials in an endpoint's URL are sent as HTTP basic auth; with an API key as well the request would
+        carry two `Authorization`s: refused in one line (before any request)."""
+        if endpoint.credentials is not None and self.__key:
+            raise BadEndpoint(f"endpoint {endpoint.url} carries user:password credentials and the API key variable "
+                              f"{self.options.api_key_env} is set: give one of them")
+
+    def _url(self, endpoint: Endpoint, path: str) -> str:
+        self.check_endpoint(endpoint)
+        return endpoint.target(path)
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         o = self.options
@@ -214,6 +230,7 @@ class EngineClient:
         The stall timer restarts only on chunks that carry tokens (keep-alive comments and empty events do not
         count); `ClientOptions.deadline_s` bounds the whole request."""
         backend = self.backend(endpoint)
+        self.check_endpoint(endpoint)
         body = self.body(endpoint, model, req, params)
         clock = _Clock(asyncio.get_running_loop(), self.options.stall_timeout_s, self.options.deadline_s)
         try:
@@ -233,15 +250,16 @@ class EngineClient:
         keep-alive connection the server closed while idle fails before any reply ("Server disconnected"): the
         request never started there, so it is sent once more on a new connection."""
         cap = req.max_tokens or params.max_tokens
+        limit = reply_limit(req, cap)
         try:
             try:
-                ctx = await self.session.post(endpoint.url + backend.path(self.options), json=body,
+                ctx = await self.session.post(self._url(endpoint, backend.path(self.options)), json=body,
                                               timeout=self._timeout(), headers={"X-Request-Id": req.rid})
             except aiohttp.ServerDisconnectedError:
                 if self.options.fresh_connections:
                     raise
                 self.stale_retries += 1
-                ctx = await self.session.post(endpoint.url + backend.path(self.options), json=body,
+                ctx = await self.session.post(self._url(endpoint, backend.path(self.options)), json=body,
                                               timeout=self._timeout(), headers={"X-Request-Id": req.rid,
                                                                                 "Connection": "close"})
             async with ctx as resp:
@@ -249,8 +267,10 @@ class EngineClient:
                     await _raise_status(endpoint, resp)
                 if self.options.stream:
                     prog = progress if progress is not None else [0] * req.n
-                    return await self._read_stream(resp, backend, req, StreamAcc(req.n, cap, prog), clock, scope)
-                data = backend.response(loads(await resp.read()), req)
+                    return await self._read_stream(resp, backend, req, StreamAcc(req.n, cap, prog), clock, scope,
+                                                   limit)
+                body_bytes = await read_capped(resp.content.iter_any(), limit, resp.content_length)
+                data = backend.response(loads(body_bytes), req)
                 return parse_full(data, req.n, cap, clock.elapsed())
         except (ReplicaFault, RequestRejected):
             raise
@@ -267,22 +287,28 @@ class EngineClient:
             raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc)}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
-                           clock: _Clock, scope: asyncio.Timeout) -> Completion:
-        """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`."""
+                           clock: _Clock, scope: asyncio.Timeout, limit: int) -> Completion:
+        """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`. The
+        stream's bytes are capped (`limit`) as they arrive, so no event larger than the cap is ever parsed."""
         state = _StreamState(str(resp.url.origin()))
-        buf = b""
+        buf = bytearray()
+        size = 0
         async for data in resp.content.iter_any():
+            size += len(data)
+            check_size(size, limit)
             buf += data
             if b"\n" not in data:
                 continue
-            *lines, buf = buf.split(b"\n")
+            end = buf.rfind(b"\n")
+            lines = bytes(buf[:end]).split(b"\n")
+            del buf[:end + 1]
             if self._feed(lines, backend, req, acc, clock, state):
                 break
             if state.progress:
                 clock.progressed(scope)
                 state.progress = False
         else:
-            self._feed([buf], backend, req, acc, clock, state)  # a last line without its newline
+            self._feed([bytes(buf)], backend, req, acc, clock, state)  # a last line without its newline
         return acc.result(state.done, clock.elapsed(), state.ttft)
 
     @staticmethod
@@ -330,7 +356,8 @@ class EngineClient:
         """True when the backend's first health path that exists (GET /health, else /v1/models) answers 200."""
         for path in self.backend(endpoint).health_paths:
             try:
-                async with self.session.get(endpoint.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                async with self.session.get(self._url(endpoint, path),
+                                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                     if r.status == 200:
                         return True
                     if r.status != 404:
@@ -342,7 +369,8 @@ class EngineClient:
     async def models(self, endpoint: Endpoint) -> list[str]:
         """Served model names (GET /v1/models)."""
         try:
-            async with self.session.get(endpoint.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with self.session.get(self._url(endpoint, "/v1/models"),
+                                        timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status >= 400:
                     await _raise_status(endpoint, r)
                 return model_names(loads(await r.read()))
@@ -356,7 +384,7 @@ class EngineClient:
     async def metrics(self, endpoint: Endpoint) -> dict[str, float]:
         """Prometheus /metrics summed over label sets: `{"vllm:num_requests_running": 3.0, ...}`."""
         try:
-            async with self.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with self.session.get(self._url(endpoint, "/metrics"), timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status >= 400:
                     await _raise_status(endpoint, r)
                 return parse_metrics(await r.text())

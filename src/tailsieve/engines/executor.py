@@ -10,7 +10,10 @@ of its groups are complete: the rest are cancelled (the connection closes, which
 report the tokens streamed so far. Pinned bulk groups (`StepPlan.pinned`) are never cancelled: the others are cut
 at their (quota − pinned)-th completion, and T_bulk is the last kept bulk group's finish. A replica fault marks
 the replica down and re-dispatches its unfinished requests to a healthy replica (same pool first) after a
-backoff; nothing is lost or repeated.
+backoff; nothing is lost or repeated. A replica whose in-flight requests made no progress for
+`FaultPolicy.liveness_s` (at most half the stall timeout) is asked for its /health; one that does not answer (a
+server shutting down after SIGTERM keeps its streams open but stops serving /health) is a fault at once
+(`disconnect`), without waiting out the stall timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tailsieve.engines.client import (
     Completion,
     EngineClient,
     EngineError,
+    FaultKind,
     NoHealthyReplica,
     ReplicaFault,
     Request,
@@ -123,6 +127,21 @@ class _Step:
         self.tail_left = {r.uid for r in plan.tail}
         self.started_at = time.time()
         self.t0 = time.perf_counter()
+        self.seen: dict[int, tuple[int, float]] = {}  # replica -> (its jobs' progress, when it last changed)
+
+    def quiet(self, now: float, after_s: float) -> list[int]:
+        """Replicas with requests in flight whose progress has not moved for `after_s` seconds."""
+        totals: dict[int, int] = {}
+        for job in self.pending.values():
+            totals[job.replica] = totals.get(job.replica, 0) + sum(job.progress) + 1
+        out = []
+        for rep, total in totals.items():
+            last = self.seen.get(rep)
+            if last is None or last[0] != total:
+                self.seen[rep] = (total, now)
+            elif now - last[1] >= after_s:
+                out.append(rep)
+        return out
 
     def snapshot(self, job: _Job) -> None:
         """Copy a job's streamed progress into its group's members."""
@@ -209,10 +228,7 @@ class EngineExecutor:
                 if st.pool_of[ref.uid] is Pool.TAIL or ref.uid in st.pinned or not st.cut:
                     for job in self._jobs(ref, st.pool_of[ref.uid], plan.placement[ref.uid], st.specs[ref.uid]):
                         await self._launch(st, job)
-            while st.busy():
-                finished, _ = await asyncio.wait(st.pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(finished, key=lambda t: st.pending[t].end):
-                    await self._settle(st, task)
+            await self._wait_all(st)
         finally:
             for task, job in st.pending.items():
                 st.snapshot(job)
@@ -223,6 +239,38 @@ class EngineExecutor:
         bulk_s = max([st.bulk_s, *(st.done_at[u] for u in st.pinned)])
         return ExecutedStep(plan.step, st.outcomes(self.g), tail_s, bulk_s, max(tail_s, bulk_s),
                             {u: tuple(s) for u, s in st.samples.items()}, st.redispatched, st.started_at)
+
+    async def _wait_all(self, st: _Step) -> None:
+        """Settle requests as they finish until the step's work is done, checking quiet replicas' health."""
+        policy = self.replicas.policy
+        quiet_s = min(policy.liveness_s, policy.stall_timeout_s / 2)
+        next_check = time.perf_counter() + quiet_s / 2
+        while st.busy():
+            finished, _ = await asyncio.wait(st.pending, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=max(0.0, next_check - time.perf_counter()))
+            for task in sorted(finished, key=lambda t: st.pending[t].end):
+                await self._settle(st, task)
+            if time.perf_counter() >= next_check and st.busy():
+                await self._check_quiet(st, quiet_s)
+                next_check = time.perf_counter() + quiet_s / 2
+
+    async def _check_quiet(self, st: _Step, quiet_s: float) -> None:
+        """Ask the /health of replicas whose requests are quiet; one that fails is faulted (work re-dispatched)."""
+        quiet = st.quiet(time.perf_counter(), quiet_s)
+        if not quiet:
+            return
+        timeout = min(2.0, self.replicas.policy.connect_timeout_s)
+        answers = await asyncio.gather(*(self.client.health(self.replicas.endpoints[i], timeout_s=timeout)
+                                         for i in quiet))
+        for rep, ok in zip(quiet, answers, strict=True):
+            task = next((t for t, j in st.pending.items() if j.replica == rep and not t.done()), None)
+            if ok or task is None:
+                continue
+            task.cancel()
+            job = st.release(task)
+            url = self.replicas.endpoints[rep].url
+            await self._fail_over(st, job, ReplicaFault(url, FaultKind.DISCONNECT, f"/health fails while its "
+                                                        f"requests made no progress for {quiet_s:g}s (shutting down?)"))
 
     async def _launch(self, st: _Step, job: _Job) -> None:
         """Send a job to its planned replica, or a healthy one of its pool (same pool first), waiting a while when

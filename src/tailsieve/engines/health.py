@@ -30,12 +30,14 @@ class FaultPolicy:
     probe_max_s: float = 15.0
     no_healthy_wait_s: float = 10.0  # how long to wait for any replica to come back before giving up
     deadline_s: float | None = None  # total seconds one request may take (None: only the stall timeout)
+    liveness_s: float = 2.0  # requests quiet this long (at most stall/2): ask the replica's /health, fault it if down
 
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise EngineError(f"fault policy: retries must be >= 0, got {self.retries}")
         for what, v in (("connect timeout", self.connect_timeout_s), ("stall timeout", self.stall_timeout_s),
-                        ("probe interval", self.probe_interval_s), ("probe max", self.probe_max_s)):
+                        ("probe interval", self.probe_interval_s), ("probe max", self.probe_max_s),
+                        ("liveness", self.liveness_s)):
             check_seconds(f"fault policy: {what}", v)
         for what, v in (("backoff", self.backoff_s), ("backoff max", self.backoff_max_s),
                         ("no-healthy wait", self.no_healthy_wait_s)):

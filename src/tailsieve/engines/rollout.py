@@ -168,6 +168,8 @@ class Rollout:
                                                  stall_timeout_s=config.faults.stall_timeout_s,
                                                  api_key_env=config.api_key_env, logprobs=config.logprobs,
                                                  deadline_s=config.faults.deadline_s))
+        for e in self.endpoints:
+            self.client.check_endpoint(e)
         self.replicas: Replicas | None = None
         self.executor: EngineExecutor | None = None
 

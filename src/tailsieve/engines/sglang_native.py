@@ -186,7 +186,7 @@ class SGLangNativeBackend(EngineBackend):
     async def abort(self, session: aiohttp.ClientSession, endpoint: Endpoint, req: Request) -> None:
         """POST `/abort_request {"rid": ...}`; the request's stream bookkeeping is dropped."""
         self._streams.drop(req.rid)
-        async with session.post(endpoint.url + "/abort_request", json={"rid": req.rid},
+        async with session.post(endpoint.target("/abort_request"), json={"rid": req.rid},
                                 timeout=aiohttp.ClientTimeout(total=self.abort_timeout_s)):
             pass
 

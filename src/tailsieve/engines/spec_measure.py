@@ -68,7 +68,7 @@ class SpecCounters:
 async def read_counters(client: EngineClient, endpoint: Endpoint) -> SpecCounters | None:
     """GET /metrics and parse the speculative counters (None: no speculation, or no /metrics)."""
     try:
-        async with client.session.get(endpoint.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        async with client.session.get(endpoint.target("/metrics"), timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return None
             return SpecCounters.parse(await r.text())

@@ -4,12 +4,14 @@ options, and the error classes (`ReplicaFault`: the replica's fault; `RequestRej
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
-from tailsieve.errors import TailSieveError
-from tailsieve.redact import redact
+from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.redact import redact, register_secret
 
 DEFAULT_API_KEY_ENV = "TAILSIEVE_API_KEY"
 
@@ -69,27 +71,84 @@ class NoHealthyReplica(EngineError):
     """Every replica is down."""
 
 
+class BadEndpoint(ConfigError, EngineError):
+    """An endpoint URL that is not `http(s)://[USER:PASSWORD@]HOST[:PORT][/PATH]` (one line, credentials redacted)."""
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+def _strict_url(text: str) -> tuple[str, str | None]:
+    """(the credential-free base URL, "user:password" percent-encoded or None) of an endpoint URL: scheme http or
+    https, a host name or IP, a port in 1..65535 when given, a path but no query or fragment; a trailing `/` or
+    `/v1` is dropped. Anything else is a one-line `BadEndpoint` that never shows the credentials."""
+    raw = str(text).strip()
+    shown = redact(raw)
+
+    def bad(why: str) -> BadEndpoint:
+        return BadEndpoint(f"endpoint {shown!r}: {why}; expected http(s)://HOST:PORT")
+
+    parts = urlsplit(raw)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise bad("not an http or https URL")
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    host = hostport[:hostport.index("]") + 1] if hostport.startswith("[") and "]" in hostport else \
+        hostport.partition(":")[0]
+    port_text = hostport[len(host):]
+    if not host or not _HOSTNAME.fullmatch(host):
+        raise bad(f"host {host!r} is not a host name or IP address")
+    if port_text:
+        digits = port_text[1:]
+        if not port_text.startswith(":") or not (digits.isascii() and digits.isdigit()) \
+                or not 1 <= int(digits) <= 65535:
+            raise bad(f"port {digits or port_text!r} is not an integer in 1..65535")
+        hostport = f"{host}:{int(digits)}"
+    if parts.query or parts.fragment or "?" in raw or "#" in raw:
+        raise bad("a query or fragment is not part of a base URL")
+    creds = None
+    if at:
+        user, colon, password = userinfo.partition(":")
+        if not user:
+            raise bad("credentials without a user name")
+        creds = f"{quote(unquote(user), safe='')}:{quote(unquote(password), safe='')}" if colon else \
+            quote(unquote(user), safe="")
+        register_secret(unquote(password) if colon else unquote(user))
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{parts.scheme.lower()}://{hostport}{path}", creds
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One replica: base URL (without /v1), server kind (a registered backend name; built-ins become `ServerKind`),
-    served model name (None: ask /v1/models)."""
+    served model name (None: ask /v1/models). The URL is parsed strictly, once, here (`_strict_url`): `url` never
+    holds credentials; `user:password@` in the given URL moves to `credentials` (never shown: the password is
+    registered with `redact`), and `target(path)` puts them back for the request, which sends them as HTTP basic
+    auth."""
 
     url: str
     kind: ServerKind | str = ServerKind.VLLM
     model: str | None = None
+    credentials: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, ServerKind) and self.kind in ServerKind.__members__.values():
             object.__setattr__(self, "kind", ServerKind(self.kind))
+        url, creds = _strict_url(self.url)
+        object.__setattr__(self, "url", url)
+        if creds is not None:
+            object.__setattr__(self, "credentials", creds)
 
     @classmethod
     def parse(cls, text: str, kind: ServerKind | str = ServerKind.VLLM) -> Endpoint:
-        """`http://host:port` (a trailing `/v1` or `/` is dropped)."""
-        url = text.strip().rstrip("/")
-        url = url.removesuffix("/v1")
-        if not url.startswith(("http://", "https://")):
-            raise EngineError(f"endpoint {text!r}: expected http://HOST:PORT")
-        return cls(url, kind)
+        """`http(s)://[USER:PASSWORD@]HOST[:PORT]` (a trailing `/v1` or `/` is dropped); see `_strict_url`."""
+        return cls(text, kind)
+
+    def target(self, path: str) -> str:
+        """The URL a request to `path` goes to (with the credentials, when the endpoint has them)."""
+        if self.credentials is None:
+            return self.url + path
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{self.credentials}@{rest}{path}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b(:.*)?$")
+_FATAL_LINE = re.compile(r"^Fatal Python error: .*")  # a crash in C (an illegal instruction, a segfault)
+# vLLM's log prefixes: the process tag `(EngineCore_DP0 pid=12) `, then `ERROR 05-01 10:00:00 [core.py:12] `
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROC_TAG = re.compile(r"^\([\w.-]+ pid=\d+\)\s*")
+_LOG_HEAD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\s+\[[^\]]*\]\s*")
+LAUNCH_MARK = "== tailsieve "  # the header a launcher writes before each start of a server (`_spawn`)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -59,23 +65,41 @@ def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _bare(line: str) -> tuple[str, str | None]:
+    """A log line without colours and vLLM's process tag and logger head; (text, its log level or None)."""
+    text = _PROC_TAG.sub("", _ANSI.sub("", line).strip())
+    head = _LOG_HEAD.match(text)
+    return (text[head.end():], head.group(1)) if head else (text, None)
+
+
 def server_error(log: Path, chars: int = 300, *, last_line: bool = True) -> str:
-    """The server's own error from its log: the last exception line (plus a pydantic detail line), else the
+    """The server's own error from its log, since the launcher's last start header: a `Fatal Python error` line
+    (a crash: the engine's own words), else the last exception line (plus a pydantic detail line), else the last
+    ERROR/CRITICAL log message (vLLM's prefixes stripped: `EngineDeadError` logged by the API server), else the
     last non-empty line (`last_line`) or "no error in its log" (a server killed from outside logs none)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    for i in range(len(lines) - 1, -1, -1):
-        if _ERROR_LINE.match(lines[i].strip()) and "Warning" not in lines[i]:
-            msg = lines[i].strip()
-            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+    start = max((k + 1 for k, ln in enumerate(lines) if ln.startswith(LAUNCH_MARK)), default=0)
+    bare = [_bare(ln) for ln in lines[start:]]
+    fatal = [t for t, _ in bare if _FATAL_LINE.match(t)]
+    if fatal:
+        amx = [t for t, _ in bare if t.startswith("AmxPermissionError")]  # launchers/vllm_server.py's report
+        return (fatal[-1] + (f" ({amx[-1]})" if amx else ""))[:chars]
+    for i in range(len(bare) - 1, -1, -1):
+        msg = bare[i][0]
+        if _ERROR_LINE.match(msg) and "Warning" not in msg:
+            nxt = lines[start + i + 1] if i + 1 < len(bare) else ""
             if "validation error" in msg and nxt.startswith("  ") and nxt.strip():
                 msg += ": " + nxt.strip().split(" [type=")[0]
             return msg[:chars]
+    logged = [t for t, level in bare if level in ("ERROR", "CRITICAL") and t]
+    if logged:
+        return logged[-1][:chars]
     if not last_line:
         return "no error in its log"
-    tail = [ln.strip() for ln in lines if ln.strip()]
+    tail = [t for t, _ in bare if t]
     return tail[-1][:chars] if tail else "(empty log)"
 
 
