@@ -26,6 +26,7 @@ MAX_STEP_REQUESTS = 1_000_000  # N·G: requests in one simulated or routed step
 MAX_REPLICAS = 4096
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON/TOML document or JSONL line
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text per file
+MAX_TEMPERATURE = 100.0  # sampling temperature (`rollout`, `profile`): sent to servers as a JSON number
 
 ErrorType = Callable[[str], TailSieveError]
 
