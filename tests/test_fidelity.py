@@ -17,8 +17,8 @@ from tailsieve.analysis.fidelity import Truncation, redraws, truncated_share, tr
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
 from tailsieve.engines.client import SamplingParams
 from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.resume import saved_step
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.runner import PolicyOutput
 from tailsieve.loop import PolicyRun, StepRecord
 
