@@ -74,8 +74,8 @@ def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
         raise ConfigError(f"{where}: line {lineno} is not a JSON object")
     key = next((k for k in ID_FIELDS if obj.get(k) not in (None, "")), None)
     if key is not None and isinstance(obj[key], bool | list | dict):
-        raise ConfigError(f"{where}: line {lineno}: id '{key}' must be text or a number, got {json.dumps(obj[key])}"
-                          [:300])
+        raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' must be text or a number, got "
+                          f"{json.dumps(obj[key])}"[:300])
     pid = f"line-{lineno}" if key is None else str(obj[key])
     msgs = obj.get("messages")
     messages: Messages | None = None

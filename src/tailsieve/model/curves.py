@@ -99,14 +99,19 @@ def _table(batch: tuple[int, ...], tpot_ms: tuple[float, ...], n: int) -> FloatA
     return out
 
 
+def _check_size(where: str, n: int) -> None:
+    """At most `MAX_CURVE_POINTS` points: the one limit of every curve, file or model every command reads."""
+    if n > MAX_CURVE_POINTS:
+        raise CurveError(f"{where}: {n:,} points, more than the {MAX_CURVE_POINTS:,} allowed")
+
+
 def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ...]) -> None:
     where = f"curve '{name}'"
     if len(batch) == 0:
         raise CurveError(f"{where}: needs at least one (batch, tpot_ms) point")
     if len(batch) != len(tpot_ms):
         raise CurveError(f"{where}: {len(batch)} batch sizes but {len(tpot_ms)} tpot_ms values")
-    if len(batch) > MAX_CURVE_POINTS:
-        raise CurveError(f"{where}: {len(batch):,} points, more than the {MAX_CURVE_POINTS:,} allowed")
+    _check_size(where, len(batch))
     for b in batch:
         if isinstance(b, bool) or not isinstance(b, int):
             raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
@@ -153,6 +158,7 @@ def curve_from_points(name: str, batch: Any, tpot_ms: Any, **meta: str) -> TpotC
     where = f"curve '{name}'"
     if not isinstance(batch, list | tuple) or not isinstance(tpot_ms, list | tuple):
         raise CurveError(f"{where}: 'batch' and 'tpot_ms' must be lists")
+    _check_size(where, len(batch))  # before converting a huge list cell by cell
     bs = tuple(_as_int(b, where) for b in batch)
     ts = tuple(_as_float(t, where) for t in tpot_ms)
     return TpotCurve(name=name, batch=bs, tpot_ms=ts, **meta)
