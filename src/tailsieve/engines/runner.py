@@ -8,8 +8,10 @@
                                     unknown), restart_s (replica restarts before the step, in makespan_s), and
                                     "weights" (bias correction on)
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
+    DIR/<policy>/uncommitted/       files of a step a killed run wrote before its state (moved aside on resume)
 
-Every file is complete after each step, so an error or interrupt loses nothing already written.
+Every file is complete after each step, so an error or interrupt loses nothing already written; a resumed run
+checks the folder first (`prepare_runs`, `engines/resume.py`) and never erases a file.
 """
 
 from __future__ import annotations
