@@ -136,6 +136,8 @@ REFUSED: dict[str, dict[str, Callable[[Path], None]]] = {
         "not a triple": at("router.candidates[0]", [4, "q4"]),
         "empty prompt id": at("router.candidates[0][1]", ""),
         "not a list": at("router.candidates", {"4": "q4"}),
+        "unknown requeued prompt": state_edit(lambda d: d["router"].update(requeue=[[4, "nope", 1]], candidates=[])),
+        "requeued, wrong prompt": state_edit(lambda d: d["router"].update(requeue=[[4, "q3", 0]], candidates=[])),
     },
     "counters": {
         "consumed -1": at("router.consumed", -1), "consumed +1": at("router.consumed", 5),
