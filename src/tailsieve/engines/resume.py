@@ -128,11 +128,6 @@ class ResumePoint:
     steps: tuple[SavedStep, ...]
     uncommitted: bool = False
 
-    @property
-    def step(self) -> int:
-        """The next step to run."""
-        return 0 if self.state is None else self.state.router.step
-
 
 def read_folder(folder: Path) -> ResumePoint:
     """Check a policy's output folder as a whole (module docstring); a one-line ConfigError naming the file and
