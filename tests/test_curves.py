@@ -11,7 +11,8 @@ import pytest
 
 from conftest import SHARED, make_curve
 from tailsieve.errors import CurveError
-from tailsieve.model.curves import builtin_curves, load_curve, read_curve_file
+from tailsieve.model.costmodel import model_from_json
+from tailsieve.model.curves import MAX_CURVE_POINTS, builtin_curves, load_curve, read_curve_file
 
 
 def test_table_interpolates_and_extrapolates() -> None:
@@ -61,6 +62,16 @@ def test_table_is_read_only_and_consistent_across_sizes() -> None:
 def test_validation_messages(batch: tuple[int, ...], tpot: tuple[float, ...], message: str) -> None:
     with pytest.raises(CurveError, match=message.replace("(", r"\(")):
         make_curve(batch=batch, tpot_ms=tpot)
+
+
+def test_the_point_limit_is_the_curve_s_own() -> None:
+    """100,000 points build, 100,001 do not: the limit lives in the curve, so every file kind and command has it."""
+    n = MAX_CURVE_POINTS
+    assert len(make_curve(batch=tuple(range(1, n + 1)), tpot_ms=(1.0,) * n).batch) == n
+    with pytest.raises(CurveError, match="100,001 points, more than the 100,000 allowed"):
+        make_curve(batch=tuple(range(1, n + 2)), tpot_ms=(1.0,) * (n + 1))
+    with pytest.raises(CurveError, match="100,001 points"):
+        model_from_json({"batch": list(range(1, n + 2)), "tpot_ms": [1.0] * (n + 1), "cost_model": {}}, "m.json")
 
 
 def test_json_and_csv_files(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from conftest import SHARED
 from engine_fake import FakeServer
 from tailsieve.cli import main
 from tailsieve.engines.prompts import Template, load_prompts, render
+from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 
@@ -136,6 +137,11 @@ def test_prompt_file_errors(tmp_path: Path) -> None:
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
     assert [r.prompt_id for r in load_prompts(dup)] == ["a", "a#1"]
+    dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n{"id": "a#1", "prompt": "z"}\n'
+                   '{"id": "b", "prompt": "w"}\n')
+    with pytest.raises(ConfigError, match="line 3: id 'a#1' is already the id of line 2"):
+        load_prompts(dup)
+    assert [r.prompt_id for r in load_prompts(dup, limit=2)] == ["a", "a#1"]  # the collision is not read
 
 
 def _checkpoint(folder: Path, name: str) -> Path:

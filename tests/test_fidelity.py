@@ -17,6 +17,7 @@ from tailsieve.analysis.fidelity import Truncation, redraws, truncated_share, tr
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
 from tailsieve.engines.client import SamplingParams
 from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.resume import saved_step
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.runner import PolicyOutput
 from tailsieve.loop import PolicyRun, StepRecord
@@ -157,9 +158,8 @@ def test_resume_of_a_steps_file_without_redraws(tmp_path: Path) -> None:
     old = {"step": 0, "makespan_s": 2.0, "tail_s": 0.0, "bulk_s": 2.0, "q": 0, "m": 0, "candidates": 2,
            "wasted_tokens": 5, "batch_mean_length": 3.0, "warmup": True, "note": "", "lengths": [[3, 3], [3, 3]],
            "uids": [0, 1], "prompt_ids": ["p0", "p1"], "redispatched": 0, "down": [], "started_at": 0.0}
-    (tmp_path / "x" / "steps.jsonl").write_text(json.dumps(old) + "\n")
     po = PolicyOutput(tmp_path, "x")
-    po.load(1)
+    po.load([saved_step("steps.jsonl, line 1", json.loads(json.dumps(old)))])
     run = po.run()
     assert run.steps[0].redraws_max == 0 and run.steps[0].wasted_tokens == 5
     assert [r.tolist() for r in run.batch_redraws] == [[0, 0]]

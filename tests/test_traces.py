@@ -219,3 +219,29 @@ def test_parquet_roundtrip_and_bad_file(tmp_path: Path) -> None:
     assert "line 2" in error(p) and "is negative" in error(p)
     bad = write(tmp_path, "bad.parquet", "not parquet")
     assert "not a readable Parquet file" in error(bad)
+
+
+def test_repeated_sample_rows_are_refused_but_repeated_steps_are_samples(tmp_path: Path) -> None:
+    """A (prompt, sample) row, or (prompt, step, sample) with steps, appears once; without a sample column a prompt
+    may repeat at one step (each row one sample); the same sample number at another step is another sample."""
+    ok = read_trace(write(tmp_path, "a.csv", "prompt_id,step,length\na,0,1\na,0,2\na,1,3\n"))
+    assert ok.length.tolist() == [1, 2, 3]
+    ok = read_trace(write(tmp_path, "b.csv", "prompt_id,step,sample,length\na,0,0,1\na,1,0,2\nb,0,0,3\n"))
+    assert ok.sample is not None and ok.sample.tolist() == [0, 0, 0]
+    assert len(read_trace(write(tmp_path, "c.csv", "length,sample\n1,0\n2,0\n"))) == 2  # no prompt column: own rows
+    with pytest.raises(TraceError, match=r"c2.csv, line 4: prompt 'a' step 1 sample 0 repeats line 3 \(each "
+                                         r"\(prompt, step, sample\) once\)"):
+        read_trace(write(tmp_path, "c2.csv", "prompt_id,step,sample,length\na,0,0,1\na,1,0,2\na,1,0,2\n"))
+    with pytest.raises(TraceError, match=r"line 3: prompt 'b' sample 2 repeats line 1 \(each \(prompt, sample\)"):
+        read_trace(write(tmp_path, "d.jsonl", '{"prompt_id": "b", "sample": 2, "length": 4}\n'
+                                              '{"prompt_id": "a", "sample": 2, "length": 4}\n'
+                                              '{"prompt_id": "b", "sample": 2, "length": 5}\n'))
+
+
+@pytest.mark.parametrize(("value", "kind"), [([1], "list"), ({"x": 1}, "object"), (False, "boolean")])
+def test_non_scalar_prompt_ids_are_refused(tmp_path: Path, value: object, kind: str) -> None:
+    rows = [{"prompt_id": "a", "length": 1}, {"prompt_id": value, "length": 2}]
+    path = write(tmp_path, "t.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=f"line 2: prompt id 'prompt_id' must be text or a number, got a {kind}"):
+        read_trace(path)
+    assert read_trace(write(tmp_path, "n.jsonl", '{"prompt_id": 7, "length": 1}\n')).prompt_id.tolist() == ["7"]

@@ -8,16 +8,17 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine_fake import FAKE_PROMPT_IDS, FakeServer, fake_logprob
 from tailsieve.engines.client import Api, Endpoint, EngineError, SamplingParams
 from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.engines.state import RolloutState
-from tailsieve.engines.weights import UpdateMethod
-from tailsieve.errors import ConfigError
+from tailsieve.engines.weights import StaleBatch, UpdateMethod
+from tailsieve.errors import ConfigError, TailSieveError
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(60))
 
@@ -76,6 +77,44 @@ def test_restored_run_continues_the_version(servers: list[FakeServer], tmp_path:
     v1, st = asyncio.run(run(None))
     v2, _ = asyncio.run(run(st))
     assert v1 == 1 and v2 == 1
+
+
+def test_an_update_during_a_step_refuses_the_batch_and_keeps_its_groups(servers: list[FakeServer],
+                                                                         tmp_path: Path) -> None:
+    """update_weights while a step runs: that step's consumed samples predate the new version, so the batch is
+    refused with one StaleBatch line, and the state has not moved: the next step is the same step number and the
+    refused step's groups are consumed then, exactly once (consumed ∪ waiting = every draw, none twice)."""
+    for s in servers:
+        s.tpot_s = 0.01  # a step of ~0.4 s: the update lands inside it
+
+    async def run() -> tuple[list[Batch], BaseException | None, dict[str, Any], dict[str, Any], RolloutState]:
+        async with Rollout([s.url for s in servers], config(), PROMPTS) as r:
+            batches = [await r.step()]
+            before = r.state().to_json()
+
+            async def update_soon() -> None:
+                await asyncio.sleep(0.05)
+                await r.update_weights(ckpt(tmp_path, "mid"))
+
+            refused, _ = await asyncio.gather(r.step(), update_soon(), return_exceptions=True)
+            after = r.state().to_json()
+            batches += [await r.step(), await r.step()]
+            return batches, refused if isinstance(refused, BaseException) else None, before, after, r.state()
+
+    batches, refused, before, after, state = asyncio.run(run())
+    assert isinstance(refused, StaleBatch) and isinstance(refused, TailSieveError)
+    assert len(str(refused).splitlines()) == 1 and str(refused).startswith("step 1: ")
+    assert "update_weights ran during the step" in str(refused)
+    assert {k: after[k] for k in ("router", "control", "generation")} == {
+        k: before[k] for k in ("router", "control", "generation")}
+    assert after["weight_version"] == 1 and before["weight_version"] == 0
+    assert [b.step for b in batches] == [0, 1, 2] and [b.weight_version for b in batches] == [0, 1, 1]
+    assert all(b.stale_samples == 0 for b in batches)
+    consumed = [g.uid for b in batches for g in b.groups]
+    waiting = [ref.uid for ref in state.router.waiting]
+    assert state.router.stream is not None
+    assert len(consumed) == len(set(consumed)) == 3 * 4 == state.router.consumed
+    assert sorted(consumed + waiting) == list(range(state.router.stream.position))
 
 
 def test_unsupported_server_falls_back_to_the_restart_hook(servers: list[FakeServer], tmp_path: Path) -> None:

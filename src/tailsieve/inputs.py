@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ MAX_STEP_REQUESTS = 1_000_000  # N·G: requests in one simulated or routed step
 MAX_REPLICAS = 4096
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON/TOML document or JSONL line
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text per file
+MAX_TEMPERATURE = 100.0  # sampling temperature (`rollout`, `profile`): sent to servers as a JSON number
 
 ErrorType = Callable[[str], TailSieveError]
 
@@ -140,3 +141,30 @@ def check_step_size(groups: int, group_size: int, flags: str = "--groups × --gr
     if groups * group_size > MAX_STEP_REQUESTS:
         raise ConfigError(f"{flags} = {groups} × {group_size} = {groups * group_size:,} requests per step; "
                           f"at most {MAX_STEP_REQUESTS:,} are supported")
+
+
+def json_object(obj: Any, where: str, required: Collection[str], optional: Collection[str] = ()) -> dict[str, Any]:
+    """`obj` as a JSON object holding every `required` key and no key outside `required` and `optional`; a
+    ConfigError naming `where` otherwise (the saved-state readers build their values field by field from it)."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(obj).__name__}")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ConfigError(f"{where}: missing key '{missing[0]}'")
+    unknown = sorted(str(k) for k in set(obj) - set(required) - set(optional))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}'")
+    return obj
+
+
+def finite_or_nan(value: Any, flag: str, *, lo: float | None = None, lo_open: bool = False) -> float:
+    """A saved rate or estimate: null (not measured yet) as NaN, else a finite number >= lo (> lo when
+    `lo_open`)."""
+    return math.nan if value is None else finite(value, flag, lo=lo, lo_open=lo_open)
+
+
+def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
+    """`value` when it is one of `choices` (compared with its type: True is not 1); ConfigError otherwise."""
+    if not any(type(value) is type(c) and value == c for c in choices):
+        raise ConfigError(f"{flag} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return value

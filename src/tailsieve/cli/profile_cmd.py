@@ -32,6 +32,7 @@ from tailsieve.engines.profile import (
 from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_TEMPERATURE, finite
 from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecMethod
@@ -105,8 +106,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)
     contexts = parse_contexts(args.contexts)
-    if not args.temperature >= 0:
-        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
     if (args.plain_curve is None) != (args.method is None):
         raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
     plain = load_curve(args.plain_curve) if args.plain_curve else None

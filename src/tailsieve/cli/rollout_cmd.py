@@ -28,9 +28,9 @@ from tailsieve.engines.launch_config import load_launch_config
 from tailsieve.engines.launchers import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
 from tailsieve.engines.rollout import Batch, RolloutConfig
-from tailsieve.engines.runner import run_policies_real
+from tailsieve.engines.runner import prepare_runs, run_policies_real
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_LENGTH, check_step_size, finite, int_in
+from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
@@ -39,7 +39,6 @@ from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.workloads import load_workload
 
 MAX_STEPS = 1_000_000
-MAX_TEMPERATURE = 100.0
 MAX_WAIT_S = 1e6  # seconds: --stall-timeout, --give-up-after
 MAX_RETRIES = 1000
 
@@ -275,11 +274,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
     if args.weights_dir and len(configs) != 1:
         raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    busy = [n for n in configs if (out / n).is_dir() and any((out / n).iterdir())]
-    if busy and not args.resume:  # checked here too so that no replica is started for nothing
-        raise ConfigError(f"{out / busy[0]} already holds a run; pass --resume to continue it or choose another --out")
+    prepare_runs(endpoints, prompts, configs, out, resume=args.resume)  # the folder's checks before any replica starts
     if launcher is None:
         return _run(args, configs, endpoints, prompts, out, None)
     with sigterm_as_interrupt(launcher):

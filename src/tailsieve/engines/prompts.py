@@ -72,7 +72,11 @@ def paper_sampling(max_tokens: int = 16384) -> SamplingParams:
 def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: line {lineno} is not a JSON object")
-    pid = next((str(obj[k]) for k in ID_FIELDS if obj.get(k) not in (None, "")), f"line-{lineno}")
+    key = next((k for k in ID_FIELDS if obj.get(k) not in (None, "")), None)
+    if key is not None and isinstance(obj[key], bool | list | dict):
+        raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' must be text or a number, got "
+                          f"{json.dumps(obj[key])}"[:300])
+    pid = f"line-{lineno}" if key is None else str(obj[key])
     msgs = obj.get("messages")
     messages: Messages | None = None
     if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs):
@@ -93,7 +97,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
         raise ConfigError(f"prompt file {p} not found")
     opener = gzip.open if p.suffix == ".gz" else open
     out: list[PromptRecord] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # id in the file → times seen
+    owner: dict[str, int] = {}  # id given → its line
     try:
         with opener(p, "rt", encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
@@ -105,6 +110,11 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
                 seen[rec.prompt_id] = k + 1
                 if k:
                     rec = PromptRecord(f"{rec.prompt_id}#{k}", rec.text, rec.messages, rec.fields)
+                if rec.prompt_id in owner:
+                    raise ConfigError(f"prompt file {p}, line {lineno}: id {rec.prompt_id!r} is already the id of "
+                                      f"line {owner[rec.prompt_id]} (a repeated id gets a #k suffix); give each "
+                                      "prompt its own id"[:300])
+                owner[rec.prompt_id] = lineno
                 out.append(rec)
                 if limit is not None and len(out) >= limit:
                     break

@@ -37,8 +37,9 @@ from tailsieve.engines.client import (
 from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
 from tailsieve.engines.health import FaultPolicy, Replicas
 from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
+from tailsieve.engines.resume import check_state
 from tailsieve.engines.state import RolloutState
-from tailsieve.engines.weights import ReloadHook, WeightPush, WeightSync, WeightUpdate
+from tailsieve.engines.weights import ReloadHook, StaleBatch, WeightPush, WeightSync, WeightUpdate
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
 from tailsieve.loop import LoopState, PoolHook, StepLoop, make_controller
@@ -48,7 +49,7 @@ from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, Router, RouterConfig
-from tailsieve.policy.step import GroupRef, InvariantError, StepPlan
+from tailsieve.policy.step import GroupRef, StepPlan
 from tailsieve.workloads import Workload
 
 __all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate", "pools_from_assign"]
@@ -198,13 +199,9 @@ class Rollout:
         self.state().save(path)
 
     def restore(self, state: RolloutState) -> None:
-        """Continue from a saved state (same prompts, shape, seed and policy, else a ConfigError)."""
-        mine = self.fingerprint()
-        diff = [k for k in mine if state.fingerprint.get(k) != mine[k]]
-        if state.policy != self.config.policy:
-            diff.insert(0, "policy")
-        if diff:
-            raise ConfigError(f"saved rollout state does not match this run ({', '.join(diff)} differ)")
+        """Continue from a saved state: it must belong to this run (same shape, prompts, seed and policy; its waiting
+        groups and counters this run's: `resume.check_state`), else a one-line ConfigError and nothing changes."""
+        check_state(state, self.fingerprint(), self.config.policy, self.router)
         self.rstate, self.cstate, self.generation = state.router, state.control, dict(state.generation)
         self._version = state.weight_version
         if self.weights is not None:
@@ -342,11 +339,9 @@ class Rollout:
             await self.weights.refresh()
         out = await self.loop.astep(LoopState(self.rstate, self.cstate), self.executor, self._pool_move)
         ex = cast(ExecutedStep, out.result)
-        self.rstate, self.cstate = out.state.router, out.state.control
-        self.generation = self._generations(out.plan)[1]
-        weights: list[float | None] = [None] * len(out.consumed)
+        wstate, weights = self.wstate, list[float | None]([None] * len(out.consumed))
         if self.weigher is not None:
-            self.wstate, w = self.weigher.update(self.wstate, observe(ex.outcomes, out.consumed))
+            wstate, w = self.weigher.update(self.wstate, observe(ex.outcomes, out.consumed))
             weights = [float(x) for x in w]
         groups = tuple(
             GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
@@ -357,9 +352,12 @@ class Rollout:
         batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
                       out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups),
                       self.weight_version)
-        if batch.stale_samples:
-            raise InvariantError(f"step {batch.step}: {batch.stale_samples} consumed sample(s) predate weight "
-                                 f"version {batch.weight_version}")
+        if batch.stale_samples:  # refused before the state moves: the next step runs these groups again
+            raise StaleBatch(f"step {batch.step}: {batch.stale_samples} consumed sample(s) predate weight version "
+                             f"{batch.weight_version} (update_weights ran during the step); the step was not "
+                             "consumed, run it again")
+        self.rstate, self.cstate, self.wstate = out.state.router, out.state.control, wstate
+        self.generation = self._generations(out.plan)[1]
         return batch
 
     def truncated(self, groups: Sequence[GroupResult]) -> tuple[tuple[bool, ...], ...] | None:

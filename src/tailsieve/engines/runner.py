@@ -8,14 +8,15 @@
                                     unknown), restart_s (replica restarts before the step, in makespan_s), and
                                     "weights" (bias correction on)
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
+    DIR/<policy>/uncommitted/       files of a step a killed run wrote before its state (moved aside on resume)
 
-Every file is complete after each step, so an error or interrupt loses nothing already written.
+Every file is complete after each step, so an error or interrupt loses nothing already written; a resumed run
+checks the folder first (`prepare_runs`, `engines/resume.py`) and never erases a file.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict
@@ -23,15 +24,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tailsieve.analysis.report import report_json
 from tailsieve.engines.client import Endpoint
 from tailsieve.engines.prompts import PromptRecord
+from tailsieve.engines.resume import (
+    STATE_FILE,
+    STEPS_FILE,
+    ResumePoint,
+    SavedStep,
+    batch_name,
+    check_steps,
+    read_folder,
+    set_aside,
+    write_line,
+)
 from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_assign
-from tailsieve.engines.state import RolloutState, write_json_atomic
+from tailsieve.engines.state import write_json_atomic
 from tailsieve.engines.weights import ReloadHook
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import loads_json, read_text
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
 
 OnStep = Callable[[str, Batch], None]
@@ -62,43 +74,6 @@ def batch_lines(batch: Batch) -> list[dict[str, Any]]:
             for g in batch.groups]
 
 
-def step_rows(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
-    """The lines of a `steps.jsonl` (resume state) as (where, text, row): each row a JSON object with an integer
-    `step`; errors are one line naming the file and line (a truncated last line included)."""
-    out: list[tuple[str, str, dict[str, Any]]] = []
-    for lineno, line in enumerate(read_text(path, "resume file").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"resume file {path}, line {lineno}"
-        row = loads_json(line, where, line=False, allow_nan=True)
-        if not isinstance(row, dict):
-            raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        step = row.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
-        out.append((where, line, row))
-    return out
-
-
-_RECORD_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
-
-
-def step_record(row: Mapping[str, Any]) -> StepRecord:
-    """A `StepRecord` from a step line, each field of its declared type (ValueError / TypeError otherwise)."""
-    kw: dict[str, Any] = {}
-    for name, f in StepRecord.__dataclass_fields__.items():
-        if name not in row:
-            continue
-        typ, v = _RECORD_TYPES[str(f.type)], row[name]
-        if typ is float and v is None:  # NaN written by an older json.dumps as null
-            v = math.nan
-        ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float)
-        if not ok or (typ is not bool and isinstance(v, bool)):
-            raise TypeError(f"{name} must be {typ.__name__}, got {v!r}")
-        kw[name] = typ(v)
-    return StepRecord(**kw)
-
-
 class PolicyOutput:
     """One policy's subfolder: batches, step lines, state; and the run so far (reloaded on resume)."""
 
@@ -113,42 +88,25 @@ class PolicyOutput:
         self.truncated: list[np.ndarray[Any, np.dtype[np.bool_]] | None] = []
         self.weights: list[np.ndarray[Any, np.dtype[np.float64]]] = []
         self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
+        self._aside = False  # files of an uncommitted step wait in the folder (`load`)
 
     @property
     def state_path(self) -> Path:
         """Where the resume state lives."""
-        return self.dir / "state.json"
+        return self.dir / STATE_FILE
 
-    def load(self, upto: int) -> None:
-        """Reload the step lines of steps < `upto` (the saved state's step)."""
-        path = self.dir / "steps.jsonl"
-        if not path.exists():
-            return
-        for where, _, row in step_rows(path):
-            if row["step"] >= upto:
-                continue
-            try:
-                lengths = np.asarray(row["lengths"], dtype=np.int64)
-                uids = [int(u) for u in row["uids"]]
-                prompts = tuple(str(x) for x in row["prompt_ids"])
-                if lengths.ndim != 2 or lengths.shape[0] != len(uids) or len(prompts) != len(uids):
-                    raise ValueError("lengths, uids and prompt_ids do not match")
-                rec = step_record(row)
-                restart = float(row.get("restart_s", 0.0))
-                if not math.isfinite(restart):
-                    raise ValueError(f"restart_s is {restart}")
-                self._add(rec, lengths, uids, prompts, row.get("redraws") or [0] * len(uids), row.get("truncated"),
-                          row.get("weights"))
-            except KeyError as exc:
-                raise ConfigError(f"{where}: missing key {exc}") from None
-            except (TypeError, ValueError, OverflowError) as exc:
-                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                raise ConfigError(f"{where}: malformed step line ({why})") from None
-            self.restart_s += restart
+    def load(self, steps: Sequence[SavedStep], uncommitted: bool = False) -> None:
+        """Take the committed steps of a checked folder (`resume.read_folder`); `uncommitted`: the folder holds
+        files of the next step from a run that died before saving its state (moved aside before it is rewritten)."""
+        for s in steps:
+            self._add(s.record, s.lengths, s.uids, s.prompts, s.redraws, s.truncated, s.weights)
+            self.restart_s += s.restart_s
+        self._aside = uncommitted
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
-             prompts: tuple[str, ...], redraws: Sequence[int], truncated: Sequence[Sequence[bool]] | None,
-             weights: Sequence[float] | None = None) -> None:
+             prompts: tuple[str, ...], redraws: Sequence[int] | NDArray[np.int64],
+             truncated: Sequence[Sequence[bool]] | NDArray[np.bool_] | None,
+             weights: Sequence[float] | NDArray[np.float64] | None = None) -> None:
         self.records.append(rec)
         self.lengths.append(lengths)
         self.uids.extend(int(u) for u in uids)
@@ -159,16 +117,19 @@ class PolicyOutput:
             self.weights.append(np.asarray(weights, dtype=np.float64))
 
     def write(self, batch: Batch, rollout: Rollout) -> None:
-        """Batch file, step line, then state (in that order: the state never runs ahead of the files)."""
+        """Batch file, step line, then state (in that order: the state never runs ahead of the files, and a run killed
+        in between leaves files of an uncommitted step, which the resumed run moves aside: `resume.set_aside`)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self._aside or (self.dir / batch_name(batch.step)).exists():
+            set_aside(self.dir, batch.step)
+            self._aside = False
         rows = batch_lines(batch)
-        tmp = self.dir / f".batch-{batch.step:05d}.jsonl.tmp"
+        tmp = self.dir / f".{batch_name(batch.step)}.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        tmp.replace(self.dir / f"batch-{batch.step:05d}.jsonl")
+        tmp.replace(self.dir / batch_name(batch.step))
         lengths = np.array([g.lengths for g in batch.groups], dtype=np.int64)
         uids = [g.uid for g in batch.groups]
         pids = tuple(g.prompt_id for g in batch.groups)
-        self._rewrite_steps(batch.step)
         line = asdict(batch.record) | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
                                        "redispatched": batch.redispatched, "down": list(batch.down),
                                        "started_at": batch.started_at, "restart_s": batch.restart_s,
@@ -177,21 +138,10 @@ class PolicyOutput:
                                        [list(t) for t in batch.truncated]}
         if batch.weights is not None:
             line["weights"] = list(batch.weights)
-        with (self.dir / "steps.jsonl").open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        write_line(self.dir / STEPS_FILE, line)
         self._add(batch.record, lengths, uids, pids, batch.redraws or [0] * len(uids), batch.truncated, batch.weights)
         self.restart_s += batch.restart_s
         rollout.save(self.state_path)
-
-    def _rewrite_steps(self, step: int) -> None:
-        """Drop step lines at or after `step` (left by a run that died before saving its state)."""
-        path = self.dir / "steps.jsonl"
-        if not path.exists():
-            return
-        rows = step_rows(path)
-        keep = [ln for _, ln, row in rows if row["step"] < step]
-        if len(keep) != len(rows):
-            path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
 
     def run(self) -> PolicyRun:
         """The run so far as a `PolicyRun` (what `simulate` summarizes)."""
@@ -205,6 +155,31 @@ def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = S
     """The report document (`tailsieve.analysis.report.report_json`, as `simulate --json`): `meta` plus "policies"
     with the per-policy keys of `simulate --json` (+ `extra`, e.g. restart_s)."""
     return report_json(runs, meta, skip=skip, extra=extra)
+
+
+def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord],
+                 configs: Mapping[str, RolloutConfig], out: Path, *, resume: bool, pools: PoolHook | None = None,
+                 reload: ReloadHook | None = None) -> dict[str, tuple[Rollout, PolicyOutput]]:
+    """Every policy's (unopened) `Rollout` and output folder, each folder checked before anything runs or is
+    written: without `resume` it must be empty; with it, the files must belong together (`resume.read_folder`) and
+    to this run (`resume.check_state` when the Rollout restores, `resume.check_steps`). A one-line ConfigError
+    otherwise; nothing is touched. The CLI calls it before it starts replicas, `run_policies_real` again."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    points: dict[str, ResumePoint] = {}
+    for name in configs:
+        folder = out / name
+        if not resume and folder.is_dir() and any(folder.iterdir()):
+            raise ConfigError(f"{folder} already holds a run; pass --resume to continue it or choose another --out")
+        points[name] = read_folder(folder) if resume and folder.is_dir() else ResumePoint(None, ())
+    prepared: dict[str, tuple[Rollout, PolicyOutput]] = {}
+    for name, cfg in configs.items():
+        r = Rollout(endpoints, cfg, prompts, state=points[name].state, pools=pools, reload=reload)
+        check_steps(points[name].steps, r.router)
+        po = PolicyOutput(out, name)
+        po.load(points[name].steps, points[name].uncommitted)
+        prepared[name] = (r, po)
+    return prepared
 
 
 async def run_policies_real(
@@ -225,25 +200,14 @@ async def run_policies_real(
     if weights_dir is not None and len(configs) != 1:
         raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
     loaded: dict[str, Path | None] = dict.fromkeys(configs)
-    out.mkdir(parents=True, exist_ok=True)
-    outputs = {name: PolicyOutput(out, name) for name in configs}
-    states: dict[str, RolloutState | None] = {}
-    for name, po in outputs.items():
-        if resume and po.state_path.exists():
-            st = RolloutState.load(po.state_path)
-            po.load(st.router.step)
-            states[name] = st
-        elif not resume and po.dir.exists() and any(po.dir.iterdir()):
-            raise ConfigError(f"{po.dir} already holds a run; pass --resume to continue it or choose another --out")
-        else:
-            states[name] = None
+    if assign is not None and pools is None:
+        pools = pools_from_assign(assign)
+    prepared = prepare_runs(endpoints, prompts, configs, out, resume=resume, pools=pools, reload=reload)
+    outputs = {name: po for name, (_, po) in prepared.items()}
     doc_meta = dict(meta or {}) | {"policies_order": list(configs), "steps": steps}
+    out.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
-        if assign is not None and pools is None:
-            pools = pools_from_assign(assign)
-        rollouts = {name: await stack.enter_async_context(Rollout(endpoints, cfg, prompts, state=states[name],
-                                                                  pools=pools, reload=reload))
-                    for name, cfg in configs.items()}
+        rollouts = {name: await stack.enter_async_context(r) for name, (r, _) in prepared.items()}
         for _ in range(steps):
             for name, r in rollouts.items():
                 if r.rstate.step >= steps:

@@ -8,20 +8,15 @@ drawn next: nothing is lost or repeated. Files are written atomically (temp file
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import loads_json, read_text
+from tailsieve.inputs import MAX_INT, int_in, json_object, loads_json, read_text
 from tailsieve.policy.controller import ControlState
 from tailsieve.policy.router import RouterState
-from tailsieve.policy.step import GroupRef
-from tailsieve.policy.stream import StreamState
 
 STATE_VERSION = 1
 
@@ -44,13 +39,22 @@ class RolloutState:
                 "generation": dict(self.generation), "weight_version": self.weight_version}
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> RolloutState:
-        """Inverse of `to_json`."""
-        if obj.get("version") != STATE_VERSION:
-            raise ConfigError(f"rollout state version {obj.get('version')!r} is not {STATE_VERSION}")
-        return cls(str(obj["policy"]), dict(obj["fingerprint"]), router_from_json(obj["router"]),
-                   control_from_json(obj["control"]), {str(k): int(v) for k, v in obj["generation"].items()},
-                   int(obj.get("weight_version", 0)))
+    def from_json(cls, obj: Any, where: str = "rollout state") -> RolloutState:
+        """Inverse of `to_json`, field by field (`RouterState.from_json`, `ControlState.from_json`): the version,
+        non-negative generation counters and weight version; a one-line ConfigError naming the field otherwise."""
+        d = json_object(obj, where, ("version", "policy", "fingerprint", "router", "control", "generation"),
+                        ("weight_version",))
+        if d["version"] != STATE_VERSION:
+            raise ConfigError(f"{where}: version {d['version']!r} is not {STATE_VERSION}"[:300])
+        if not isinstance(d["policy"], str) or not isinstance(d["fingerprint"], dict):
+            raise ConfigError(f"{where}: policy must be text and fingerprint an object")
+        gen = d["generation"]
+        if not isinstance(gen, dict):
+            raise ConfigError(f"{where}: generation must be an object (prompt id → generations started)")
+        generation = {k: int_in(v, f"{where}: generation[{k!r}]", 0, MAX_INT) for k, v in gen.items()}
+        return cls(d["policy"], dict(d["fingerprint"]), RouterState.from_json(d["router"], f"{where}: router"),
+                   ControlState.from_json(d["control"], f"{where}: control"), generation,
+                   int_in(d.get("weight_version", 0), f"{where}: weight_version", 0, MAX_INT))
 
     def save(self, path: str | Path) -> None:
         """Write atomically."""
@@ -62,15 +66,7 @@ class RolloutState:
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"no saved rollout state at {p}")
-        obj = loads_json(read_text(p, "rollout state"), f"rollout state {p}")
-        if not isinstance(obj, dict):
-            raise ConfigError(f"rollout state {p} is malformed: expected a JSON object, got {type(obj).__name__}")
-        try:
-            return cls.from_json(obj)
-        except KeyError as exc:
-            raise ConfigError(f"rollout state {p} is malformed: missing key {exc}") from None
-        except (ValueError, TypeError, AttributeError, IndexError, OverflowError) as exc:
-            raise ConfigError(f"rollout state {p} is malformed: {exc}") from None
+        return cls.from_json(loads_json(read_text(p, "rollout state"), f"rollout state {p}"), f"rollout state {p}")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -83,58 +79,21 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _refs(refs: tuple[GroupRef, ...]) -> list[list[Any]]:
-    return [[r.uid, r.prompt_id, r.cuts] for r in refs]
-
-
-def _unrefs(rows: list[list[Any]]) -> tuple[GroupRef, ...]:
-    return tuple(GroupRef(int(u), str(p), int(c)) for u, p, c in rows)
-
-
 def router_to_json(s: RouterState) -> dict[str, Any]:
-    """RouterState → dict."""
-    return {"step": s.step, "stream": s.stream.to_json() if s.stream else None, "requeue": _refs(s.requeue),
-            "candidates": _refs(s.candidates), "consumed": s.consumed}
+    """RouterState → dict (`RouterState.to_json`)."""
+    return s.to_json()
 
 
-def router_from_json(obj: dict[str, Any]) -> RouterState:
-    """dict → RouterState."""
-    stream = StreamState.from_json(obj["stream"]) if obj.get("stream") else None
-    return RouterState(int(obj["step"]), stream, _unrefs(obj["requeue"]), _unrefs(obj["candidates"]),
-                       int(obj["consumed"]))
-
-
-def _num(x: float) -> float | None:
-    return None if math.isnan(x) else x
+def router_from_json(obj: Any) -> RouterState:
+    """dict → RouterState (`RouterState.from_json`: validated field by field)."""
+    return RouterState.from_json(obj)
 
 
 def control_to_json(s: ControlState) -> dict[str, Any]:
-    """ControlState → dict (NaN rates as null, history arrays as nested lists)."""
-    out: dict[str, Any] = {}
-    for f in fields(s):
-        v = getattr(s, f.name)
-        if f.name in ("history", "tail_history", "last_fresh"):
-            out[f.name] = [a.tolist() for a in v]
-        elif isinstance(v, float):
-            out[f.name] = _num(v)
-        else:
-            out[f.name] = v
-    return out
+    """ControlState → dict (`ControlState.to_json`: NaN as null, histories as nested lists)."""
+    return s.to_json()
 
 
-def control_from_json(obj: dict[str, Any]) -> ControlState:
-    """dict → ControlState."""
-    kw: dict[str, Any] = {}
-    for f in fields(ControlState):
-        if f.name not in obj:
-            continue
-        v = obj[f.name]
-        if f.name in ("history", "tail_history", "last_fresh"):
-            kw[f.name] = tuple(np.asarray(a, dtype=np.int64).reshape(-1, len(a[0]) if a else 0) for a in v)
-        elif f.type == "float":  # NaN was written as null
-            kw[f.name] = math.nan if v is None else float(v)
-        elif f.type == "int":
-            kw[f.name] = int(v)
-        else:
-            kw[f.name] = v
-    return ControlState(**kw)
+def control_from_json(obj: Any) -> ControlState:
+    """dict → ControlState (`ControlState.from_json`: validated field by field)."""
+    return ControlState.from_json(obj)

@@ -22,10 +22,15 @@ from tailsieve.engines.health import Replicas
 from tailsieve.engines.types import Endpoint, EngineError
 from tailsieve.errors import ConfigError, TailSieveError
 
-__all__ = ["ReloadHook", "UpdateMethod", "WeightPush", "WeightSync", "WeightUpdate"]
+__all__ = ["ReloadHook", "StaleBatch", "UpdateMethod", "WeightPush", "WeightSync", "WeightUpdate"]
 
 WeightPush = Callable[[int, Endpoint, int], Awaitable[None]]  # (replica, endpoint, version): a framework's push
 ReloadHook = Callable[[str, Sequence[int]], float]  # (checkpoint, replica ids) → restart seconds (launcher.reload)
+
+
+class StaleBatch(EngineError):
+    """A step's consumed samples predate the weights served when it ended (`update_weights` ran during the step):
+    the batch is refused and the run's state does not move, so the next `step()` runs the same groups again."""
 
 
 class UpdateMethod(StrEnum):

@@ -99,12 +99,19 @@ def _table(batch: tuple[int, ...], tpot_ms: tuple[float, ...], n: int) -> FloatA
     return out
 
 
+def _check_size(where: str, n: int) -> None:
+    """At most `MAX_CURVE_POINTS` points: the one limit of every curve, file or model every command reads."""
+    if n > MAX_CURVE_POINTS:
+        raise CurveError(f"{where}: {n:,} points, more than the {MAX_CURVE_POINTS:,} allowed")
+
+
 def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ...]) -> None:
     where = f"curve '{name}'"
     if len(batch) == 0:
         raise CurveError(f"{where}: needs at least one (batch, tpot_ms) point")
     if len(batch) != len(tpot_ms):
         raise CurveError(f"{where}: {len(batch)} batch sizes but {len(tpot_ms)} tpot_ms values")
+    _check_size(where, len(batch))
     for b in batch:
         if isinstance(b, bool) or not isinstance(b, int):
             raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
@@ -151,6 +158,7 @@ def curve_from_points(name: str, batch: Any, tpot_ms: Any, **meta: str) -> TpotC
     where = f"curve '{name}'"
     if not isinstance(batch, list | tuple) or not isinstance(tpot_ms, list | tuple):
         raise CurveError(f"{where}: 'batch' and 'tpot_ms' must be lists")
+    _check_size(where, len(batch))  # before converting a huge list cell by cell
     bs = tuple(_as_int(b, where) for b in batch)
     ts = tuple(_as_float(t, where) for t in tpot_ms)
     return TpotCurve(name=name, batch=bs, tpot_ms=ts, **meta)
@@ -165,8 +173,6 @@ def read_curve_file(path: Path) -> TpotCurve:
         obj = loads_json(text, f"curve file {path}", CurveError)
         if not isinstance(obj, dict) or "batch" not in obj or "tpot_ms" not in obj:
             raise CurveError(f"curve file {path}: JSON must be an object with 'batch' and 'tpot_ms' lists")
-        if isinstance(obj["batch"], list) and len(obj["batch"]) > MAX_CURVE_POINTS:
-            raise CurveError(f"curve file {path}: more than {MAX_CURVE_POINTS:,} points")
         return curve_from_points(name, obj["batch"], obj["tpot_ms"], description=str(obj.get("description", "")))
     try:
         rows = list(csv.reader(line for line in text.splitlines() if line.strip()))
@@ -177,8 +183,6 @@ def read_curve_file(path: Path) -> TpotCurve:
     header = [h.strip() for h in rows[0]]
     if "batch" not in header or "tpot_ms" not in header:
         raise CurveError(f"curve file {path}: CSV header must contain 'batch,tpot_ms', got {','.join(header)!r}")
-    if len(rows) - 1 > MAX_CURVE_POINTS:
-        raise CurveError(f"curve file {path}: more than {MAX_CURVE_POINTS:,} points")
     ib, it = header.index("batch"), header.index("tpot_ms")
     batch, tpot = [], []
     for lineno, row in enumerate(rows[1:], start=2):

@@ -398,6 +398,9 @@ def read_config(path: Path) -> dict[str, Any]:
     extra = sorted(set(doc) - {"spec", "launch"})  # [launch]: engines/launch_config.py reads it
     if extra:
         raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
+    for table in ("spec", "launch"):
+        if not isinstance(doc.get(table, {}), dict):
+            raise ConfigError(f"config {path}: {table} must be a table, got {doc[table]!r}"[:300])
     return doc
 
 
@@ -405,8 +408,6 @@ def load_config_file(path: Path) -> PoolSpec:
     """A simulate config file (TOML, or JSON by suffix): tables `spec.tail` and `spec.bulk` (docs/speculative.md)."""
     doc = read_config(path)
     spec = doc.get("spec", {})
-    if not isinstance(spec, dict):
-        raise ConfigError(f"config {path}: spec must be a table with 'tail' and 'bulk', got {spec!r}")
     extra = sorted(set(spec) - {"tail", "bulk"})
     if extra:
         raise ConfigError(f"config {path}: unknown key spec.{extra[0]} (valid: spec.tail, spec.bulk)")

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_INT, MAX_LENGTH, finite, finite_or_nan, int_in, json_object, one_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +113,84 @@ class ControlState:
     # groups are completed once their regenerations are seen, the next step
     last_fresh: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict: NaN (not measured yet) as null, the histories as nested lists."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in (*_HISTORIES, "last_fresh"):
+                out[f.name] = [a.tolist() for a in v]
+            else:
+                out[f.name] = None if isinstance(v, float) and math.isnan(v) else v
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "control") -> ControlState:
+        """Inverse of `to_json`, field by field (q and m required, the rest default as in older files): counts are
+        integers >= 0, estimates finite (calibrations > 0; null: not measured yet), histories (rows, G) tables of
+        token counts; a ConfigError naming the field otherwise."""
+        names = [f.name for f in fields(cls)]
+        d = json_object(obj, where, ("q", "m"), names)
+        kw: dict[str, Any] = {}
+        for name, v in d.items():
+            flag = f"{where}.{name}"
+            if name in _COUNTS:
+                kw[name] = int_in(v, flag, 0, MAX_INT)
+            elif name in _HISTORIES:
+                kw[name] = _history(v, flag)
+            elif name == "last_fresh":
+                kw[name] = _fresh_record(v, flag)
+            elif name in _MEASURED:
+                kw[name] = finite_or_nan(v, flag, lo=0)
+            elif name in ("calib_tail", "calib_bulk"):
+                kw[name] = finite(v, flag, lo=0, lo_open=True)
+            elif name == "calib_uniform":
+                kw[name] = finite_or_nan(v, flag, lo=0, lo_open=True)
+            elif name == "move_dir":
+                kw[name] = one_of(v, flag, (-1, 0, 1))
+            elif name == "uniform_dispatch":
+                kw[name] = one_of(v, flag, ("group", "request"))
+            elif name == "note":
+                if not isinstance(v, str):
+                    raise ConfigError(f"{flag} must be text, got {v!r}"[:300])
+                kw[name] = v
+            else:  # velocity and the log biases: any finite number
+                kw[name] = finite(v, flag)
+        return cls(**kw)
+
+
+_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns")
+_MEASURED = ("rate_tail", "rate_bulk", "move_cost_s")  # NaN until the first measurement
+_HISTORIES = ("history", "tail_history")
+
+
+def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
+    """Saved response-work history: a list of (rows, G) tables of token counts in 0..MAX_LENGTH."""
+    if not isinstance(v, list):
+        raise ConfigError(f"{flag} must be a list of (rows, G) tables, got {type(v).__name__}")
+    out = []
+    for i, table in enumerate(v):
+        ok = (isinstance(table, list) and table and all(isinstance(r, list) and r and len(r) == len(table[0])
+                                                        for r in table)
+              and all(type(x) is int and 0 <= x <= MAX_LENGTH for r in table for x in r))
+        if not ok:
+            raise ConfigError(f"{flag}[{i}] must be a non-empty table of token counts in 0..{MAX_LENGTH:,} with rows "
+                              "of one length")
+        out.append(np.asarray(table, dtype=np.int64))
+    return tuple(out)
+
+
+def _fresh_record(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
+    """Saved `last_fresh`: at most one table of rows [uid, consumed 0/1, finished members 0..G, G token counts]."""
+    ok = isinstance(v, list) and len(v) <= 1
+    for table in v if ok else ():
+        g = len(table[0]) - 3 if isinstance(table, list) and table and isinstance(table[0], list) else 0
+        ok = ok and g >= 1 and all(
+            isinstance(r, list) and len(r) == g + 3 and all(type(x) is int for x in r)
+            and 0 <= r[0] <= MAX_INT and r[1] in (0, 1) and 0 <= r[2] <= g and all(0 <= x <= MAX_LENGTH for x in r[3:])
+            for r in table)
+    if not ok:
+        raise ConfigError(f"{flag} must be [] or one table of rows [uid, consumed 0/1, finished 0..G, G token counts "
+                          f"in 0..{MAX_LENGTH:,}]")
+    return tuple(np.asarray(t, dtype=np.int64) for t in v)

@@ -13,10 +13,12 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_INT, int_in, json_object
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.step import (
     GroupRef,
@@ -95,6 +97,57 @@ class RouterState:
     candidates: tuple[GroupRef, ...] = ()  # ranked: most likely tail first
     consumed: int = 0
 
+    @property
+    def waiting(self) -> tuple[GroupRef, ...]:
+        """Drawn groups not consumed yet: requeued, then candidates."""
+        return (*self.requeue, *self.candidates)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict (a group as [uid, prompt_id, cuts])."""
+        return {"step": self.step, "stream": self.stream.to_json() if self.stream else None,
+                "requeue": [_ref_json(r) for r in self.requeue], "candidates": [_ref_json(r) for r in self.candidates],
+                "consumed": self.consumed}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "router") -> RouterState:
+        """Inverse of `to_json`, field by field, with the router's bookkeeping checked: counters >= 0, every waiting
+        group once, drawn before the stream's position, and consumed + waiting = drawn (a ConfigError naming the
+        field otherwise)."""
+        d = json_object(obj, where, ("step", "stream", "requeue", "candidates", "consumed"))
+        stream = None if d["stream"] is None else StreamState.from_json(d["stream"], f"{where}.stream")
+        step, consumed = (int_in(d[k], f"{where}.{k}", 0, MAX_INT) for k in ("step", "consumed"))
+        state = cls(step, stream, _refs(d["requeue"], f"{where}.requeue"),
+                    _refs(d["candidates"], f"{where}.candidates"), consumed)
+        drawn = 0 if stream is None else stream.position
+        uids = [r.uid for r in state.waiting]
+        if len(set(uids)) != len(uids):
+            dup = next(u for u in uids if uids.count(u) > 1)
+            raise ConfigError(f"{where}: group uid {dup} waits twice (requeue and candidates hold each group once)")
+        if any(u >= drawn for u in uids):
+            raise ConfigError(f"{where}: waiting group uid {max(uids)} was never drawn (the stream is at {drawn})")
+        if state.consumed + len(uids) != drawn:
+            raise ConfigError(f"{where}: {state.consumed} consumed + {len(uids)} waiting groups != {drawn} drawn "
+                              "from the stream")
+        return state
+
+
+def _ref_json(ref: GroupRef) -> list[Any]:
+    return [ref.uid, ref.prompt_id, ref.cuts]
+
+
+def _refs(rows: Any, where: str) -> tuple[GroupRef, ...]:
+    """Saved groups: a list of [uid >= 0, prompt id (non-empty text), cuts >= 0]."""
+    if not isinstance(rows, list):
+        raise ConfigError(f"{where} must be a list of [uid, prompt_id, cuts], got {type(rows).__name__}")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != 3 or not isinstance(row[1], str) or not row[1]:
+            raise ConfigError(f"{where}[{i}] must be [uid, prompt_id, cuts] with a non-empty prompt id, "
+                              f"got {row!r}"[:300])
+        out.append(GroupRef(int_in(row[0], f"{where}[{i}] uid", 0, MAX_INT), row[1],
+                            int_in(row[2], f"{where}[{i}] cuts", 0, MAX_INT)))
+    return tuple(out)
+
 
 def pool_split(replicas: int, m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The router's pool convention (§3.1): the last m replica ids form the tail pool, the rest the bulk pool.
@@ -123,7 +176,17 @@ class Router:
     def __init__(self, config: RouterConfig, prompts: Sequence[str], *, shuffle: bool = False, seed: int = 0):
         self.config = config
         self.prompts = tuple(prompts)
-        self._stream0 = PromptStream(self.prompts, shuffle=shuffle, seed=seed).state()
+        self._order = PromptStream(self.prompts, shuffle=shuffle, seed=seed)  # never drawn from: `prompt_at` only
+        self._stream0 = self._order.state()
+
+    @property
+    def stream0(self) -> StreamState:
+        """The prompt stream before the first step (size, shuffle, seed)."""
+        return self._stream0
+
+    def prompt_at(self, uid: int) -> str:
+        """The prompt id drawn at stream position `uid` (the group `GroupRef(uid, …)` regenerates)."""
+        return self._order.prompt_at(uid)
 
     def initial_state(self) -> RouterState:
         """State before the first step."""

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import MAX_INT, int_in, json_object, one_of
 
 _TAG_SHUFFLE = 22
 
@@ -40,9 +41,13 @@ class StreamState:
         return {"position": self.position, "shuffle": self.shuffle, "seed": self.seed, "n_prompts": self.n_prompts}
 
     @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> StreamState:
-        """Inverse of `to_json`."""
-        return cls(int(obj["position"]), bool(obj["shuffle"]), int(obj["seed"]), int(obj["n_prompts"]))
+    def from_json(cls, obj: Any, where: str = "stream") -> StreamState:
+        """Inverse of `to_json`, field by field: non-negative integers (at least one prompt) and a boolean; a
+        ConfigError naming the field otherwise."""
+        d = json_object(obj, where, ("position", "shuffle", "seed", "n_prompts"))
+        position, seed = (int_in(d[k], f"{where}.{k}", 0, MAX_INT) for k in ("position", "seed"))
+        return cls(position, one_of(d["shuffle"], f"{where}.shuffle", (False, True)), seed,
+                   int_in(d["n_prompts"], f"{where}.n_prompts", 1, MAX_INT))
 
 
 class PromptStream:
@@ -103,6 +108,11 @@ class PromptStream:
             pos += stop
         self._position = end
         return out
+
+    def prompt_at(self, index: int) -> str:
+        """The prompt id the stream draws at position `index` (any position, drawn or not; the stream does not move)."""
+        epoch, off = divmod(index, len(self._prompts))
+        return self._prompts[int(self._order(epoch)[off])]
 
     def state(self) -> StreamState:
         """A snapshot for save/restore."""

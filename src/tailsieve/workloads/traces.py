@@ -203,6 +203,40 @@ def _int_column(
     return out
 
 
+def _prompt_ids(rows: list[tuple[int, dict[str, Any]]], col: str, path: Path) -> NDArray[np.str_]:
+    """The prompt-id column as text: a string (stripped) or a number; a missing, empty, boolean, list or object id is
+    a one-line error naming the line."""
+    ids: list[str] = []
+    for lineno, row in rows:
+        v = row.get(col)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            raise TraceError(f"trace {path}, line {lineno}: missing prompt id '{col}'")
+        if isinstance(v, bool | list | dict):
+            kind = {bool: "boolean", list: "list"}.get(type(v), "object")
+            raise TraceError(f"trace {path}, line {lineno}: prompt id '{col}' must be text or a number, got a {kind}")
+        ids.append(v.strip() if isinstance(v, str) else str(v))
+    return np.asarray(ids, dtype=np.str_)
+
+
+def _unique_samples(rows: list[tuple[int, dict[str, Any]]], path: Path, pid: NDArray[np.str_],
+                    steps: NDArray[np.int64] | None, samples: NDArray[np.int64]) -> None:
+    """Each (prompt, sample), or (prompt, step, sample) when the trace has steps, on one row only: a repeated row
+    would count as one more sample of that prompt. The error names the repeated line and the first one."""
+    _, inv = np.unique(pid, return_inverse=True)
+    cols = [inv, samples] if steps is None else [inv, steps, samples]
+    keys = np.stack(cols, axis=1)
+    if np.unique(keys, axis=0).shape[0] == keys.shape[0]:
+        return
+    what = "sample" if steps is None else "step, sample"
+    first: dict[tuple[int, ...], int] = {}
+    for i, key in enumerate(map(tuple, keys.tolist())):
+        if key in first:
+            where = f"prompt {str(pid[i])!r}" + ("" if steps is None else f" step {key[1]}") + f" sample {key[-1]}"
+            raise TraceError(f"trace {path}, line {rows[i][0]}: {where} repeats line {rows[first[key]][0]} (each "
+                             f"(prompt, {what}) once)")
+        first[key] = i
+
+
 def read_trace(
     path: str | Path, *, length_column: str | None = None, prompt_column: str | None = None
 ) -> Trace:
@@ -219,16 +253,7 @@ def read_trace(
     if prompt_column is not None and pcol is None:
         raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are {', '.join(header)}")
     lengths = _int_column(rows, lcol, p, "length", required=True)
-    if pcol is not None:
-        prompts: list[str] = []
-        for lineno, row in rows:
-            v = row.get(pcol)
-            if v is None or (isinstance(v, str) and not v.strip()):
-                raise TraceError(f"trace {p}, line {lineno}: missing prompt id '{pcol}'")
-            prompts.append(str(v).strip() if isinstance(v, str) else str(v))
-        pid = np.asarray(prompts, dtype=np.str_)
-    else:
-        pid = np.char.add("row", np.arange(len(rows)).astype(np.str_))
+    pid = _prompt_ids(rows, pcol, p) if pcol is not None else np.char.add("row", np.arange(len(rows)).astype(np.str_))
 
     def optional(aliases: tuple[str, ...], what: str) -> tuple[str | None, NDArray[np.int64] | None]:
         col = _pick(header, aliases, None)
@@ -241,6 +266,8 @@ def read_trace(
     trunc = None
     if fcol is not None:
         trunc = np.array([_bool_cell(row.get(fcol), p, ln, fcol) for ln, row in rows], dtype=bool)
+    if samples is not None and pcol is not None:
+        _unique_samples(rows, p, pid, steps, samples)
     meta = {"length_column": lcol, "prompt_column": pcol, "step_column": scol, "sample_column": xcol,
             "prompt_tokens_column": tcol, "truncated_column": fcol}
     return Trace(source=str(p), prompt_id=pid, length=lengths, step=steps, sample=samples, prompt_tokens=ptoks,

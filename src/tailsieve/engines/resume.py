@@ -1,0 +1,261 @@
+"""Resume checks: a saved run folder (`state.json`, `steps.jsonl`, `batch-*.jsonl`) is validated as a whole before a
+resumed run runs or writes anything, and a resumed run never erases what the folder holds.
+
+`read_folder` checks the files against each other: the state builds field by field (`RolloutState.from_json`); the
+step lines are steps 0, 1, 2, … (contiguous, each once), one per step the state has completed, each with its batch
+file; their consumed groups are as many as the state's `consumed`, each once, drawn before the stream's position and
+not waiting in the state. One step more than the state is allowed: a run killed after writing a step's batch file or
+step line and before saving its state leaves them (`ResumePoint.uncommitted`); the resumed run reruns that step and
+first moves those files into `uncommitted/` (`set_aside`), never deleting them. `check_state` checks a state
+against the run that resumes it (shape, prompts, policy, redraw limit). Every refusal is one `ConfigError` line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.engines.state import RolloutState
+from tailsieve.errors import ConfigError
+from tailsieve.inputs import loads_json, read_text
+from tailsieve.loop import StepRecord
+from tailsieve.policy.router import Router
+
+STATE_FILE, STEPS_FILE, ASIDE = "state.json", "steps.jsonl", "uncommitted"
+
+
+def batch_name(step: int) -> str:
+    """The batch file of step `step`."""
+    return f"batch-{step:05d}.jsonl"
+
+
+def batch_steps(folder: Path) -> list[int]:
+    """The steps whose batch files `folder` holds."""
+    names = (p.name.removeprefix("batch-").removesuffix(".jsonl") for p in folder.glob("batch-*.jsonl"))
+    return [int(n) for n in names if n.isdigit() and n.isascii()]
+
+
+def step_rows(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """The lines of a `steps.jsonl` (resume state) as (where, text, row): each row a JSON object with an integer
+    `step`; errors are one line naming the file and line (a truncated last line included)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for lineno, line in enumerate(read_text(path, "resume file").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"resume file {path}, line {lineno}"
+        row = loads_json(line, where, line=False, allow_nan=True)
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
+        out.append((where, line, row))
+    return out
+
+
+_RECORD_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def step_record(row: Mapping[str, Any]) -> StepRecord:
+    """A `StepRecord` from a step line, each field of its declared type (ValueError / TypeError otherwise)."""
+    kw: dict[str, Any] = {}
+    for name, f in StepRecord.__dataclass_fields__.items():
+        if name not in row:
+            continue
+        typ, v = _RECORD_TYPES[str(f.type)], row[name]
+        if typ is float and v is None:  # NaN written by an older json.dumps as null
+            v = math.nan
+        ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float)
+        if not ok or (typ is not bool and isinstance(v, bool)):
+            raise TypeError(f"{name} must be {typ.__name__}, got {v!r}")
+        kw[name] = typ(v)
+    return StepRecord(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class SavedStep:
+    """One committed step line: its record and consumed groups (lengths, uids, prompt ids, redraws, truncation,
+    bias weights) and the restart seconds before it."""
+
+    where: str
+    record: StepRecord
+    lengths: NDArray[np.int64]
+    uids: tuple[int, ...]
+    prompts: tuple[str, ...]
+    redraws: NDArray[np.int64]
+    truncated: NDArray[np.bool_] | None
+    weights: NDArray[np.float64] | None
+    restart_s: float
+
+
+def saved_step(where: str, row: Mapping[str, Any]) -> SavedStep:
+    """A step line's values, each checked (one line naming the file and line otherwise)."""
+    try:
+        lengths = np.asarray(row["lengths"], dtype=np.int64)
+        uids = tuple(int(u) for u in row["uids"])
+        prompts = tuple(str(x) for x in row["prompt_ids"])
+        if lengths.ndim != 2 or lengths.shape[0] != len(uids) or len(prompts) != len(uids):
+            raise ValueError("lengths, uids and prompt_ids do not match")
+        restart = float(row.get("restart_s", 0.0))
+        if not math.isfinite(restart):
+            raise ValueError(f"restart_s is {restart}")
+        trunc, weights = row.get("truncated"), row.get("weights")
+        return SavedStep(where, step_record(row), lengths, uids, prompts,
+                         np.asarray(row.get("redraws") or [0] * len(uids), dtype=np.int64),
+                         None if trunc is None else np.asarray(trunc, dtype=bool),
+                         None if weights is None else np.asarray(weights, dtype=np.float64), restart)
+    except KeyError as exc:
+        raise ConfigError(f"{where}: missing key {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{where}: malformed step line ({why})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """A checked run folder: the saved state (None: no step completed), its committed steps, and whether a run
+    that died before saving its state left files of the next step (moved aside before that step is rewritten)."""
+
+    state: RolloutState | None
+    steps: tuple[SavedStep, ...]
+    uncommitted: bool = False
+
+
+def read_folder(folder: Path) -> ResumePoint:
+    """Check a policy's output folder as a whole (module docstring); a one-line ConfigError naming the file and
+    the disagreement otherwise. A folder that does not exist or is empty resumes from step 0."""
+    state_path, steps_path = folder / STATE_FILE, folder / STEPS_FILE
+    state = RolloutState.load(state_path) if state_path.exists() else None
+    nxt = 0 if state is None else state.router.step
+    rows = step_rows(steps_path) if steps_path.exists() else []
+    for k, (where, _, row) in enumerate(rows):
+        if row["step"] != k:
+            raise ConfigError(f"{where}: step {row['step']} where step {k} belongs (step lines are 0, 1, 2, … "
+                              "each once)")
+    have = (f"{steps_path} holds steps 0..{len(rows) - 1}" if rows else f"{steps_path} holds no step"
+            if steps_path.exists() else f"there is no {steps_path}")
+    saved = f"{state_path} is at step {nxt}" if state is not None else f"there is no {state_path}"
+    if len(rows) < nxt or len(rows) > nxt + 1:
+        raise ConfigError(f"cannot resume: {saved} but {have} (the files do not belong together)")
+    for s in range(nxt):
+        if not (folder / batch_name(s)).is_file():
+            raise ConfigError(f"cannot resume: {saved} but {folder / batch_name(s)} is missing")
+    later = sorted(s for s in batch_steps(folder) if s > nxt)
+    if later:
+        raise ConfigError(f"cannot resume: {saved} but {folder / batch_name(later[0])} exists (the files are ahead "
+                          "of the state)")
+    steps = tuple(saved_step(where, row) for where, _, row in rows[:nxt])
+    if state is not None:
+        _check_consumed(state, steps, state_path)
+    return ResumePoint(state, steps, len(rows) > nxt or (folder / batch_name(nxt)).exists())
+
+
+def _check_consumed(state: RolloutState, steps: Sequence[SavedStep], state_path: Path) -> None:
+    """The step lines' consumed groups are the state's: as many, each once, drawn, not waiting."""
+    r = state.router
+    n = sum(len(s.uids) for s in steps)
+    if n != r.consumed:
+        raise ConfigError(f"cannot resume: {state_path} counts {r.consumed} consumed groups but its step lines "
+                          f"hold {n}")
+    seen = {ref.uid for ref in r.waiting}
+    drawn = 0 if r.stream is None else r.stream.position
+    for s in steps:
+        for uid in s.uids:
+            if uid in seen or uid >= drawn:
+                why = "is consumed twice or still waits" if uid in seen else f"was never drawn (stream at {drawn})"
+                raise ConfigError(f"{s.where}: group uid {uid} {why}")
+            seen.add(uid)
+
+
+def check_state(state: RolloutState, fingerprint: Mapping[str, Any], policy: str, router: Router) -> None:
+    """A saved state against the run resuming it: same shape and policy (fingerprint), the same prompt stream (size,
+    shuffle, seed), exactly N consumed per completed step, every waiting group and generation counter naming a
+    prompt of this run (a waiting group the prompt its stream position draws), and no waiting group cut more often
+    than the redraw limit allows. One ConfigError line otherwise."""
+    diff = [k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k]]
+    if state.policy != policy:
+        diff.insert(0, "policy")
+    if diff:
+        raise ConfigError(f"saved rollout state does not match this run ({', '.join(diff)} differ)")
+    rc, r, mine = router.config, state.router, router.stream0
+    if r.stream is not None and (r.stream.n_prompts, r.stream.shuffle, r.stream.seed) != (
+            mine.n_prompts, mine.shuffle, mine.seed):
+        raise ConfigError("saved rollout state: its prompt stream (prompts, shuffle, seed) is not this run's")
+    if r.consumed != r.step * rc.groups:
+        raise ConfigError(f"saved rollout state: {r.consumed} groups consumed in {r.step} steps of N={rc.groups}")
+    for ref in r.waiting:
+        if router.prompt_at(ref.uid) != ref.prompt_id:
+            raise ConfigError(f"saved rollout state: waiting group uid {ref.uid} names prompt {ref.prompt_id!r}, "
+                              "which this run's prompts do not draw there"[:300])
+        if ref.cuts > rc.max_redraws:
+            raise ConfigError(f"saved rollout state: waiting group uid {ref.uid} was cut {ref.cuts} times, more than "
+                              f"max_redraws={rc.max_redraws}")
+    known = set(router.prompts)
+    unknown = sorted(set(state.generation) - known)
+    if unknown:
+        raise ConfigError(f"saved rollout state: generation counter of unknown prompt {unknown[0]!r}"[:300])
+    if not 0 <= state.control.m < max(rc.replicas, 1):
+        raise ConfigError(f"saved rollout state: m={state.control.m} tail replicas of R={rc.replicas}")
+    if any(h.shape[1] != rc.group_size for h in (*state.control.history, *state.control.tail_history)):
+        raise ConfigError(f"saved rollout state: a history table is not {rc.group_size} samples wide")
+    if any(t.shape[1] != rc.group_size + 3 for t in state.control.last_fresh):
+        raise ConfigError(f"saved rollout state: control.last_fresh is not {rc.group_size} samples wide")
+
+
+def check_steps(steps: Sequence[SavedStep], router: Router) -> None:
+    """Every consumed group of the step lines names the prompt the run's stream draws at its uid, in groups of G."""
+    for s in steps:
+        if s.lengths.shape[1] != router.config.group_size or len(s.uids) != router.config.groups:
+            raise ConfigError(f"{s.where}: {s.lengths.shape[0]} groups of {s.lengths.shape[1]}, not "
+                              f"N={router.config.groups} of G={router.config.group_size}")
+        for uid, pid in zip(s.uids, s.prompts, strict=True):
+            if router.prompt_at(uid) != pid:
+                raise ConfigError(f"{s.where}: group uid {uid} names prompt {pid!r}, which this run's prompts do not "
+                                  "draw there"[:300])
+
+
+def set_aside(folder: Path, step: int) -> Path | None:
+    """Before step `step` is written again: move what a run that died before saving its state left of that step (its
+    batch file, its step line) into `folder/uncommitted/step-NNNNN[-k]/`, never deleting it; the new folder, or None
+    when there was nothing."""
+    batch, steps = folder / batch_name(step), folder / STEPS_FILE
+    rows = step_rows(steps) if steps.exists() else []
+    late = [text for _, text, row in rows if row["step"] >= step]
+    if not late and not batch.exists():
+        return None
+    dest = folder / ASIDE / f"step-{step:05d}"
+    k = 1
+    while dest.exists():
+        dest, k = folder / ASIDE / f"step-{step:05d}-{k}", k + 1
+    dest.mkdir(parents=True)
+    if late:
+        _write_synced(dest / STEPS_FILE, "".join(t + "\n" for t in late))
+        tmp = folder / f".{STEPS_FILE}.tmp"
+        _write_synced(tmp, "".join(t + "\n" for _, t, row in rows if row["step"] < step))
+        os.replace(tmp, steps)
+    if batch.exists():
+        os.replace(batch, dest / batch.name)
+    return dest
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_line(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one JSON line (flushed to disk before the state that commits it is written)."""
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
