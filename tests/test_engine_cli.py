@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
 from tailsieve.engines.prompts import Template, load_prompts, render
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 
-SHARED_PROMPTS = SHARED / "data" / "prompts"
+PROMPT_EXCERPTS = DATA / "prompts"  # first 5 records of each shared prompt set (tests/data/README.md)
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}
 
 
@@ -113,12 +113,10 @@ def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_pat
     assert main(["profile", "--endpoint", two[0].url, "--out", str(tmp_path / "nope" / "c.json")]) == 1
 
 
-@pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "math500.jsonl",
-                                  "kodcode_demo_232.jsonl", "livecodebench_v5_qwq.jsonl", "gsm8k_train.jsonl.gz"])
+@pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "kodcode_demo_232.jsonl",
+                                  "livecodebench_v5_qwq.jsonl", "gsm8k_train.jsonl.gz"])
 def test_shared_prompt_files_load(name: str) -> None:
-    path = SHARED_PROMPTS / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
+    path = PROMPT_EXCERPTS / name
     recs = load_prompts(path, limit=5)
     assert len(recs) == 5 and all(r.text.strip() for r in recs)
     math_msg = render(recs[0], Template.MATH)
