@@ -11,7 +11,8 @@ import pytest
 from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.prompts import Template, load_prompts, render
+from tailsieve.engines.prompts import Template, load_prompts, prompt_path, render
+from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 
@@ -111,6 +112,23 @@ def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_pat
     assert main(["profile", "--endpoint", two[0].url, "--batches", "0,x", "--out", str(out)]) == 1
     assert main(["profile", "--endpoint", two[0].url, "--contexts", "-1", "--out", str(out)]) == 1
     assert main(["profile", "--endpoint", two[0].url, "--out", str(tmp_path / "nope" / "c.json")]) == 1
+
+
+def test_bundled_math500_by_name(two: list[FakeServer], tmp_path: Path) -> None:
+    """`--prompts math500`: the package's first 200 MATH-500 problems, in file order, each with its answer; a missing
+    file's error names the bundled sets."""
+    recs = load_prompts("math500")
+    assert len(recs) == 200 and len({r.prompt_id for r in recs}) == 200
+    assert recs[0].prompt_id == "test/precalculus/807.json" and recs[0].text.startswith("Convert the point $(0,3)$")
+    assert all(r.field("answer") for r in recs) and prompt_path("math500").name == "math500.jsonl"
+    with pytest.raises(ConfigError, match=r"^prompt file nosuch.jsonl not found \(bundled prompt sets: math500\)$"):
+        load_prompts("nosuch.jsonl")
+    out = tmp_path / "run"
+    assert main(["rollout", "--endpoints", ",".join(s.url for s in two), "--prompts", "math500", "--template", "math",
+                 "--groups", "4", "--group-size", "2", "--max-tokens", "20", "--steps", "1", "--policy", "uniform",
+                 "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in (out / "uniform" / "batch-00000.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["prompt_id"].startswith("test/") for r in rows)
 
 
 @pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "kodcode_demo_232.jsonl",
