@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,9 +85,15 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def console(width: int = 120) -> Console:
-    """A console for tables (plain when stdout is not a terminal), at least `width` columns wide."""
-    return Console(soft_wrap=False, width=max(width, Console().width))
+PIPE_WIDTH = 120  # the width of a table written to a pipe or file (no terminal to ask, no COLUMNS)
+
+
+def console() -> Console:
+    """A console for tables: a terminal's own width (rich's detection, or COLUMNS); PIPE_WIDTH when stdout is not a
+    terminal and COLUMNS is unset (rich would assume 80). Plain text when stdout is not a terminal."""
+    probe = Console()
+    width = None if probe.is_terminal or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(soft_wrap=False, width=width)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

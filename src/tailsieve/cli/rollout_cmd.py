@@ -53,7 +53,9 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoints", help="comma-separated server URLs (one per replica); or --launch")
     p.add_argument("--launch", metavar="CONFIG",
                    help="start the replicas from this config's [launch] table and own them (docs/launch.md)")
-    p.add_argument("--prompts", required=True, help="a bundled prompt set (math500) or a prompt JSONL(.gz); text from prompt/problem/question/messages")
+    p.add_argument("--prompts", required=True,
+                   help="a bundled prompt set (math500) or a prompt JSONL(.gz); text from prompt/problem/question/"
+                        "messages")
     p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")

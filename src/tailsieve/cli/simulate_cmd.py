@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
+from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
             | {"capture": [_capture_json(c) for c in capture]})
         return 0
-    print_tables(summarize(runs, oracles=ORACLES), capture, title=(
+    print_tables(summarize(runs, oracles=ORACLES), capture, full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
@@ -158,9 +159,16 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
             "steps": c.steps}
 
 
-def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str) -> None:
-    """The comparison table, the capture table and the notes."""
-    con = console(width=160)  # the batch-fidelity columns need the room
+def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str,
+                 full: bool) -> None:
+    """Without --policy the short table of the deciding rows and one sentence (`analysis.headline`); with it the
+    comparison table of the chosen policies, the fidelity lines, the capture table and the notes."""
+    con = console()
+    if not full:
+        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
+        con.print(f"{HEADLINE_NOTE} --policy all: every policy, the fidelity lines and the tail capture table.",
+                  highlight=False)
+        return
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
