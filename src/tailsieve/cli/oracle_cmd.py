@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.cli._common import (
+    add_hidden_alias,
     add_trace_columns,
     nonneg_int,
     plot_path,
@@ -42,7 +43,9 @@ def register(sub: Any) -> None:
         description="Route requests with known lengths on two replicas: exact optimum (Pareto DP), best top-k "
         "isolation and uniform alternation. Without --sample, all requests of the trace form one group.",
     )
-    p.add_argument("--trace", help="trace file or bundled name (default: the bundled KodCode R1 trace)")
+    p.add_argument("--workload", metavar="TRACE",
+                   help="trace file or bundled trace name (default: the bundled KodCode R1 trace)")
+    add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default=DEFAULT_CURVE, help=f"TPOT curve name or file (default {DEFAULT_CURVE})")
     p.add_argument("--sample", type=positive_int, help="requests per group, drawn without replacement")
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     if args.sample is None and (args.repeat is not None or args.seed is not None):
         raise TailSieveError("--repeat and --seed need --sample")
-    trace = require_tokens(load_trace(args.trace, **trace_columns(args)))
+    trace = require_tokens(load_trace(args.workload, **trace_columns(args)))
     curve = load_curve(args.curve)
     lengths = trace.length
     n = int(lengths.size)
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         if repeat > MAX_REPEAT:
             raise TailSieveError(f"--repeat {repeat} is more than the {MAX_REPEAT:,} groups allowed")
         rows = [rng.choice(n, size=args.sample, replace=False) for _ in range(repeat)]
-    source = args.trace or f"{DEFAULT_TRACE} (bundled)"
+    source = args.workload or f"{DEFAULT_TRACE} (bundled)"
     groups = _solve_all(rows, lengths, curve, args)
     if plot is not None:
         _draw(rows, lengths, curve, groups, plot, args.sample is not None)

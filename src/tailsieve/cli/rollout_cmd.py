@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
-from tailsieve.cli._common import add_trace_columns, console, trace_columns
+from tailsieve.cli._common import add_trace_columns, console, print_json, trace_columns
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import Api, Endpoint, SamplingParams
@@ -62,6 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", default="tailsieve",
                    help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--json", action="store_true", help="print report.json's document when the run ends (instead of "
+                   "the table; per-step lines stay on stderr)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument("--template", default="none", choices=[t.value for t in Template],
                    help="prompt template of App. A.1 (math, code) or none (default)")
@@ -337,6 +340,9 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
                                              reload=None if launcher is None else launcher.reload,
                                              live_meta=None if launcher is None else (
                                                  lambda: {"launch": launcher.describe()})))
+    if args.json:  # the final summary: report.json's document, as `simulate --json` prints its own
+        print_json(json.loads((out / "report.json").read_text(encoding="utf-8")))
+        return 0
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "
                              f"N={args.groups} × G={args.group_size}, {args.steps} steps, ρ={args.rho}"))
     console().print(f"batches, steps and state in {out}/<policy>/, report in {out}/report.json")
