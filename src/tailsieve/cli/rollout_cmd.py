@@ -63,8 +63,7 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", default="tailsieve",
                    help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--json", action="store_true", help="print report.json's document when the run ends (instead of "
-                   "the table; per-step lines stay on stderr)")
+    p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument("--template", default="none", choices=[t.value for t in Template],
                    help="prompt template of App. A.1 (math, code) or none (default)")
