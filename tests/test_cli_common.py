@@ -54,3 +54,23 @@ def test_every_command_has_json_and_the_same_names() -> None:
         assert "--workload" in flags[cmd] and "--trace" not in flags[cmd]
     for cmd in ("simulate", "route", "rollout"):
         assert "--policy" in flags[cmd] and "--policies" not in flags[cmd]
+
+
+def test_top_level_help_imports_no_command_and_summaries_match() -> None:
+    """`tailsieve --help`/`--version` list the commands from SUMMARIES without importing them (start-up cost:
+    bench/bench_startup.py); each summary is the help its module registers."""
+    import argparse
+    import subprocess
+    import sys
+
+    from tailsieve.cli import SUMMARIES, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    registered = {c.dest: c.help for c in sub._choices_actions}
+    assert registered == SUMMARIES
+    code = ("import sys\nfrom tailsieve.cli import main\nfor argv in (['--version'], ['--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('numpy', 'rich', 'aiohttp', 'matplotlib', 'tailsieve.cli.simulate_cmd') "
+            "if m in sys.modules), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stderr.strip() == "[]" and "simulate" in proc.stdout and "tailsieve 0.1.0" in proc.stdout
