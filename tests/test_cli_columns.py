@@ -58,14 +58,14 @@ def test_analyze(capsys: pytest.CaptureFixture[str], trace: Path) -> None:
 
 def test_route(capsys: pytest.CaptureFixture[str], trace: Path, flat: Path) -> None:
     """Uniform puts each of the 4 groups on its own replica: the step is the longest request × τ."""
-    default, generated = both(capsys, "route", "--trace", str(trace), "--curve", str(flat), *STEP)
+    default, generated = both(capsys, "route", "--workload", str(trace), "--curve", str(flat), *STEP)
     spans = [d["mean"]["uniform"]["makespan_s"] for d in (default, generated)]
     assert spans == pytest.approx([2100 * TAU_S, 400 * TAU_S])
 
 
 def test_oracle(capsys: pytest.CaptureFixture[str], trace: Path, flat: Path) -> None:
     """All 12 requests on two lanes: with a flat τ every split's makespan is the longest request × τ."""
-    default, generated = both(capsys, "oracle", "--trace", str(trace), "--curve", str(flat))
+    default, generated = both(capsys, "oracle", "--workload", str(trace), "--curve", str(flat))
     assert [d["uniform_s"] for d in (default, generated)] == pytest.approx([21.0, 4.0])
     assert [d["optimal_s"] for d in (default, generated)] == pytest.approx([21.0, 4.0])
 
@@ -110,8 +110,8 @@ def test_rollout_replays_the_chosen_column(server: FakeServer, trace: Path, tmp_
 
 @pytest.mark.parametrize("argv", [
     ["analyze", "{trace}"],
-    ["route", "--trace", "{trace}", *STEP],
-    ["oracle", "--trace", "{trace}"],
+    ["route", "--workload", "{trace}", *STEP],
+    ["oracle", "--workload", "{trace}"],
     ["simulate", "--workload", "{trace}", "--steps", "2", "--policy", "uniform", *STEP],
     ["plan", "--workload", "{trace}", "--steps", "2", *STEP],
     ["rollout", "--endpoints", "http://127.0.0.1:9", "--prompts", "{trace}", "--replay-lengths", "{trace}",

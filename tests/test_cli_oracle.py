@@ -43,7 +43,7 @@ def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, o
 
 
 def test_single_group_json(capsys: pytest.CaptureFixture[str], trace: Path) -> None:
-    out = run_json(capsys, ["oracle", "--trace", str(trace), "--json"])
+    out = run_json(capsys, ["oracle", "--workload", str(trace), "--json"])
     assert set(out) == SINGLE_KEYS
     lane = out["optimal_lane"]
     assert isinstance(lane, list) and len(lane) == out["requests"] == 40
@@ -55,7 +55,7 @@ def test_single_group_json(capsys: pytest.CaptureFixture[str], trace: Path) -> N
 
 
 def test_sampled_groups_json_and_reproducible(capsys: pytest.CaptureFixture[str], trace: Path) -> None:
-    argv = ["oracle", "--trace", str(trace), "--sample", "12", "--repeat", "4", "--seed", "3", "--json"]
+    argv = ["oracle", "--workload", str(trace), "--sample", "12", "--repeat", "4", "--seed", "3", "--json"]
     first = run_json(capsys, argv)
     second = run_json(capsys, argv)
     groups = first["groups"]
@@ -74,12 +74,12 @@ def test_sampled_groups_json_and_reproducible(capsys: pytest.CaptureFixture[str]
 
 def test_human_output_and_plot(capsys: pytest.CaptureFixture[str], trace: Path, tmp_path: Path) -> None:
     plot = tmp_path / "a4.png"
-    argv = ["oracle", "--trace", str(trace), "--sample", "10", "--repeat", "3", "--plot", str(plot)]
+    argv = ["oracle", "--workload", str(trace), "--sample", "10", "--repeat", "3", "--plot", str(plot)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "best top-k" in out and "uniform" in out and "fixed 10%" in out
     assert plot.stat().st_size > 0
-    assert main(["oracle", "--trace", str(trace)]) == 0
+    assert main(["oracle", "--workload", str(trace)]) == 0
     assert "exact optimum" in capsys.readouterr().out
 
 
@@ -93,17 +93,17 @@ def test_human_output_and_plot(capsys: pytest.CaptureFixture[str], trace: Path, 
     ],
 )
 def test_errors_are_one_line(capsys: pytest.CaptureFixture[str], trace: Path, extra: list[str], message: str) -> None:
-    assert main(["oracle", "--trace", str(trace), *extra]) == 1
+    assert main(["oracle", "--workload", str(trace), *extra]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("tailsieve oracle: error:")
 
 
 def test_budget_error(capsys: pytest.CaptureFixture[str], hard_trace: Path) -> None:
-    assert main(["oracle", "--trace", str(hard_trace), "--max-states", "500", "--json"]) == 1
+    assert main(["oracle", "--workload", str(hard_trace), "--max-states", "500", "--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert "exact oracle stopped (state budget 500 exhausted" in captured.err and "--max-states" in captured.err
-    out = run_json(capsys, ["oracle", "--trace", str(hard_trace), "--json"])
+    out = run_json(capsys, ["oracle", "--workload", str(hard_trace), "--json"])
     assert out["optimal_s"] < out["topk_s"]  # type: ignore[operator]
 
 
@@ -116,5 +116,5 @@ def test_non_positive_values_rejected_by_argparse(capsys: pytest.CaptureFixture[
 
 
 def test_missing_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["oracle", "--trace", str(tmp_path / "nope.csv")]) == 1
+    assert main(["oracle", "--workload", str(tmp_path / "nope.csv")]) == 1
     assert "no such trace" in capsys.readouterr().err

@@ -82,25 +82,42 @@ def test_json_structure(capsys: pytest.CaptureFixture[str]) -> None:
 def test_topq_and_subset(capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, "--q", "8", "--m", "2")
     assert doc["steps"][0]["policies"]["topq"]["q"] == 8
-    doc = run_json(capsys, "--policies", "seer-oracle, topq", "--q", "0", "--m", "0", "--replicas", "1")
+    doc = run_json(capsys, "--policy", "seer-oracle, topq", "--q", "0", "--m", "0", "--replicas", "1")
     pol = doc["steps"][0]["policies"]
     assert list(pol) == ["uniform", "seer-oracle", "topq"]
     assert pol["topq"]["makespan_s"] == pol["uniform"]["makespan_s"] == pol["seer-oracle"]["makespan_s"]
+    repeated = run_json(capsys, "--policy", "seer-oracle", "--policy", "topq", "--q", "0", "--m", "0",
+                        "--replicas", "1")
+    assert repeated == doc  # repeatable, as in simulate
+
+
+def test_old_flag_names_are_hidden_aliases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--trace` and `--policies` (0.1) still work, mean `--workload` and `--policy`, and are not in --help."""
+    rows = [(f"p{i}", 100 * (i + 1)) for i in range(6) for _ in range(2)]
+    path = write_csv(tmp_path / "t.csv", "prompt_id,length", rows)
+    new = run_json(capsys, "--workload", path, "--policy", "seer-oracle", "--groups", "2", "--replicas", "2")
+    old = run_json(capsys, "--trace", path, "--policies", "seer-oracle", "--groups", "2", "--replicas", "2")
+    assert old == new and list(new["steps"][0]["policies"]) == ["uniform", "seer-oracle"]
+    for cmd in ("route", "oracle"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        text = capsys.readouterr().out
+        assert "--workload" in text and "--trace" not in text and "--policies" not in text
 
 
 def test_trace_without_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [(f"p{i}", 100 * (i + 1)) for i in range(5) for _ in range(2)]
     path = write_csv(tmp_path / "t.csv", "prompt_id,length", rows)
-    doc = run_json(capsys, "--trace", path, "--groups", "2", "--group-size", "3", "--replicas", "2")
+    doc = run_json(capsys, "--workload", path, "--groups", "2", "--group-size", "3", "--replicas", "2")
     assert [s["step"] for s in doc["steps"]] == [0, 1] and doc["prompts_left_out"] == 1
-    doc = run_json(capsys, "--trace", path, "--groups", "10", "--replicas", "2")
+    doc = run_json(capsys, "--workload", path, "--groups", "10", "--replicas", "2")
     assert [(s["step"], s["groups"]) for s in doc["steps"]] == [(0, 5)]  # the only, partial, step is kept
 
 
 def test_trace_with_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [(s, f"p{i}", 10 * s + i + 1) for s in (3, 7) for i in range(3 if s == 3 else 5)]
     path = write_csv(tmp_path / "t.csv", "step,prompt_id,length", rows)
-    doc = run_json(capsys, "--trace", path, "--groups", "4", "--replicas", "2")
+    doc = run_json(capsys, "--workload", path, "--groups", "4", "--replicas", "2")
     assert [(s["step"], s["groups"]) for s in doc["steps"]] == [(3, 3), (7, 4)]
     assert doc["prompts_left_out"] == 1
 
@@ -108,19 +125,19 @@ def test_trace_with_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--policies", "uniform,bogus"], "unknown policy 'bogus'; valid: uniform, uniform-oracle, streamrl-oracle"),
+        (["--policy", "uniform,bogus"], "unknown policy 'bogus'; valid: uniform, uniform-oracle, streamrl-oracle"),
         (["--replicas", "1"], "--replicas 1: streamrl-oracle, topq-best need at least 2 replicas"),
         (["--replicas", "0"], "--replicas must be a positive integer, got 0"),
         (["--group-size", "0"], "--group-size must be a positive integer, got 0"),
         (["--groups", "-3"], "--groups must be a positive integer, got -3"),
-        (["--policies", "topq"], "policy topq needs both --q and --m"),
-        (["--policies", "seer-oracle", "--q", "3"], "--q/--m apply to policy topq"),
+        (["--policy", "topq"], "policy topq needs both --q and --m"),
+        (["--policy", "seer-oracle", "--q", "3"], "--q/--m apply to policy topq"),
         (["--q", "3", "--m", "0"], "got q=3, m=0"),
         (["--q", "65", "--m", "1"], "q must lie in 0..64 (the number of groups), got q=65"),
         (["--q", "2", "--m", "8"], "m must lie in 0..7 (R=8 replicas), got m=8"),
         (["--curve", "nope"], "unknown curve 'nope'"),
-        (["--trace", "/nonexistent.csv"], "no such trace"),
-        (["--policies", " , "], "--policies is empty"),
+        (["--workload", "/nonexistent.csv"], "no such trace"),
+        (["--policy", " , "], "--policy is empty"),
     ],
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 from tailsieve.cli import main
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.simulation.runs import policy_names
+from tailsieve.workloads.workload import bundled_workloads, generator_names
 
 SMALL = ["--groups", "8", "--group-size", "4", "--replicas", "4", "--steps", "5"]
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}
@@ -113,6 +114,14 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[st
     assert main(["simulate", *argv]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tailsieve simulate: error: ") and needle in err
+
+
+def test_unknown_workload_lists_every_valid_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--workload", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"tailsieve simulate: error: no such trace 'nosuch': not a bundled workload "
+                   f"({', '.join(bundled_workloads())}) and no such file\n")
+    assert all(name in err for name in ("kodcode-r1", "kodcode-tests", *generator_names()))
 
 
 def test_argparse_errors_are_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SHARED, make_curve
+from conftest import DATA, make_curve
 from tailsieve.errors import CurveError
 from tailsieve.model.costmodel import model_from_json
 from tailsieve.model.curves import MAX_CURVE_POINTS, builtin_curves, load_curve, read_curve_file
@@ -128,7 +128,7 @@ def test_builtins_match_published_points() -> None:
 
 # ------------------------------------------------------------------------------------- MoE curves (issue 22, item 4)
 
-THROUGHPUT = SHARED / "data" / "throughput"
+THROUGHPUT = DATA / "throughput"  # excerpts of shared/data/throughput (tests/data/README.md)
 MIXTRAL_CSV = THROUGHPUT / "argonne_mixtral_8x7b_step_ms.csv"
 MOE_KERNEL_CSV = THROUGHPUT / "aiconfigurator_h200_vllm019_moe_layer_ms.csv"
 MOE_CURVES = {  # curve → (hardware, engine) rows of the shared file, in = out = 1024
@@ -138,9 +138,7 @@ MOE_CURVES = {  # curve → (hardware, engine) rows of the shared file, in = out
 
 
 def shared_rows(path: Path) -> list[dict[str, str]]:
-    """The rows of a shared CSV (the test is skipped where ../shared/data is absent)."""
-    if not path.exists():
-        pytest.skip("shared data not present")
+    """The rows of a CSV excerpt in tests/data."""
     with path.open(newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
@@ -184,7 +182,7 @@ def test_moe_curves_reproduce_the_quoted_figures() -> None:
 def test_flattened_mixtral_file_matches_the_argonne_csv() -> None:
     """The flattened file holds exactly the Argonne All_results rows (sorted by batch size), and the b = 1 row it
     lists first (the one the curve keeps) is also the first in the Argonne file."""
-    src = [r for r in shared_rows(THROUGHPUT / "argonne_llm_inference_bench_All_results.csv")
+    src = [r for r in shared_rows(THROUGHPUT / "argonne_all_results_mixtral_rows.csv")
            if r["Model"] == "mistralai/Mixtral-8x7B-v0.1" and r["Num of Hardware"] == "4"
            and r["Input Output Length"] == "1024"
            and (r["Hardware"], r["Framework"]) in MOE_CURVES.values()]

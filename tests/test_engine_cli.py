@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.prompts import Template, load_prompts, render
+from tailsieve.engines.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 
-SHARED_PROMPTS = SHARED / "data" / "prompts"
+PROMPT_EXCERPTS = DATA / "prompts"  # first 5 records of each shared prompt set (tests/data/README.md)
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}
 
 
@@ -55,7 +55,7 @@ def test_rollout_writes_batches_and_simulate_shaped_report(two: list[FakeServer]
     assert {"prompt_id", "samples", "tokens", "finish_reasons"} <= set(rows[0])
     assert len(rows[0]["samples"]) == 3 and rows[0]["prompt_id"].startswith("q")
     printed = capsys.readouterr().out
-    assert "mean step s" in printed and "static" in printed
+    assert "step s" in printed and "static" in printed
 
 
 def test_rollout_error_keeps_partial_results_and_resume_continues(two: list[FakeServer], prompts: Path,
@@ -114,12 +114,27 @@ def test_profile_writes_a_loadable_curve_and_plot(two: list[FakeServer], tmp_pat
     assert main(["profile", "--endpoint", two[0].url, "--out", str(tmp_path / "nope" / "c.json")]) == 1
 
 
-@pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "math500.jsonl",
-                                  "kodcode_demo_232.jsonl", "livecodebench_v5_qwq.jsonl", "gsm8k_train.jsonl.gz"])
+def test_bundled_math500_by_name(two: list[FakeServer], tmp_path: Path) -> None:
+    """`--prompts math500`: the package's first 200 MATH-500 problems, in file order, each with its answer; a missing
+    file's error names the bundled sets."""
+    recs = load_prompts("math500")
+    assert len(recs) == 200 and len({r.prompt_id for r in recs}) == 200
+    assert recs[0].prompt_id == "test/precalculus/807.json" and recs[0].text.startswith("Convert the point $(0,3)$")
+    assert all(r.field("answer") for r in recs) and prompt_path("math500").name == "math500.jsonl"
+    with pytest.raises(ConfigError, match=r"^prompt file nosuch.jsonl not found \(bundled prompt sets: math500\)$"):
+        load_prompts("nosuch.jsonl")
+    out = tmp_path / "run"
+    assert main(["rollout", "--endpoints", ",".join(s.url for s in two), "--prompts", "math500", "--template", "math",
+                 "--groups", "4", "--group-size", "2", "--max-tokens", "20", "--steps", "1", "--policy", "uniform",
+                 "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in (out / "uniform" / "batch-00000.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["prompt_id"].startswith("test/") for r in rows)
+
+
+@pytest.mark.parametrize("name", ["aime2024.jsonl", "aime2025.jsonl", "gsm8k_test.jsonl", "kodcode_demo_232.jsonl",
+                                  "livecodebench_v5_qwq.jsonl", "gsm8k_train.jsonl.gz"])
 def test_shared_prompt_files_load(name: str) -> None:
-    path = SHARED_PROMPTS / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
+    path = PROMPT_EXCERPTS / name
     recs = load_prompts(path, limit=5)
     assert len(recs) == 5 and all(r.text.strip() for r in recs)
     math_msg = render(recs[0], Template.MATH)

@@ -29,6 +29,9 @@ def test_three_steps_on_policy(tmp_path: Path) -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = out["steps"]
     assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["first_step"] for r in rows] == [True, False, False]  # step 0 is reported apart
+    assert out["first_step_s"] == rows[0]["step_s"]
+    assert out["mean_step_s_after_first"] == pytest.approx((rows[1]["step_s"] + rows[2]["step_s"]) / 2, abs=1e-3)
     for r in rows:
         assert set(r) >= KEYS
         assert r["stale_samples"] == 0 and r["weight_version"] == r["step"]
@@ -43,5 +46,4 @@ def test_three_steps_on_policy(tmp_path: Path) -> None:
 def test_bad_arguments_exit_with_one_line() -> None:
     proc = subprocess.run([sys.executable, str(TRAIN), "--steps", "0"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(TRAIN.parents[2] / "src")), timeout=120)
-    assert proc.returncode == 2 and "--steps must be >= 1, got 0" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and proc.stderr == "train.py: error: --steps must be >= 1, got 0\n"

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from conftest import require_extra
+
+require_extra("torch", "transformers")
+import torch  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples" / "grpo_cpu"))
 
 import grpo  # noqa: E402

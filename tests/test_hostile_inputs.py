@@ -257,9 +257,9 @@ def test_trace_files(trace: tuple[str, bytes], cmd: str) -> None:
     with scratch() as root:
         path = write(root, f"t.{kind}", data)
         argv = {
-            "route": ["route", "--trace", path, "--groups", "3", "--group-size", "2", "--replicas", "2"],
+            "route": ["route", "--workload", path, "--groups", "3", "--group-size", "2", "--replicas", "2"],
             "analyze": ["analyze", path],
-            "oracle": ["oracle", "--trace", path, "--sample", "4", "--repeat", "2"],
+            "oracle": ["oracle", "--workload", path, "--sample", "4", "--repeat", "2"],
             "simulate": ["simulate", "--workload", path, "--steps", "2", "--groups", "3", "--group-size", "2",
                          "--replicas", "2", "--policy", "uniform"],
             "rollout": [*rollout_base(root, prompt_file(root)), "--replay-lengths", path],
@@ -400,7 +400,7 @@ FLAG_VALUES: dict[str, dict[str, Any]] = {
                  "--tail-spec": SPEC, "--bulk-spec": SPEC, "--spec-budgets": st.sampled_from(("1,2", "-1", "x", "99")),
                  "--spec": st.sampled_from(("mtp", "ngram:2", "x", "mtp,acceptance=nan")), **COLUMNS},
     "route": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--q": SIZE, "--m": SIZE,
-              "--policies": st.sampled_from(("topq", "seer-oracle", "", "nope", "uniform,topq-best")),
+              "--policy": st.sampled_from(("topq", "seer-oracle", "", "nope", "uniform,topq-best")),
               "--curve": st.sampled_from(("h100-llama3-8b", "nope", "", "/")), **COLUMNS},
     "plan": {"--replicas": SIZE, "--groups": SIZE, "--group-size": SIZE, "--steps": SIZE, "--rho": number_text,
              "--max-redraws": SIZE, "--seed": number_text, "--max-num-seqs": SIZE, "--kv-ms-per-1k": number_text,
@@ -447,8 +447,8 @@ def test_flags(case: tuple[str, list[tuple[str, str]]]) -> None:
         base = {
             "simulate": ["simulate", "--workload", trace, "--steps", "2", "--groups", "3", "--group-size", "2",
                          "--replicas", "2"],
-            "route": ["route", "--trace", trace, "--groups", "3", "--group-size", "2", "--replicas", "2"],
-            "oracle": ["oracle", "--trace", trace, "--sample", "4", "--repeat", "2"],
+            "route": ["route", "--workload", trace, "--groups", "3", "--group-size", "2", "--replicas", "2"],
+            "oracle": ["oracle", "--workload", trace, "--sample", "4", "--repeat", "2"],
             "plan": ["plan", "--workload", trace, "--steps", "2", "--groups", "3", "--group-size", "2",
                      "--replicas", "2"],
             "profile": ["profile", "--endpoint", "http://127.0.0.1:9", "--retries", "0", "--batches", "1",
@@ -521,9 +521,10 @@ def test_known_cases_from_the_issue(tmp_path: Path) -> None:
     roll = rollout_base(tmp_path, prompts)
     errors = [
         ["curves", p["deep.json"]], ["analyze", p["deep.jsonl"]], ["simulate", "--config", p["deep.toml"]],
-        ["curves", p["long.csv"]], ["route", "--trace", p["big.csv"]], ["analyze", p["big.csv"]],
-        ["oracle", "--trace", p["big62.csv"]], [*roll, "--replay-lengths", p["big.csv"]],
-        ["simulate", "--workload", p["list.jsonl"]], ["analyze", p["list.jsonl"]], ["route", "--trace", p["zero.csv"]],
+        ["curves", p["long.csv"]], ["route", "--workload", p["big.csv"]], ["analyze", p["big.csv"]],
+        ["oracle", "--workload", p["big62.csv"]], [*roll, "--replay-lengths", p["big.csv"]],
+        ["simulate", "--workload", p["list.jsonl"]], ["analyze", p["list.jsonl"]],
+        ["route", "--workload", p["zero.csv"]],
         ["simulate", "--kv-ms-per-1k", "1e300"], ["route", "--group-size", "100000"],
         ["launch", "--model", "m", "--memory", "inf", "--dry-run"], ["launch", "--config", p["mem.toml"], "--dry-run"],
         ["launch", "--config", p["bad.toml"], "--dry-run"],

@@ -152,6 +152,7 @@ def test_launch_cli_ray_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert out[0] == "# ray cluster: auto" and sum("--host NODE_IP --port FREE_PORT" in ln for ln in out) == 2
 
 
+@pytest.mark.extra("ray")
 def test_launch_cli_unreachable_ray_cluster_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An address nothing listens on fails at once (Ray itself would retry for minutes), naming the address."""
     from tailsieve.cli import main

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_extra
 from tailsieve.engines.client import SamplingParams
 from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launch_config import PoolEngine
@@ -30,7 +31,9 @@ from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
 from tailsieve.policy.controller import ControllerConfig
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
-ray = pytest.importorskip("ray")
+require_extra("ray")
+import ray  # noqa: E402
+
 pytestmark = [pytest.mark.ray, pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.timeout(900)]
 PROMPTS = tuple(PromptRecord(f"p{i}", f"the model sums {i} and {i * 7} then returns") for i in range(24))
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}

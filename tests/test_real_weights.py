@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require_extra
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.local import tiny_launch_config
@@ -39,8 +40,9 @@ def reloadable(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="module")
 def perturbed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """The tiny model with every weight moved by Gaussian noise, saved like a trainer's checkpoint."""
-    torch: Any = pytest.importorskip("torch")
-    tf: Any = pytest.importorskip("transformers")
+    require_extra("torch", "transformers")
+    import torch
+    import transformers as tf
     out = tmp_path_factory.mktemp("ckpt-1")
     model = tf.AutoModelForCausalLM.from_pretrained(str(tiny_model))
     gen = torch.Generator().manual_seed(1)

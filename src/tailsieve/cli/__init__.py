@@ -1,4 +1,8 @@
-"""Command-line interface: `tailsieve <command>`; each command lives in its own module with `register()`."""
+"""Command-line interface: `tailsieve <command>`; each command lives in its own module with `register()`.
+
+Only the command being run is imported (`build_parser(only=…)`): `tailsieve --help` and `--version` list the
+commands from `SUMMARIES` and import none of them (no numpy, rich or aiohttp; bench/bench_startup.py measures it).
+`tests/test_cli_common.py` checks that each summary equals the help its module registers."""
 
 from __future__ import annotations
 
@@ -27,6 +31,19 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.rollout_cmd",
     "tailsieve.cli.launch_cmd",
 )
+# Each command's one-line help, for `tailsieve --help` without importing the command modules.
+SUMMARIES: dict[str, str] = {
+    "curves": "list built-in TPOT curves (or show one curve or file)",
+    "workloads": "list bundled workloads (traces and synthetic generators)",
+    "analyze": "App. B analyses of a trace or workload: stats, tail AUC, variance shares",
+    "route": "known-length routing baselines per trace step: makespan and speedup",
+    "simulate": "simulate every routing policy on one prompt stream: step time, speedup, q/m, bias",
+    "plan": "will TailSieve pay on this fleet? best static (q, m), the controller's speedup, the bias",
+    "oracle": "exact two-lane routing optimum with known lengths vs best-k isolation and uniform (App. A.4)",
+    "profile": "measure a live server's TPOT curve (feeds simulate, rollout, the controller)",
+    "rollout": "run rollout steps on real vLLM/SGLang replicas with a routing policy",
+    "launch": "start local vLLM replicas with per-pool flags; print their endpoints",
+}
 
 
 class CliParser(argparse.ArgumentParser):
@@ -39,8 +56,9 @@ class CliParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every command registered."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser: every command registered (`only=None`), or just `only` (the others, and all of them
+    for `only=""`, as name-and-help placeholders that import nothing)."""
     parser = CliParser(
         prog="tailsieve",
         description="Partial-rollout-guided tail routing for synchronous LLM rollouts.",
@@ -48,13 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tailsieve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
-        importlib.import_module(module).register(sub)
+        name = module.rsplit(".", 1)[1].removesuffix("_cmd")
+        if only is None or name == only:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; user errors print one line to stderr and return a non-zero exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=next((a for a in argv if not a.startswith("-")), ""))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser, so the line names the command
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +67,12 @@ def add_trace_columns(p: argparse.ArgumentParser, what: str = "the trace file") 
                    help=f"column of {what} holding the prompt ids (default: the first recognised alias)")
 
 
+def add_hidden_alias(p: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:
+    """An older flag name kept working (not shown in --help): `route --trace` is `--workload`, `--policies` is
+    `--policy`, so one name means one thing in every command."""
+    p.add_argument(old, dest=dest, help=argparse.SUPPRESS, **kwargs)
+
+
 class TraceColumns(TypedDict):
     """The column keywords of `load_trace` and `load_workload` (None: the recognised aliases)."""
 
@@ -84,27 +92,45 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def console(width: int = 120) -> Console:
-    """A console for tables (plain when stdout is not a terminal), at least `width` columns wide."""
-    return Console(soft_wrap=False, width=max(width, Console().width))
+PIPE_WIDTH = 120  # the width of a table written to a pipe or file (no terminal to ask, no COLUMNS)
+
+
+def console() -> Console:
+    """A console for tables: a terminal's own width (rich's detection, or COLUMNS); PIPE_WIDTH when stdout is not a
+    terminal and COLUMNS is unset (rich would assume 80). Plain text when stdout is not a terminal."""
+    probe = Console()
+    width = None if probe.is_terminal or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(soft_wrap=False, width=width)
+
+
+_NUMBER = re.compile(r"^[-+±]?(\d[\d,]*(\.\d*)?|\.\d+)(e[-+]?\d+)?\s?[%×s]?$|^-$")
+
+
+def is_numeric(cell: str) -> bool:
+    """Whether a table cell reads as a number ("12", "0.13%", "1.025×", "3.5 s", "-" for missing)."""
+    return bool(_NUMBER.match(cell.strip()))
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """Render a readable table; numbers right-aligned."""
+    """Render a readable table: a column of numbers right-aligned, any column with text in it left-aligned."""
+    cells = [[fmt(v) for v in row] for row in rows]
     table = Table(title=title, show_lines=False)
     for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*(fmt(v) for v in row))
+        numeric = i > 0 and all(is_numeric(row[i]) for row in cells if i < len(row))
+        first = max((len(row[0]) for row in cells if row), default=0) if i == 0 else None  # names never cut
+        table.add_column(col, justify="right" if numeric else "left", min_width=first, no_wrap=i == 0)
+    for row in cells:
+        table.add_row(*row)
     console().print(table)
 
 
 def fmt(value: Any) -> str:
-    """Human formatting for table cells."""
+    """Human formatting for table cells: floats to 4 significant digits, whole from 10⁴ on (like an int, no
+    thousands separator); NaN as "-"."""
     if isinstance(value, float):
         if value != value:
             return "-"
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
     return str(value)
 
 

@@ -23,6 +23,7 @@ from tailsieve.cli._common import (
     print_table,
     trace_columns,
 )
+from tailsieve.cli._plots import pyplot, save_figure
 from tailsieve.workloads import load_workload
 
 
@@ -47,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     plot = None if args.plot is None else plot_path(args.plot)  # checked before any work
     w = load_workload(args.workload, seed=args.seed, **trace_columns(args))
     a = analyze_workload(w, n_prompts=args.prompts, n_checkpoints=args.checkpoints, n_samples=args.samples)
-    if plot is not None:
-        save_plot(a, plot)
     if args.json:
         print_json(a.to_json())
     else:
         show(a)
+    if plot is not None:
+        save_plot(a, plot, quiet=args.json)
     return 0
 
 
@@ -97,13 +98,9 @@ def show(a: Analysis) -> None:
         print(f"note: {note}")
 
 
-def save_plot(a: Analysis, path: Any) -> None:
+def save_plot(a: Analysis, path: Any, *, quiet: bool = False) -> None:
     """AUC heatmap and variance-share bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if a.auc.shape[0] > 0:
         im = ax1.imshow(a.auc, vmin=0.5, vmax=1.0, cmap="viridis")
@@ -134,5 +131,4 @@ def save_plot(a: Analysis, path: Any) -> None:
     ax2.set_title("variance decomposition")
     fig.suptitle(a.name)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, quiet=quiet)

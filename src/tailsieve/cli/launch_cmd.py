@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tailsieve.cli._common import fmt, nonneg_int, positive_int
+from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, launch_from_mapping
 from tailsieve.engines.launchers import LaunchError, ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.state import write_json_atomic
@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="tailsieve-launch", help="folder for endpoints.txt, launch.json and server logs")
     p.add_argument("--duration", type=float, help="stop after this many seconds of serving (default: until Ctrl-C)")
     p.add_argument("--dry-run", action="store_true", help="print each replica's command and environment; start none")
+    p.add_argument("--json", action="store_true",
+                   help="stdout gets one JSON document when the replicas have stopped (launch.json's content), "
+                        "instead of the endpoint line; with --dry-run, {\"dry_run\": [lines]}")
     p.set_defaults(func=run)
 
 
@@ -171,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     launcher = make_launcher(launcher_for(cfg), cfg, out)
     err = Console(stderr=True, width=max(120, Console(stderr=True).width))
     if args.dry_run:
+        if args.json:
+            print_json({"dry_run": list(launcher.dry_run())})
+            return 0
         for line in launcher.dry_run():
             print(line)
         return 0
@@ -183,16 +189,21 @@ def run(args: argparse.Namespace) -> int:
             err.print("interrupted during start-up: every replica stopped")
             return 130
         try:
-            return serve(launcher, out, args.duration, err)
+            rc = serve(launcher, out, args.duration, err, endpoint_line=not args.json)
         except KeyboardInterrupt:
             err.print(f"stopping {cfg.replicas} replica(s) …")
-            return 0
+            rc = 0
         finally:
             launcher.stop()
-            write_json_atomic(out / "launch.json", launcher.describe() | {"stopped": True})
+            final = launcher.describe() | {"stopped": True}
+            write_json_atomic(out / "launch.json", final)
+    if args.json:
+        print_json(final)
+    return rc
 
 
-def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Console) -> int:
+def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Console, *,
+          endpoint_line: bool = True) -> int:
     """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
     line = ",".join(launcher.endpoints)
     (out / "endpoints.txt").write_text(line + "\n", encoding="utf-8")
@@ -205,7 +216,8 @@ def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Con
         table.add_row(str(r["index"]), r["pool"], r.get("url", "-"), r.get("place") or "-",
                       str(r.get("pid") or "-"), fmt(r["boot_s"]), " ".join(r["flags"]) or "-")
     err.print(table)
-    print(line, flush=True)
+    if endpoint_line:
+        print(line, flush=True)
     err.print(f"endpoints in {out / 'endpoints.txt'} (rollout --endpoints $(cat {out / 'endpoints.txt'})); "
               "Ctrl-C stops every replica")
     end = None if duration is None else time.monotonic() + duration

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.cli._common import (
+    add_hidden_alias,
     add_trace_columns,
     nonneg_int,
     plot_path,
@@ -22,6 +23,7 @@ from tailsieve.cli._common import (
     print_table,
     trace_columns,
 )
+from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
@@ -42,7 +44,9 @@ def register(sub: Any) -> None:
         description="Route requests with known lengths on two replicas: exact optimum (Pareto DP), best top-k "
         "isolation and uniform alternation. Without --sample, all requests of the trace form one group.",
     )
-    p.add_argument("--trace", help="trace file or bundled name (default: the bundled KodCode R1 trace)")
+    p.add_argument("--workload", metavar="TRACE",
+                   help="trace file or bundled trace name (default: the bundled KodCode R1 trace)")
+    add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default=DEFAULT_CURVE, help=f"TPOT curve name or file (default {DEFAULT_CURVE})")
     p.add_argument("--sample", type=positive_int, help="requests per group, drawn without replacement")
@@ -98,12 +102,8 @@ def summarise(groups: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _draw(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: TpotCurve,
-          groups: list[dict[str, Any]], path: Path, sampled: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+          groups: list[dict[str, Any]], path: Path, sampled: bool, quiet: bool) -> None:
+    plt = pyplot()
     panels = 2 if sampled else 1
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
     if sampled:
@@ -111,12 +111,14 @@ def _draw(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: Tpot
         series = {name: [100 * _gap(g[key], g["optimal_s"]) for g in groups]
                   for name, key in (("best k", "topk_s"), ("fixed 10%", "fixed10_s"), ("uniform", "uniform_s"))}
         bins = np.linspace(0.0, max(1.0, *(max(v) for v in series.values())), 41)
+        style = policy_styles(list(series), headline="best k")
         for name, values in series.items():
-            ax.hist(values, bins=bins, alpha=0.5, label=name)
+            ax.hist(values, bins=bins, histtype="step", linewidth=style[name].linewidth, color=style[name].color,
+                    linestyle=style[name].linestyle, label=name)
         ax.set_xlabel("optimality gap (%)")
         ax.set_ylabel("groups")
         ax.set_title(f"{len(groups)} groups of {groups[0]['requests']} requests")
-        ax.legend()
+        legend_outside(ax)
     ax = axes[0, panels - 1]
     tk = topk_curve(lengths[rows[0]], curve)
     k = np.arange(tk.tail_s.size)
@@ -128,10 +130,9 @@ def _draw(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: Tpot
     ax.set_xlabel("isolated requests k")
     ax.set_ylabel("seconds")
     ax.set_title("top-k isolation" + (" (first group)" if sampled else ""))
-    ax.legend()
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, quiet=quiet)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     if args.sample is None and (args.repeat is not None or args.seed is not None):
         raise TailSieveError("--repeat and --seed need --sample")
-    trace = require_tokens(load_trace(args.trace, **trace_columns(args)))
+    trace = require_tokens(load_trace(args.workload, **trace_columns(args)))
     curve = load_curve(args.curve)
     lengths = trace.length
     n = int(lengths.size)
@@ -153,26 +154,32 @@ def run(args: argparse.Namespace) -> int:
         if repeat > MAX_REPEAT:
             raise TailSieveError(f"--repeat {repeat} is more than the {MAX_REPEAT:,} groups allowed")
         rows = [rng.choice(n, size=args.sample, replace=False) for _ in range(repeat)]
-    source = args.trace or f"{DEFAULT_TRACE} (bundled)"
+    source = args.workload or f"{DEFAULT_TRACE} (bundled)"
     groups = _solve_all(rows, lengths, curve, args)
-    if plot is not None:
-        _draw(rows, lengths, curve, groups, plot, args.sample is not None)
+    _report(args, groups, rows, source, curve.name)
+    if plot is not None:  # after the report, so that its last line says where the figure went
+        _draw(rows, lengths, curve, groups, plot, args.sample is not None, args.json)
+    return 0
+
+
+def _report(args: argparse.Namespace, groups: list[dict[str, Any]], rows: list[NDArray[np.int64]], source: str,
+            curve: str) -> None:
+    """The one group's solution, or the App. A.4 summary (JSON or tables)."""
     if args.sample is None:
         single = {k: v for k, v in groups[0].items() if k != "fixed10_s"}
         if args.json:
             print_json(single)
         else:
-            _print_single(single, source, curve.name)
-        return 0
+            _print_single(single, source, curve)
+        return
     for g, r in zip(groups, rows, strict=True):
         g["rows"] = r.tolist()
     summary = summarise(groups)
     if args.json:
-        print_json({"trace": source, "curve": curve.name, "sample": args.sample, "repeat": len(rows),
+        print_json({"trace": source, "curve": curve, "sample": args.sample, "repeat": len(rows),
                     "seed": 0 if args.seed is None else args.seed, "groups": groups, "summary": summary})
     else:
-        _print_summary(summary, source, curve.name, args.sample)
-    return 0
+        _print_summary(summary, source, curve, args.sample)
 
 
 def _solve_all(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: TpotCurve,

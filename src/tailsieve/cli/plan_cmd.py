@@ -1,10 +1,11 @@
 """`tailsieve plan`: "will TailSieve pay on my replicas, and with which (q, m)?" in one command, offline.
 
 On the user's fleet (a cost model from `tailsieve profile`, or any curve; R replicas; N groups of G; a workload) it
-simulates, on one prompt stream: uniform, every static (q, m) (`simulation.runs.static_grid`), and the adaptive
-`tailsieve` controller, all through `run_policy` (the simulate machinery), then reports the best static split, the
-controller's expected speedup and where it settles, each with its noise band and its length bias at the redraw limit
-(`analysis.report`: the keys of `simulate --json`). docs/profile.md.
+simulates, on one prompt stream: uniform, every static (q, m) (`simulation.runs.static_grid`), the adaptive
+`tailsieve` controller and the peers (verl's request balancer first), all through `run_policy` (the simulate
+machinery), then prints `simulate`'s short table (`analysis.headline`) and an answer that follows from it
+(`answer`): whether the controller, or failing that the best static split, beats uniform beyond noise, and whether
+verl's balancer beats both (`analysis.report`: the keys of `simulate --json`). docs/profile.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 from rich.console import Console
 
-from tailsieve.analysis.report import fidelity_notes, policy_json, summarize, summary_table
+from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
+from tailsieve.analysis.metrics import PolicySummary
+from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
@@ -24,7 +27,7 @@ from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS
-from tailsieve.simulation.runs import run_policy, static_grid
+from tailsieve.simulation.runs import PEERS, run_policy, static_grid
 from tailsieve.workloads import ReplayMode
 
 ADAPTIVE = "tailsieve"
@@ -70,13 +73,15 @@ def run(args: argparse.Namespace) -> int:
                           "uniform runs")
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
-    with progress_bar(config.steps * (grid_size + 2), enabled=sys.stderr.isatty()) as tick:
+    with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=sys.stderr.isatty()) as tick:
         uniform = run_policy("uniform", workload, model.curve, config, on_step=tick)
         grid = static_grid(workload, model.curve, config, on_step=tick)
         adaptive = run_policy(ADAPTIVE, workload, model.curve, config, on_step=tick)
-    runs = {"uniform": uniform, f"static q={grid.q} m={grid.m}": grid.best, ADAPTIVE: adaptive}
+        peers = {name: run_policy(name, workload, model.curve, config, on_step=tick) for name in PEERS}
+    static = f"static q={grid.q} m={grid.m}"
+    runs = {"uniform": uniform, static: grid.best, ADAPTIVE: adaptive, **peers}
     summaries = summarize(runs)
-    best = summaries[f"static q={grid.q} m={grid.m}"]
+    best = summaries[static]
     ada = summaries[ADAPTIVE]
     doc = {
         "curve": model.curve.name, "kv_ms_per_1k": config.replica.kv_ms_per_1k_tokens,
@@ -89,31 +94,61 @@ def run(args: argparse.Namespace) -> int:
         "static_grid": [{"q": q, "m": m, "mean_step_s": v, "speedup": summaries["uniform"].mean_step_s / v}
                         for (q, m), v in sorted(grid.mean_s.items())],
         "tailsieve": policy_json(adaptive, ada),
-        "pays": bool(ada.speedup is not None and ada.verdict is not None and not ada.verdict.within_noise
-                     and ada.speedup > 1),
+        "peers": {name: policy_json(peers[name], summaries[name]) for name in PEERS},
+        "pays": beats_uniform(ada),
+        "best_static_pays": beats_uniform(best),
+        "answer": answer(summaries, static),
     }
     if args.spec:
         doc["spec_depths"] = plan_spec.answer(args, workload, model.curve, config, ADAPTIVE)
     if args.json:
         for key in ("best_static", "tailsieve"):
             doc[key].pop("steps", None)
+        for entry in doc["peers"].values():
+            entry.pop("steps", None)
         print_json(doc)
         return 0
     con = console()
-    con.print(summary_table(summaries, title=(
+    con.print(headline_table(summaries, headline_rows(summaries, PEERS, bound=static), title=(
         f"Plan: {workload.name} on {model.curve.name} (kv {config.replica.kv_ms_per_1k_tokens:g} ms/1k ctx, prefill "
-        f"{config.replica.prefill_ms_per_token:g} ms/token), R={args.replicas}, N={args.groups} × G={args.group_size}, "
+        f"{config.replica.prefill_ms_per_token:g} ms/token)\nR={args.replicas}, N={args.groups} × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), max redraws {config.router.max_redraws}")))
-    for line in fidelity_notes(summaries):
-        con.print(line, highlight=False)
-    _answer(con, doc)
+    con.print(HEADLINE_NOTE, highlight=False)
+    _details(con, doc)
+    con.print(doc["answer"], highlight=False)
     if args.spec:
         plan_spec.print_answer(con, doc["spec_depths"])
     return 0
 
 
-def _answer(con: Console, doc: dict[str, Any]) -> None:
-    """The one-paragraph answer under the table."""
+def beats_uniform(s: PolicySummary) -> bool:
+    """Faster than uniform beyond noise: speedup > 1, outside its ±2σ band, and off the uniform boundary."""
+    v = s.verdict
+    return bool(s.speedup is not None and s.speedup > 1 and v is not None and not v.within_noise and v.left_uniform)
+
+
+def answer(summaries: dict[str, PolicySummary], static: str) -> str:
+    """The verdict, from the rows of the table: the controller if it beats uniform beyond noise, else the best static
+    split if it does, else uniform; then verl's request balancer when it is faster than what was recommended."""
+    ada, best, lif = summaries[ADAPTIVE], summaries[static], summaries.get("verl-lif")
+    if beats_uniform(ada):
+        text, pick = f"It pays here: the adaptive controller gives {ada.speedup:.3f}× uniform beyond noise.", ada
+    elif beats_uniform(best):
+        text, pick = (f"A static split pays here: {static.removeprefix('static ')} gives {best.speedup:.3f}× "
+                      f"uniform beyond noise (set it with --policy static --q {best.final_q} --m {best.final_m}); "
+                      f"the adaptive controller ({ada.speedup or 0:.3f}×) is within noise of uniform."), best
+    else:
+        text = "Neither the controller nor any static split beats uniform beyond noise here"
+        if lif is not None and beats_uniform(lif):
+            return f"{text}; verl's request balancer does (verl-lif, {lif.speedup:.3f}×)."
+        return f"{text}: uniform is as good on this fleet and workload."
+    if lif is not None and beats_uniform(lif) and (lif.speedup or 0) > (pick.speedup or 0):
+        text += f" verl's request balancer (verl-lif, {lif.speedup:.3f}×) is faster still."
+    return text
+
+
+def _details(con: Console, doc: dict[str, Any]) -> None:
+    """The best static split and the controller, with their length bias at the redraw limit."""
     b, t = doc["best_static"], doc["tailsieve"]
     tb = t["bias"] or {}
     sb = b["bias"] or {}
@@ -122,6 +157,4 @@ def _answer(con: Console, doc: dict[str, Any]) -> None:
         f"(length ratio {sb.get('mean_ratio') or float('nan'):.3f}); adaptive tailsieve: {t['speedup']:.3f}× "
         f"({t['verdict']['note'] if t['verdict'] else ''}), settles at q = {t['final_q']}, m = {t['final_m']}, length "
         f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, KS {tb.get('ks') or 0.0:.3f} at max redraws "
-        f"{doc['max_redraws']}. " + ("It pays here." if doc["pays"] else "It does not pay here beyond noise: "
-                                     "uniform is as good on this fleet and workload."),
-        highlight=False)
+        f"{doc['max_redraws']}.", highlight=False)

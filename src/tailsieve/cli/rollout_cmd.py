@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
-from tailsieve.cli._common import add_trace_columns, console, trace_columns
+from tailsieve.cli._common import add_trace_columns, console, print_json, trace_columns
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import Api, Endpoint, SamplingParams
@@ -52,13 +53,16 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoints", help="comma-separated server URLs (one per replica); or --launch")
     p.add_argument("--launch", metavar="CONFIG",
                    help="start the replicas from this config's [launch] table and own them (docs/launch.md)")
-    p.add_argument("--prompts", required=True, help="prompt JSONL(.gz); text from prompt/problem/question/messages")
+    p.add_argument("--prompts", required=True,
+                   help="a bundled prompt set (math500) or a prompt JSONL(.gz); text from prompt/problem/question/"
+                        "messages")
     p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
     p.add_argument("--policy", default="tailsieve",
                    help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument("--template", default="none", choices=[t.value for t in Template],
                    help="prompt template of App. A.1 (math, code) or none (default)")
@@ -333,6 +337,9 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
                                              reload=None if launcher is None else launcher.reload,
                                              live_meta=None if launcher is None else (
                                                  lambda: {"launch": launcher.describe()})))
+    if args.json:  # the final summary: report.json's document, as `simulate --json` prints its own
+        print_json(json.loads((out / "report.json").read_text(encoding="utf-8")))
+        return 0
     print_table(runs, title=(f"Real rollouts on {len(endpoints)} replica(s): {Path(args.prompts).name}, "
                              f"N={args.groups} × G={args.group_size}, {args.steps} steps, ρ={args.rho}"))
     console().print(f"batches, steps and state in {out}/<policy>/, report in {out}/report.json")

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from tailsieve.cli._common import add_trace_columns, console, print_json, trace_columns
+from tailsieve.cli._common import add_hidden_alias, add_trace_columns, console, print_json, trace_columns
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
@@ -78,14 +78,18 @@ def register(sub: Any) -> None:
     p = sub.add_parser("route", help="known-length routing baselines per trace step: makespan and speedup",
                        description="Run every known-length routing policy on each step of a trace under the "
                                    "all-admit model; report makespans and speedups over uniform group routing.")
-    p.add_argument("--trace", help="bundled trace name or CSV/JSONL file (default: the bundled KodCode R1 trace)")
+    p.add_argument("--workload", metavar="TRACE",
+                   help="bundled trace name or CSV/JSONL file (default: the bundled KodCode R1 trace)")
+    add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve: built-in name or file (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=8, help="R identical replicas (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=8, help="G responses per prompt group (default: %(default)s)")
     p.add_argument("--groups", type=int, default=64, help="N prompt groups per step (default: %(default)s)")
-    p.add_argument("--policies", help=f"comma-separated subset of: {', '.join(POLICIES)} "
-                                      f"(default: {','.join(DEFAULT_POLICIES)}, plus topq when --q/--m are given)")
+    p.add_argument("--policy", action="append", metavar="NAME",
+                   help=f"repeatable (or comma-separated) subset of: {', '.join(POLICIES)} "
+                        f"(default: {','.join(DEFAULT_POLICIES)}, plus topq when --q/--m are given)")
+    add_hidden_alias(p, "--policies", "policy", action="append")
     p.add_argument("--q", type=int, help="topq: number of isolated groups")
     p.add_argument("--m", type=int, help="topq: number of tail replicas")
     p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/baselines.md)")
@@ -100,18 +104,18 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     int_in(args.replicas, "--replicas", 1, MAX_REPLICAS)
     check_step_size(args.groups, args.group_size)
     topq_given = args.q is not None or args.m is not None
-    if args.policies is None:
+    if args.policy is None:
         names = list(DEFAULT_POLICIES) + (["topq"] if topq_given else [])
     else:
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        names = [n.strip() for v in args.policy for n in v.split(",") if n.strip()]
         if not names:
-            raise ConfigError("--policies is empty; valid: " + ", ".join(POLICIES))
+            raise ConfigError("--policy is empty; valid: " + ", ".join(POLICIES))
         unknown = [n for n in names if n not in POLICIES]
         if unknown:
             raise ConfigError(f"unknown policy '{unknown[0]}'; valid: {', '.join(POLICIES)}")
     names = list(dict.fromkeys(["uniform", *names]))
     if topq_given and "topq" not in names:
-        raise ConfigError("--q/--m apply to policy topq; add topq to --policies")
+        raise ConfigError("--q/--m apply to policy topq; add --policy topq")
     policies: list[Policy] = []
     for name in names:
         if name == "topq":
@@ -123,7 +127,7 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     short = [p.name for p in policies if args.replicas < p.min_replicas]
     if short:
         raise ConfigError(f"--replicas {args.replicas}: {', '.join(short)} need at least 2 replicas (a tail pool); "
-                          "choose other --policies")
+                          "choose another --policy")
     return policies
 
 
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
     curve = load_curve(args.curve)
-    trace = require_tokens(load_trace(args.trace, **trace_columns(args)))
+    trace = require_tokens(load_trace(args.workload, **trace_columns(args)))
     steps, left_out = trace_steps(trace, args.groups, args.group_size)
     per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
     if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):
@@ -181,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     others = [p.name for p in policies if p.name != "uniform"]
     most = max(st.batch.n_groups for st in steps)
     groups = f"{args.groups}" if most >= args.groups else f"{most} (of --groups {args.groups}: the trace has fewer)"
-    title = (f"Known-length routing on {args.trace or DEFAULT_TRACE}\ncurve {curve.name}, R={args.replicas}, "
+    title = (f"Known-length routing on {args.workload or DEFAULT_TRACE}\ncurve {curve.name}, R={args.replicas}, "
              f"{groups} groups × {args.group_size} per step — speedup over uniform group routing")
     table = Table(title=title)
     table.add_column("step", justify="left")

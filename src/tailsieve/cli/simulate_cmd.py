@@ -14,9 +14,11 @@ from typing import Any
 
 from rich.table import Table
 
+from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json
+from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
@@ -122,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
     replay = "synthetic" if workload.is_synthetic else args.replay
-    if plot is not None:
-        save_plot(runs, plot, f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}")
+    plot_title = f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}"
     if args.json:
         print_json(report_json(runs, {
             "workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
@@ -135,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
                       "long_round_period": config.peers.long_round_period},
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
             | {"capture": [_capture_json(c) for c in capture]})
+        if plot is not None:
+            save_plot(runs, plot, plot_title, quiet=True)
         return 0
-    print_tables(summarize(runs, oracles=ORACLES), capture, title=(
+    print_tables(summarize(runs, oracles=ORACLES), capture, full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
-        console().print(f"plot saved to {plot}")
+        save_plot(runs, plot, plot_title)
     return 0
 
 
@@ -158,9 +161,16 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
             "steps": c.steps}
 
 
-def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str) -> None:
-    """The comparison table, the capture table and the notes."""
-    con = console(width=160)  # the batch-fidelity columns need the room
+def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str,
+                 full: bool) -> None:
+    """Without --policy the short table of the deciding rows and one sentence (`analysis.headline`); with it the
+    comparison table of the chosen policies, the fidelity lines, the capture table and the notes."""
+    con = console()
+    if not full:
+        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
+        con.print(f"{HEADLINE_NOTE} --policy all: every policy, the fidelity lines and the tail capture table.",
+                  highlight=False)
+        return
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
@@ -185,29 +195,27 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the cut one.")
 
 
-def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
-    """Step makespan per policy, and the q/m trajectories of the two-pool policies (like Fig. 6b)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def save_plot(runs: dict[str, PolicyRun], path: Path, title: str, *, quiet: bool = False) -> None:
+    """Step makespan per policy, and the q/m trajectories of the two-pool policies (like Fig. 6b): one colour and
+    style per policy in both panels, tailsieve emphasized, legends outside the data."""
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    color = {name: f"C{i % 10}" for i, name in enumerate(runs)}  # one colour per policy in both panels
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 4.8))
+    style = policy_styles(list(runs), dashed=ORACLES)
     for name, r in runs.items():
-        ax1.plot([s.step for s in r.steps], [s.makespan_s for s in r.steps], label=name, color=color[name],
-                 linestyle="--" if name in ORACLES else "-", linewidth=1.2)
+        ax1.plot([s.step for s in r.steps], [s.makespan_s for s in r.steps], label=name, **style[name].kwargs())
     ax1.set_xlabel("step")
     ax1.set_ylabel("step makespan (s)")
     ax1.set_title("step time")
-    ax1.legend(fontsize=7)
+    legend_outside(ax1)
     ax_m = ax2.twinx()
     adaptive = [n for n in runs if n != "uniform" and n not in ORACLES and n not in PEERS]  # peers: m = 0
     for name in adaptive:
         steps = [s.step for s in runs[name].steps]
-        ax2.plot(steps, [s.q for s in runs[name].steps], color=color[name], label=f"{name} q")
-        ax_m.plot(steps, [s.m for s in runs[name].steps], color=color[name], linestyle=":", label=f"{name} m")
+        kw = style[name].kwargs()
+        ax2.plot(steps, [s.q for s in runs[name].steps], label=f"{name} q", **(kw | {"linestyle": "-"}))
+        ax_m.plot(steps, [s.m for s in runs[name].steps], label=f"{name} m", **(kw | {"linestyle": ":"}))
     ax2.set_xlabel("step")
     ax2.set_ylabel("isolated groups q (solid)")
     ax_m.set_ylabel("tail replicas m (dotted)")
@@ -217,8 +225,7 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str) -> None:
     if adaptive:
         h1, l1 = ax2.get_legend_handles_labels()
         h2, l2 = ax_m.get_legend_handles_labels()
-        ax2.legend(h1 + h2, l1 + l2, fontsize=7)
+        legend_outside(ax_m, h1 + h2, l1 + l2)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, quiet=quiet)

@@ -1,6 +1,7 @@
 """Prompt files and the paper's prompt templates (App. A.1).
 
-`load_prompts` reads JSONL (optionally .gz) whose records name the text differently (`prompt`, `problem`,
+`load_prompts` reads a bundled prompt set by name (`math500`: the first 200 MATH-500 problems, MIT,
+data/ATTRIBUTION.md) or JSONL (optionally .gz) whose records name the text differently (`prompt`, `problem`,
 `question`, `messages`, …) and the id differently (`id`, `question_id`, …). `render` applies a template:
 `math` (one user message ending in the `<END>` protocol), `code` (the bounded-reasoning system + user messages),
 or `none` (the text as is). `paper_sampling` is Table A.1's sampling configuration.
@@ -14,6 +15,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ CODE_USER = ("Solve the coding problem below.\nProvide your reasoning and explan
              "complete Python function.\nAfter the function, write <END> and stop immediately.\nDo not repeat or "
              "revise the answer.\n\nProblem: {question}\nRequired function: {function_declaration}\n"
              "Specification: {docstring}")
+# Prompt sets shipped inside the package (data/prompts/, licences in data/ATTRIBUTION.md), addressable by name.
+BUNDLED_PROMPTS = {"math500": "data/prompts/math500.jsonl"}
 _SIGNATURE = re.compile(r"def\s+\w+\s*\([^)]*\)\s*(?:->\s*[^:`\n]+)?:")
 
 Messages = tuple[tuple[str, str], ...]
@@ -90,11 +94,20 @@ def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
     return PromptRecord(pid, str(text), messages, fields)
 
 
-def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptRecord, ...]:
-    """Prompts of a JSONL / JSONL.gz file in file order; duplicate ids get a `#k` suffix."""
-    p = Path(path)
+def prompt_path(spec: str | Path) -> Path:
+    """The file of a bundled prompt set's name (a name wins over a file of the same name), else `spec` itself."""
+    if isinstance(spec, str) and spec in BUNDLED_PROMPTS:
+        return Path(str(resources.files("tailsieve").joinpath(BUNDLED_PROMPTS[spec])))
+    p = Path(spec)
     if not p.is_file():
-        raise ConfigError(f"prompt file {p} not found")
+        raise ConfigError(f"prompt file {p} not found (bundled prompt sets: {', '.join(BUNDLED_PROMPTS)})")
+    return p
+
+
+def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptRecord, ...]:
+    """Prompts of a bundled set (`math500`) or a JSONL / JSONL.gz file in file order; duplicate ids get a `#k`
+    suffix."""
+    p = prompt_path(path)
     opener = gzip.open if p.suffix == ".gz" else open
     out: list[PromptRecord] = []
     seen: dict[str, int] = {}  # id in the file → times seen

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.errors import ConfigError
+from tailsieve.errors import ConfigError, TraceError
 from tailsieve.hashing import stable_hash
 from tailsieve.model.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
 from tailsieve.workloads.regimes import REGIMES
@@ -307,6 +307,9 @@ def load_workload(
     if m is ReplayMode.SYNTHETIC:
         raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
                           f"got '{spec}'")
+    if isinstance(spec, str) and spec not in bundled_trace_names() and not Path(spec).exists():
+        raise TraceError(f"no such trace '{spec}': not a bundled workload ({', '.join(bundled_workloads())}) and no "
+                         "such file")
     trace = require_tokens(load_trace(spec, length_column=length_column, prompt_column=prompt_column))
     bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
     name = str(spec) if bundled else Path(spec).stem

@@ -1,0 +1,171 @@
+"""Regenerate every block of the docs that a command prints, so that the docs cannot drift from the code.
+
+A generated block is a fenced block right after a marker line:
+
+    <!-- regen: help simulate -->          the output of `tailsieve simulate --help` (COLUMNS=100)
+    <!-- regen: run plan --replicas 8 -->  `$ tailsieve plan --replicas 8` and what it prints (COLUMNS=120)
+    <!-- regen: simulate-json -->          an excerpt of `tailsieve simulate --json` (the default run)
+
+Usage (from the repository root; it runs this checkout's sources):
+
+    python scripts/regen_docs.py            # rewrite the blocks in README.md and docs/**/*.md
+    python scripts/regen_docs.py --check    # exit 1 and name each block that differs (CI)
+
+`tests/test_docs_usage.py` checks the `help` blocks on every test run (they cost no simulation); `--check` checks
+all blocks, the simulated numbers included (about 15 s on 2 cores). Every command is seeded, so a block changes only
+when the code's output changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+BLOCK = re.compile(r"(<!-- regen: (?P<spec>[^>]*?) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(\n```)", re.DOTALL)
+HELP_COLUMNS, RUN_COLUMNS = "100", "120"
+
+
+@contextlib.contextmanager
+def columns(width: str) -> Iterator[None]:
+    """COLUMNS for argparse's and rich's width while a command runs in-process."""
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = width
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
+def tailsieve(argv: list[str], width: str) -> str:
+    """What `tailsieve ARGV` prints on stdout (in-process, this checkout's sources), right-stripped lines."""
+    from tailsieve.cli import main
+
+    buf = io.StringIO()
+    with columns(width), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # --help
+            rc = int(exc.code or 0)
+    if rc != 0:
+        raise SystemExit(f"regen_docs: `tailsieve {shlex.join(argv)}` exited {rc}")
+    return "\n".join(line.rstrip() for line in buf.getvalue().strip("\n").splitlines())
+
+
+def help_text(command: str) -> str:
+    """`tailsieve COMMAND --help` as the docs show it."""
+    return tailsieve([command, "--help"], HELP_COLUMNS)
+
+
+def _round(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, 4)
+    if isinstance(obj, dict):
+        return {k: _round(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_round(v) for v in obj]
+    return obj
+
+
+def simulate_json() -> str:
+    """The default run's JSON with two policies and the first step of each shown, the rest elided."""
+    doc = json.loads(tailsieve(["simulate", "--json"], RUN_COLUMNS))
+    policies = {name: dict(doc["policies"][name]) for name in ("uniform", "tailsieve")}
+    for entry in policies.values():
+        entry["steps"] = [entry["steps"][0], "..."]
+    out = {k: v for k, v in doc.items() if k not in ("policies", "capture", "spec")}
+    out |= {"spec": "...", "policies": policies | {"...": "every other policy"}, "capture": [doc["capture"][0], "..."]}
+    return _compact(_round(out))
+
+
+def _compact(doc: dict[str, Any]) -> str:
+    """One key per line at the top level and per policy entry; the values themselves on one line."""
+
+    def one(v: Any) -> str:
+        return json.dumps(v, ensure_ascii=False)
+
+    def obj(items: list[str], indent: str) -> str:
+        return "{\n" + ",\n".join(indent + x for x in items) + "\n" + indent[:-1] + "}"
+
+    policies = [f'"{name}": ' + (obj([f'"{k}": {one(v)}' for k, v in entry.items()], "   ")
+                                 if isinstance(entry, dict) else one(entry))
+                for name, entry in doc["policies"].items()]
+    top = [f'"{k}": {obj(policies, "  ") if k == "policies" else one(v)}' for k, v in doc.items()]
+    return obj(top, " ")
+
+
+def render(spec: str) -> str:
+    """The body of one block from its marker's spec."""
+    kind, *args = shlex.split(spec)
+    if kind == "help" and len(args) == 1:
+        return help_text(args[0])
+    if kind == "run" and args:
+        return f"$ tailsieve {shlex.join(args)}\n" + tailsieve(args, RUN_COLUMNS)
+    if kind == "simulate-json" and not args:
+        return simulate_json()
+    raise SystemExit(f"regen_docs: unknown block '{spec}'")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def blocks(text: str) -> list[re.Match[str]]:
+    return list(BLOCK.finditer(text))
+
+
+def regenerate(path: Path, *, only: str | None = None) -> tuple[str, list[str]]:
+    """The file's text with its blocks regenerated (those whose kind is `only`, or all), and the specs that
+    changed."""
+    text = path.read_text(encoding="utf-8")
+    changed: list[str] = []
+
+    def one(m: re.Match[str]) -> str:
+        spec = m.group("spec")
+        if only is not None and spec.split()[0] != only:
+            return m.group(0)
+        body = render(spec)
+        if body != m.group("body"):
+            changed.append(spec)
+        return m.group(1) + body + m.group(5)
+
+    return BLOCK.sub(one, text), changed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a block differs")
+    ap.add_argument("--only", metavar="KIND", help="only blocks of this kind (help, run, simulate-json)")
+    args = ap.parse_args()
+    stale = []
+    for path in doc_files():
+        new, changed = regenerate(path, only=args.only)
+        rel = path.relative_to(ROOT)
+        for spec in changed:
+            stale.append(f"{rel}: {spec}")
+            print(f"{'stale' if args.check else 'updated'}: {rel}: <!-- regen: {spec} -->")
+        if changed and not args.check:
+            path.write_text(new, encoding="utf-8")
+    if args.check and stale:
+        print(f"regen_docs: {len(stale)} block(s) differ from the commands; run python scripts/regen_docs.py",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""`tailsieve plan`'s answer follows from the table it prints: a model file where a static split pays beyond noise
+and the controller does not, and every branch of `answer` on hand-built rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tailsieve.cli import main
+from tailsieve.cli.plan_cmd import answer, beats_uniform
+from test_headline import summary
+
+# A steep cost model (τ grows 20× from b = 1 to 64) on a workload whose few looping samples run to the cap: there
+# isolating the tail in one replica pays beyond noise, while the adaptive controller stays within noise.
+STEEP = {"name": "steep", "batch": [1, 8, 16, 32, 64], "tpot_ms": [4.0, 10.0, 20.0, 40.0, 80.0],
+         "cost_model": {"format": "tailsieve-cost-model/1", "kv_ms_per_1k": 0.0, "prefill_ms_per_token": 0.0}}
+ARGS = ["--workload", "video-rl", "--replicas", "4", "--groups", "32", "--group-size", "4", "--steps", "16"]
+
+
+def test_plan_verdict_follows_its_table_where_the_split_pays(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(STEEP))
+    assert main(["plan", "--curve", str(model), *ARGS, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    best, ada = doc["best_static"], doc["tailsieve"]
+    assert best["speedup"] > 1 and not best["verdict"]["within_noise"] and doc["best_static_pays"]
+    assert ada["verdict"]["within_noise"] and not doc["pays"]
+    assert doc["answer"].startswith(
+        f"A static split pays here: q={best['q']} m={best['m']} gives {best['speedup']:.3f}× uniform beyond noise "
+        f"(set it with --policy static --q {best['q']} --m {best['m']}); the adaptive controller "
+        f"({ada['speedup']:.3f}×) is within noise of uniform.")
+    assert main(["plan", "--curve", str(model), *ARGS]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert " ".join(doc["answer"].split()) in out and "does not pay" not in out and "Neither" not in out
+    assert f"static q={best['q']} m={best['m']} best static split {best['mean_step_s']:.2f}" in out
+
+
+def test_answer_branches() -> None:
+    uni, ada_yes, ada_no = summary("uniform"), summary("tailsieve", 1.2), summary("tailsieve", 1.02, noise=True)
+    static_yes, static_no = summary("static q=1 m=1", 1.1), summary("static q=1 m=1", 1.01, noise=True)
+    lif = summary("verl-lif", 1.15)
+    s = {"uniform": uni, "tailsieve": ada_yes, "static q=1 m=1": static_yes, "verl-lif": lif}
+    assert answer(s, "static q=1 m=1") == "It pays here: the adaptive controller gives 1.200× uniform beyond noise."
+    s["tailsieve"] = ada_no
+    assert answer(s, "static q=1 m=1") == (
+        "A static split pays here: q=1 m=1 gives 1.100× uniform beyond noise (set it with --policy static --q 0 "
+        "--m 0); the adaptive controller (1.020×) is within noise of uniform. verl's request balancer (verl-lif, "
+        "1.150×) is faster still.")
+    s["static q=1 m=1"] = static_no
+    assert answer(s, "static q=1 m=1") == ("Neither the controller nor any static split beats uniform beyond noise "
+                                           "here; verl's request balancer does (verl-lif, 1.150×).")
+    s["verl-lif"] = summary("verl-lif", 1.01, noise=True)
+    assert answer(s, "static q=1 m=1").endswith("here: uniform is as good on this fleet and workload.")
+    assert not beats_uniform(summary("x", 0.9)) and not beats_uniform(summary("x", None))
