@@ -9,7 +9,7 @@ TailSieve does), and prints one table per case: speedup over uniform with its ±
 off-policy token share, dropped and delayed (> 1 step) prompt shares and the batch-length CV (docs/peers.md). Under
 each table, goal 4: whether tailsieve (zero off-policy tokens, zero dropped prompts) is faster than every peer that
 also has zero of both, and its gap to april-partial's speedup beside april-partial's off-policy token share.
-`--quick` runs 12 steps. Reference run (30 steps, 2 workers on 2 cores): `bench/results/peers.txt`, `peers.json`.
+`--quick` runs 12 steps. Reference figures (30 steps, 2 workers on 2 cores): docs/peers.md.
 """
 
 from __future__ import annotations

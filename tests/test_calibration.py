@@ -11,7 +11,14 @@ import pytest
 
 from tailsieve.loop import StepLoop, make_controller
 from tailsieve.model.curves import load_curve
-from tailsieve.policy.calibration import BIAS_CLIP, COUNTERFACTUAL_CLIP, calibrate, factors, learn_uniform
+from tailsieve.policy.calibration import (
+    BIAS_CLIP,
+    COUNTERFACTUAL_CLIP,
+    calibrate,
+    factors,
+    forecast_noise,
+    learn_uniform,
+)
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.router import Router, RouterConfig
 from tailsieve.simulation.executor import SimExecutor
@@ -79,7 +86,8 @@ def test_in_the_simulator_the_model_error_stays_one() -> None:
     wl = load_workload("synthetic-math", seed=1)
     rc = RouterConfig(groups=16, group_size=4, replicas=4, rho=0.25)
     curve = load_curve("h100-llama3-8b")
-    loop = StepLoop(Router(rc, wl.prompts), make_controller("tailsieve", rc, bulk_curve=curve))
+    ctl = make_controller("tailsieve", rc, bulk_curve=curve, config=ControllerConfig(m0=2))  # starts in a split
+    loop = StepLoop(Router(rc, wl.prompts), ctl)
     ex = SimExecutor(wl, curve, rc)
     state, ran = loop.initial(), set()
     for _ in range(12):
@@ -101,3 +109,25 @@ def test_the_uniform_counterfactual_moves_the_uniform_bias_by_its_clipped_log_ra
     assert s2.bias_uniform == pytest.approx(-CFG.bias_ema * COUNTERFACTUAL_CLIP)
     assert (s2.bias_tail, s2.calib_bulk, s2.bias_step) == (0.05, s0.calib_bulk, 0.0) and math.isnan(s2.calib_uniform)
     assert learn_uniform(s0, 0.0, 1.0, CFG) == s0  # nothing measured: nothing learnt
+
+
+def test_forecast_noise_is_the_standard_error_of_the_two_bias_emas_and_the_history() -> None:
+    """Spreads σ_u² = 0.09, σ_s² = 0.01 of the per-step log-ratios, EMA weight a = 0.1, a history of 4 steps:
+    √((0.09 + 0.01)·a/(2 − a) + BIAS_CLIP²/4); unmeasured spreads count as BIAS_CLIP², no history as one step."""
+    a = 0.1
+    hist = tuple(np.ones((2, 2), np.int64) for _ in range(4))
+    s = ControlState(q=0, m=0, var_uniform=0.09, var_step=0.01, history=hist)
+    assert forecast_noise(s, a) == pytest.approx(math.sqrt(0.10 * a / (2 - a) + BIAS_CLIP**2 / 4))
+    assert forecast_noise(ControlState(q=0, m=0), a) == pytest.approx(
+        math.sqrt(2 * BIAS_CLIP**2 * a / (2 - a) + BIAS_CLIP**2))
+
+
+def test_the_spreads_are_learnt_where_their_biases_are() -> None:
+    """A split step's counterfactual at 1.2× the forecast from bias 0: var_uniform = (log 1.2)² (first value); the
+    next at 1.0×: EMA of (0 − bias)² with weight bias_ema. A uniform step learns var_uniform too (clipped log-ratio)."""
+    s1 = learn_uniform(ControlState(q=2, m=2), 1.2, 1.0, CFG)
+    assert s1.var_uniform == pytest.approx(math.log(1.2) ** 2)
+    s2 = learn_uniform(s1, 1.0, 1.0, CFG)
+    b = CFG.bias_ema
+    assert s2.var_uniform == pytest.approx((1 - b) * math.log(1.2) ** 2 + b * s1.bias_uniform**2)
+    assert math.isnan(s2.var_step)

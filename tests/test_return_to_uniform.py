@@ -63,3 +63,16 @@ def test_return_to_uniform_must_repay_the_waiting_candidates(uniform_s: float, r
     else:
         assert (out.q, out.m) == (2, 1)
         assert out.note == "m 1->0 would not repay the waiting candidates"
+
+
+def test_leaving_uniform_needs_a_gain_beyond_the_forecasts_noise() -> None:
+    """`tailsieve` leaves the uniform boundary only for a forecast gain above max(m_gain, forecast noise): with
+    spreads of 0.3² and one step of history the noise is ≈ 22%; the literal `tailsieve-paper` keeps C.2's m_gain."""
+    from tailsieve.policy.calibration import forecast_noise
+
+    s = ControlState(q=0, m=0, var_uniform=0.09, var_step=0.09, history=(flat(n=4),))
+    ts, paper = make("tailsieve"), make("tailsieve-paper")
+    assert ts.leave_gain(s) == pytest.approx(forecast_noise(s, ts.config.bias_ema)) and ts.leave_gain(s) > 0.2
+    assert paper.leave_gain(s) == paper.config.m_gain
+    quiet = ControlState(q=0, m=0, var_uniform=1e-6, var_step=1e-6, history=(flat(n=4),) * 8)
+    assert ts.leave_gain(quiet) == pytest.approx(0.2 / 8**0.5, rel=1e-3)  # the history's own error remains

@@ -54,13 +54,14 @@ def test_router_deals_a_uniform_step_by_request_when_asked() -> None:
 
 def _controller(prefill_s: float):  # type: ignore[no-untyped-def]
     rc = RouterConfig(groups=8, group_size=4, replicas=4, rho=0.25)
-    return make_controller("tailsieve", rc, bulk_curve=FLAT, prefill_s=prefill_s)
+    # a τ(b) that rises with the batch: at a flat τ a lane's time is its longest request, wherever the others go
+    return make_controller("tailsieve", rc, bulk_curve=make_curve(), prefill_s=prefill_s)
 
 
 def test_tailsieve_deals_requests_unless_the_prefill_makes_splitting_a_group_dearer() -> None:
     """Groups of very unequal work: dealing balances them (one long group spread over four replicas); a prompt
     prefill that costs more than the imbalance makes whole groups the faster placement."""
-    hist = np.array([[400, 400, 400, 400]] + [[10, 10, 10, 10]] * 7, dtype=np.int64)
+    hist = np.array([[400, 400, 400, 400]] * 3 + [[10, 10, 10, 10]] * 5, dtype=np.int64)  # every pool draws a long one
     for prefill_s, want in ((0.0, "request"), (5.0, "group")):
         c = _controller(prefill_s)
         s = ControlState(q=0, m=0, history=(hist,))

@@ -57,6 +57,26 @@ def _log_step(prev: float, observed: float, forecast: float, a: float, clip: flo
     return (1 - a) * prev + a * float(np.clip(math.log(observed / forecast), -clip, clip))
 
 
+def _spread(var: float, prev: float, observed: float, forecast: float, a: float, clip: float = BIAS_CLIP) -> float:
+    """EMA (weight a) of the squared deviation of one step's clipped log-ratio from the bias learnt before it: how
+    much a bias estimate moves step to step (NaN `var`: none seen yet)."""
+    if not (observed > 0 and forecast > 0):
+        return var
+    d = float(np.clip(math.log(observed / forecast), -clip, clip)) - prev
+    return ema(var, d * d, a)
+
+
+def forecast_noise(state: ControlState, a: float) -> float:
+    """Standard error of the log gap between the uniform and the two-pool forecasts: each calibration bias is an EMA
+    of weight a over per-step log-ratios of spread σ (unmeasured: BIAS_CLIP), so it wanders by σ·√(a/(2 − a)); and
+    the forecasts rest on the H steps of the history, each off by up to BIAS_CLIP, which averages to
+    BIAS_CLIP/√H. A forecast gain smaller than this is noise, not the workload."""
+    prior = BIAS_CLIP ** 2
+    vu = prior if math.isnan(state.var_uniform) else state.var_uniform
+    vs = prior if math.isnan(state.var_step) else state.var_step
+    return math.sqrt((vu + vs) * a / (2 - a) + prior / max(len(state.history), 1))
+
+
 def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfig, *,
               modelled: tuple[float, float] | None, forecast: tuple[float, float],
               forecast_step: float = math.nan) -> ControlState:
@@ -67,7 +87,9 @@ def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfi
         return state
     b = config.bias_ema
     if obs.m > 0 and obs.q > 0 and modelled is not None and forecast_step > 0:
-        state = replace(state, bias_step=_log_step(state.bias_step, max(obs.tail_s, obs.bulk_s), forecast_step, b))
+        span = max(obs.tail_s, obs.bulk_s)
+        state = replace(state, bias_step=_log_step(state.bias_step, span, forecast_step, b),
+                        var_step=_spread(state.var_step, state.bias_step, span, forecast_step, b))
     lo, hi = config.calib_bounds
     a = config.ema
     ft, fb = modelled if modelled is not None else forecast
@@ -85,7 +107,8 @@ def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfi
         else:
             s = replace(s, calib_uniform=ema(s.calib_uniform, ratio, a))
             if modelled is not None:
-                s = replace(s, bias_uniform=_log_step(s.bias_uniform, fb, forecast[1], b))
+                s = replace(s, bias_uniform=_log_step(s.bias_uniform, fb, forecast[1], b),
+                            var_uniform=_spread(s.var_uniform, s.bias_uniform, fb, forecast[1], b))
     if obs.m == 0:  # the two-pool biases age while no split runs: their evidence is from an older history
         s = replace(s, bias_tail=(1 - b) * s.bias_tail, bias_bulk=(1 - b) * s.bias_bulk,
                     bias_step=(1 - b) * s.bias_step)
@@ -97,5 +120,6 @@ def learn_uniform(state: ControlState, counterfactual: float, forecast: float,
     """The uniform boundary's forecast bias learnt at a two-pool step: the model on the fresh groups a uniform step
     would have run (the last split step's, cut ones completed by their regenerations) / the bootstrap forecast.
     Without it the uniform forecast is corrected only at uniform steps, which a controller in a split never runs."""
-    bias = _log_step(state.bias_uniform, counterfactual, forecast, config.bias_ema, COUNTERFACTUAL_CLIP)
-    return replace(state, bias_uniform=bias)
+    a, clip = config.bias_ema, COUNTERFACTUAL_CLIP
+    return replace(state, bias_uniform=_log_step(state.bias_uniform, counterfactual, forecast, a, clip),
+                   var_uniform=_spread(state.var_uniform, state.bias_uniform, counterfactual, forecast, a, clip))

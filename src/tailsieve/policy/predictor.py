@@ -151,6 +151,25 @@ def _candidates(fresh: FloatArray, width: int, candidates: NDArray[np.int64] | N
     return out
 
 
+def _draw_rows(rows: int, blocks: tuple[int, ...] | None, k: int, width: int,
+               rng: np.random.Generator) -> IntArray:
+    """(K', width) history rows of the bootstrap pools. Pooled (`blocks` None): any rows. By step (`blocks`: the
+    history's rows per step, in order): pool k draws all its groups from step k mod H, K' = K rounded up to whole
+    rounds of the H steps. A step's groups share its prompts, so a pooled draw puts a long step's long groups into
+    every pool and over-states E[max] (kodcode-tests: 17.7 s forecast from the true uniform batches against 15.8 s
+    measured); drawing within a step keeps the steps' mix."""
+    if not blocks or sum(blocks) != rows or min(blocks) <= 0:
+        out: IntArray = rng.integers(0, rows, size=(k, width))
+        return out
+    h = len(blocks)
+    k = -(-k // h) * h
+    start = np.concatenate(([0], np.cumsum(blocks)[:-1]))
+    step = np.arange(k) % h
+    size = np.asarray(blocks)[step]
+    drawn: IntArray = start[step][:, None] + np.floor(rng.random((k, width)) * size[:, None]).astype(np.int64)
+    return drawn
+
+
 class Predictor:
     """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths."""
 
@@ -172,6 +191,7 @@ class Predictor:
         candidate_steps: tuple[NDArray[np.int64], ...] = (),
         prefill_s: float = 0.0,
         uniform_by_request: bool = False,
+        blocks: tuple[int, ...] | None = None,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -186,7 +206,7 @@ class Predictor:
         rng = np.random.default_rng(_SEED)
         auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
         k = resamples if resamples is not None else auto
-        fresh = history[rng.integers(0, history.shape[0], size=(k, groups + extra))].astype(np.float64)
+        fresh = history[_draw_rows(history.shape[0], blocks, k, groups + extra, rng)].astype(np.float64)
         self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
         self.cand = _candidates(fresh, max(extra, 1), candidates, candidate_steps, rng)  # (K, E, G)
         work = k * (groups + extra) * history.shape[1]
