@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,17 @@ def test_a_run_that_never_left_the_boundary_says_so() -> None:
     assert s["uniform"].verdict is None
     table = summary_table(s, title="t")
     assert list(table.columns[3].cells) == ["-", f"±{100 * (v.speedup_2sigma or 0):.1f}% ~"]
+
+
+def test_a_run_that_dealt_requests_at_the_boundary_routed_differently() -> None:
+    """q = m = 0 throughout but its uniform steps dealt requests (`StepRecord.dealt`): verl's routing, not uniform's,
+    so the speedup is judged by its noise band like any other."""
+    uniform = timed("uniform", [5.0, 5.0, 10.0, 12.0, 11.0, 10.0], m=0)
+    base = timed("x", [5.0, 5.0, 9.0, 11.0, 10.0, 9.0], m=0)
+    dealt = replace(base, steps=tuple(replace(r, dealt=True) for r in base.steps))
+    v = summarize({"uniform": uniform, "x": dealt})["x"].verdict
+    assert v is not None and v.left_uniform is True and not v.within_noise
+    assert v.note == "1.103× is outside noise (±0.0% at 2σ over 4 paired steps)"  # every step 1 s faster
 
 
 def test_simulate_json_carries_redraws_truncation_and_verdict(capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,6 +69,7 @@ class StepRecord:
     warmup: bool = False
     note: str = ""
     redraws_max: int = 0  # most times a consumed group of this step had been cut before (GroupRef.cuts)
+    dealt: bool = False  # a uniform step whose groups were dealt over several replicas (not uniform's group routing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,7 @@ class StepLoop:
             q=plan.q, m=plan.m, candidates=len(rstate.candidates), wasted_tokens=int(wasted),
             batch_mean_length=float(batch.mean()) if batch.size else 0.0, warmup=plan.warmup, note=cstate.note,
             redraws_max=max((o.ref.cuts for o in done), default=0),
+            dealt=plan.m == 0 and not plan.warmup and any(len(set(plan.placement[r.uid])) > 1 for r in plan.bulk),
         )
         return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
 

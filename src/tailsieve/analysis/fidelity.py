@@ -99,7 +99,8 @@ def truncation(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS) 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Is the speedup distinguishable from uniform, and did the controller ever route differently from uniform?"""
+    """Is the speedup distinguishable from uniform, and did the controller ever route differently from uniform (a
+    two-pool step, or a uniform step that dealt requests instead of whole groups: `StepRecord.dealt`)?"""
 
     within_noise: bool
     left_uniform: bool
@@ -124,7 +125,7 @@ def paired_2sigma(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEP
 def verdict(run: PolicyRun, reference: PolicyRun, speedup: float, *, skip: int = SKIP_STEPS) -> Verdict:
     """The noise rule (module docstring) and the uniform-boundary check, with the footnote that says why."""
     band, n = paired_2sigma(run, reference, skip=skip)
-    left = run.own_routing or any(s.m > 0 for s in run.steps if not s.warmup)
+    left = run.own_routing or any(s.m > 0 or s.dealt for s in run.steps if not s.warmup)
     within = band is None or abs(speedup - 1.0) <= band
     pm = "?" if band is None else f"±{100 * band:.1f}%"
     if band is None:

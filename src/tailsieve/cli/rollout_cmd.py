@@ -278,7 +278,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
     if args.weights_dir and len(configs) != 1:
         raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
-    prepare_runs(endpoints, prompts, configs, out, resume=args.resume)  # the folder's checks before any replica starts
+    # the folder's checks before any replica starts; with --launch the URLs are known only after start(), so the
+    # checks run on stand-ins, one per replica (a Rollout built for checking opens no connection)
+    stand_ins = endpoints or [Endpoint.parse(f"http://127.0.0.1:{i + 1}", kind) for i in range(replicas)]
+    prepare_runs(stand_ins, prompts, configs, out, resume=args.resume)
     if launcher is None:
         return _run(args, configs, endpoints, prompts, out, None)
     with sigterm_as_interrupt(launcher):
