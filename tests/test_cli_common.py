@@ -1,11 +1,14 @@
-"""Shared CLI helpers (cli/_common.py): cell formatting, column alignment, the console width."""
+"""Shared CLI helpers (cli/_common.py): cell formatting, column alignment, the console width, when progress shows."""
 
 from __future__ import annotations
+
+import io
+import sys
 
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.cli._common import PIPE_WIDTH, console, fmt, is_numeric, print_table
+from tailsieve.cli._common import PIPE_WIDTH, console, fmt, is_numeric, print_table, progress_console, progress_enabled
 
 
 def test_fmt_and_numeric_cells() -> None:
@@ -74,3 +77,21 @@ def test_top_level_help_imports_no_command_and_summaries_match() -> None:
             "if m in sys.modules), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stderr.strip() == "[]" and "simulate" in proc.stdout and "tailsieve 0.1.0" in proc.stdout
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_follows_stderr_not_stdout(monkeypatch: pytest.MonkeyPatch, tty: bool) -> None:
+    monkeypatch.setattr(sys, "stdout", _Stream(not tty))
+    monkeypatch.setattr(sys, "stderr", _Stream(tty))
+    assert progress_enabled() is tty
+    con = progress_console(progress_enabled())
+    assert con.is_terminal is tty and con.file is sys.stderr

@@ -1,14 +1,15 @@
-"""`tailsieve oracle`: JSON keys, the App. A.4 summary, plots and one-line errors."""
+"""`tailsieve oracle`: JSON keys, the App. A.4 summary, plots, progress kept off stdout and one-line errors."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tailsieve.cli import main
+from tailsieve.cli import main, oracle_cmd
 from tailsieve.workloads.traces import load_trace
 
 SINGLE_KEYS = {"requests", "uniform_s", "best_k", "topk_s", "optimal_s", "optimal_lane", "states", "seconds"}
@@ -118,3 +119,23 @@ def test_non_positive_values_rejected_by_argparse(capsys: pytest.CaptureFixture[
 def test_missing_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["oracle", "--workload", str(tmp_path / "nope.csv")]) == 1
     assert "no such trace" in capsys.readouterr().err
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_progress_on_stderr_only_when_it_is_a_terminal(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch, hard_trace: Path) -> None:
+    out = run_json(capsys, ["oracle", "--workload", str(hard_trace), "--json"])
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: nothing at all
+    monkeypatch.setattr(oracle_cmd, "progress_enabled", lambda: True)  # as if stderr were a terminal
+    assert main(["oracle", "--workload", str(hard_trace), "--json"]) == 0
+    cap = capsys.readouterr()
+    again = json.loads(cap.out)  # stdout is the JSON document alone
+    assert again["states"] == out["states"]
+    err = ANSI.sub("", cap.err)
+    final = f"{oracle_cmd._count(again['states'])}/20.0M states"  # the last report: every state of the solve
+    assert "oracle search 1," in err and final in err and "/80 requests" in err
+    assert main(["oracle", "--workload", str(hard_trace), "--sample", "8", "--repeat", "3", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["repeat"] == 3 and "3/3 groups" in ANSI.sub("", cap.err)

@@ -1,15 +1,16 @@
-"""`tailsieve route`: steps from traces, cyclic groups, table and JSON output, one-line errors."""
+"""`tailsieve route`: steps from traces, cyclic groups, table and JSON output, progress off stdout, one-line errors."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tailsieve.cli import main
+from tailsieve.cli import main, route_cmd
 from tailsieve.cli.route_cmd import prompt_groups, trace_steps
 from tailsieve.workloads.traces import load_trace
 
@@ -142,3 +143,15 @@ def test_trace_with_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[st
 )
 def test_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
     assert needle in error_of(capsys, *argv)
+
+
+def test_progress_on_stderr_only_when_it_is_a_terminal(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = run_json(capsys)
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: nothing at all
+    monkeypatch.setattr(route_cmd, "progress_enabled", lambda: True)  # as if stderr were a terminal
+    assert main(["route", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == doc  # stdout is the JSON document alone
+    err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", cap.err)
+    assert "routing" in err and "3/3 steps" in err and "0/3 steps" in err

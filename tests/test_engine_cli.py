@@ -1,4 +1,4 @@
-"""`tailsieve rollout` and `tailsieve profile` against fake servers: files, report keys, errors, resume."""
+"""`tailsieve rollout` and `tailsieve profile` against fake servers: files, report keys, errors, resume, plot series."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
+from tailsieve.cli.profile_cmd import context_label, context_series
+from tailsieve.engines.profile import ProfilePoint
 from tailsieve.engines.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
@@ -203,6 +205,7 @@ def test_profile_fits_the_cost_model_on_a_fake_server(two: list[FakeServer], tmp
     doc = json.loads(out.read_text())
     pt = [p["prompt_tokens"] for p in doc["points"]]
     assert pt[0] == pt[1] == 3 and 64 <= pt[2] == pt[3] <= 80 and 256 <= pt[4] == pt[5] <= 280
+    assert [p["requested_context"] for p in doc["points"]] == [0, 0, 64, 64, 256, 256]
     assert len(doc["fit"]["decode"]) == 6 and len(doc["fit"]["prefill"]) == 3
     model = load_cost_model(str(out))
     assert model.curve.batch == (1, 4) and model.kv_ms_per_1k >= 0 and model.prefill_ms_per_token >= 0
@@ -210,3 +213,19 @@ def test_profile_fits_the_cost_model_on_a_fake_server(two: list[FakeServer], tmp
     assert "fitted cost model" in capsys.readouterr().out
     seeded = [b for b in two[0].bodies if len(str(b.get("prompt")).split()) >= 16]
     assert seeded and all(b.get("seed") is None for b in seeded)  # long prompts: no seed (chunked prefill)
+
+
+def test_plot_series_are_the_contexts_asked_for_not_the_measured_counts() -> None:
+    """One 1024-token context the server counted as 1060 and 1070 tokens is one series, labelled 1024."""
+    def point(batch: int, measured: float, asked: int) -> ProfilePoint:
+        return ProfilePoint(batch, 1.0 + batch, 2.0, 3.0, 0.5, 100.0, prompt_tokens=measured, max_tokens=8,
+                            requested_context=asked)
+
+    pts = [point(1, 1060.0, 1024), point(4, 1070.0, 1024), point(1, 3.0, 0), point(4, 4.0, 0),
+           point(1, 4101.0, 4096), point(4, 4139.0, 4096)]
+    series = context_series(pts)
+    assert list(series) == [0, 1024, 4096]  # increasing context, whatever the order measured
+    assert [p.prompt_tokens for p in series[1024]] == [1060.0, 1070.0]
+    assert [p.batch for p in series[0]] == [1, 4] and [p.batch for p in series[4096]] == [1, 4]
+    assert [context_label(c) for c in series] == ["measured, short prompt", "measured, 1024-token prompt",
+                                                  "measured, 4096-token prompt"]

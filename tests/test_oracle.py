@@ -177,3 +177,19 @@ def test_budget_errors_are_one_line_with_bounds() -> None:
 def test_bad_lengths_rejected() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         two_lane_oracle([3, -1], make_curve())
+
+
+def test_progress_reports_every_request_of_every_search_and_changes_nothing() -> None:
+    lengths = np.random.default_rng(5).choice(load_trace().length, size=80, replace=False)
+    curve = load_curve("h100-llama3-8b")
+    seen: list[oracle_mod.OracleProgress] = []
+    res = two_lane_oracle(lengths, curve, on_step=seen.append)
+    plain = two_lane_oracle(lengths, curve)
+    assert (res.makespan, res.states, res.lane.tolist()) == (plain.makespan, plain.states, plain.lane.tolist())
+    searches = [p.search for p in seen]
+    assert searches[0] == 1 and searches == sorted(searches) and len(set(searches)) > 1  # beam, then exact ones
+    placed = {k: [p.step for p in seen if p.search == k] for k in set(searches)}
+    assert all(s == list(range(1, len(s) + 1)) and len(s) <= 80 for s in placed.values())  # pruned: stops early
+    assert len(placed[1]) == 80  # the beam pass places every request
+    assert all(p.requests == 80 for p in seen)
+    assert [p.states for p in seen] == sorted(p.states for p in seen) and seen[-1].states == res.states

@@ -1,4 +1,4 @@
-"""Shared CLI helpers: argument types, JSON output, rich tables, plot saving."""
+"""Shared CLI helpers: argument types, JSON output, rich tables, plot paths, when to draw progress."""
 
 from __future__ import annotations
 
@@ -90,6 +90,17 @@ def print_json(obj: Any) -> None:
     """Write one JSON document to stdout."""
     json.dump(obj, sys.stdout, indent=1)
     sys.stdout.write("\n")
+
+
+def progress_enabled() -> bool:
+    """Whether a command draws its progress bar: only when stderr is a terminal. The bar goes to stderr, never
+    stdout, so `--json` and piped tables stay clean; a log file or pipe on stderr gets nothing."""
+    return sys.stderr.isatty()
+
+
+def progress_console(enabled: bool) -> Console:
+    """The stderr console of a progress bar; treated as a terminal when `enabled` (the one decision above)."""
+    return Console(stderr=True, force_terminal=True if enabled else None)
 
 
 PIPE_WIDTH = 120  # the width of a table written to a pipe or file (no terminal to ask, no COLUMNS)

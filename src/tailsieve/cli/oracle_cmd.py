@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.text import Text
 
 from tailsieve.cli._common import (
     add_hidden_alias,
@@ -21,13 +24,22 @@ from tailsieve.cli._common import (
     positive_int,
     print_json,
     print_table,
+    progress_console,
+    progress_enabled,
     trace_columns,
 )
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
-from tailsieve.model.oracle import DEFAULT_MAX_STATES, OracleBudgetError, alternate_lanes, topk_curve, two_lane_oracle
+from tailsieve.model.oracle import (
+    DEFAULT_MAX_STATES,
+    OracleBudgetError,
+    OracleProgress,
+    alternate_lanes,
+    topk_curve,
+    two_lane_oracle,
+)
 from tailsieve.workloads.traces import DEFAULT_TRACE, load_trace, require_tokens
 
 DEFAULT_CURVE = "h100-llama3-8b"
@@ -61,11 +73,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def solve_group(lengths: NDArray[np.int64], curve: TpotCurve, args: argparse.Namespace) -> dict[str, Any]:
+def solve_group(lengths: NDArray[np.int64], curve: TpotCurve, args: argparse.Namespace,
+                on_step: Callable[[OracleProgress], None] | None = None) -> dict[str, Any]:
     """Uniform, best-k, fixed-10% and exact makespans of one group, in the JSON form of the command."""
     n = int(lengths.size)
     t0 = time.perf_counter()
-    res = two_lane_oracle(lengths, curve, max_states=args.max_states, max_seconds=args.max_seconds)
+    res = two_lane_oracle(lengths, curve, max_states=args.max_states, max_seconds=args.max_seconds, on_step=on_step)
     seconds = time.perf_counter() - t0
     uniform = float(lane_makespans(lengths, alternate_lanes(n), 2, curve).max()) if n else 0.0
     fixed = float(topk_curve(lengths, curve).makespan_s[math.ceil(FIXED_SHARE * n)])
@@ -182,30 +195,51 @@ def _report(args: argparse.Namespace, groups: list[dict[str, Any]], rows: list[N
         _print_summary(summary, source, curve, args.sample)
 
 
+class _Clock(ProgressColumn):
+    """Time since the bar started. Rich's `TimeElapsedColumn` stops at the first search that places every request,
+    while the solve goes on with the next search."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.perf_counter()
+
+    def render(self, task: Task) -> Text:
+        """The elapsed time as h:mm:ss."""
+        return Text(str(datetime.timedelta(seconds=int(time.perf_counter() - self.start))), style="progress.elapsed")
+
+
+def _count(x: int) -> str:
+    """A state count in a few characters: 950, 41k, 9.0M."""
+    return f"{x / 1e6:.1f}M" if x >= 1e6 else f"{x / 1e3:.0f}k" if x >= 1e4 else f"{x:,}"
+
+
 def _solve_all(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: TpotCurve,
                args: argparse.Namespace) -> list[dict[str, Any]]:
-    show = not args.json and sys.stderr.isatty() and len(rows) > 1
+    """Solve every group; a progress bar on stderr when it is a terminal (groups solved, or for the one whole-trace
+    group the exact search's requests placed, its states against --max-states, and the time)."""
+    enabled = progress_enabled()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(),
+                   TextColumn("{task.fields[unit]}"), _Clock(), console=progress_console(enabled),
+                   transient=True, disable=not enabled, redirect_stdout=False, redirect_stderr=False)
+    single = len(rows) == 1
+    task = bar.add_task("exact oracle", total=len(rows[0]) if single else len(rows),
+                        unit="requests" if single else "groups")
+    budget = _count(args.max_states)
+
+    def step(p: OracleProgress) -> None:
+        bar.update(task, completed=p.step, total=p.requests,
+                   description=f"oracle search {p.search}, {_count(p.states)}/{budget} states")
+
     groups: list[dict[str, Any]] = []
-
-    def one(i: int, r: NDArray[np.int64]) -> None:
-        try:
-            groups.append(solve_group(lengths[r], curve, args))
-        except OracleBudgetError as exc:
-            where = f"group {i + 1} of {len(rows)}: " if len(rows) > 1 else ""
-            raise TailSieveError(f"{where}{exc} (--max-seconds / --max-states)") from None
-
-    if not show:
+    with bar:
         for i, r in enumerate(rows):
-            one(i, r)
-        return groups
-    from rich.console import Console
-    from rich.progress import Progress
-
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("exact oracle", total=len(rows))
-        for i, r in enumerate(rows):
-            one(i, r)
-            bar.advance(task)
+            try:
+                groups.append(solve_group(lengths[r], curve, args, on_step=step if single and enabled else None))
+            except OracleBudgetError as exc:
+                where = f"group {i + 1} of {len(rows)}: " if len(rows) > 1 else ""
+                raise TailSieveError(f"{where}{exc} (--max-seconds / --max-states)") from None
+            if not single:
+                bar.advance(task)
     return groups
 
 

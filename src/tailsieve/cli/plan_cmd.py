@@ -11,7 +11,6 @@ verl's balancer beats both (`analysis.report`: the keys of `simulate --json`). d
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -20,7 +19,7 @@ from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_t
 from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
-from tailsieve.cli._common import add_trace_columns, console, print_json
+from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                           "uniform runs")
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
-    with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=sys.stderr.isatty()) as tick:
+    with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled()) as tick:
         uniform = run_policy("uniform", workload, model.curve, config, on_step=tick)
         grid = static_grid(workload, model.curve, config, on_step=tick)
         adaptive = run_policy(ADAPTIVE, workload, model.curve, config, on_step=tick)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
@@ -57,7 +57,7 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
         raise ConfigError("--spec needs a speculative method or profile, got none")
     depths = parse_depths(args.spec_depths)
     pairs = [(b, t) for b in depths for t in depths]
-    with progress_bar(config.steps * (len(pairs) + len(depths) + 1), enabled=sys.stderr.isatty()) as tick:
+    with progress_bar(config.steps * (len(pairs) + len(depths) + 1), enabled=progress_enabled()) as tick:
         def run(name: str, pools: PoolSpec) -> Any:
             return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import plot_path, print_json, print_table
+from tailsieve.cli._common import plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient
 from tailsieve.engines.profile import (
@@ -113,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
     EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
-    con = Console(stderr=True)
+    enabled = progress_enabled()
+    con = progress_console(enabled)
     bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=con, transient=True, disable=not sys.stderr.isatty())
+                   TimeElapsedColumn(), console=con, transient=True, disable=not enabled)
     task = bar.add_task("warm-up", total=len(batches) * len(contexts))
 
     def tick(pt: ProfilePoint) -> None:
@@ -166,7 +166,8 @@ def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | Non
     head = curve.to_json() if model is None else model.to_json()
     return head | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
                    "temperature": args.temperature, "points": [
-        {"batch": p.batch, "prompt_tokens": p.prompt_tokens, "context": p.context, "tpot_ms": p.tpot_ms,
+        {"batch": p.batch, "requested_context": p.requested_context, "prompt_tokens": p.prompt_tokens,
+         "context": p.context, "tpot_ms": p.tpot_ms,
          "tpot_ms_p90": p.tpot_ms_p90,
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
@@ -222,20 +223,32 @@ def print_spec(points: list[ProfilePoint], spec: SpecMeasure, costs: CostFit | N
                     "as rollout --tail-curve")
 
 
+def context_series(points: list[ProfilePoint]) -> dict[int, list[ProfilePoint]]:
+    """The points of each requested context (a --contexts value), in increasing context, each in measured order.
+    The server's own prompt count differs a little from batch to batch (1060 and 1070 for 1024 asked), so grouping
+    by the measured count would split one context into several series."""
+    out: dict[int, list[ProfilePoint]] = {}
+    for p in points:
+        out.setdefault(p.requested_context, []).append(p)
+    return dict(sorted(out.items()))
+
+
+def context_label(requested: int) -> str:
+    """A plot legend entry: the context asked for (0: the short default prompt)."""
+    return "measured, short prompt" if requested == 0 else f"measured, {requested}-token prompt"
+
+
 def save_fit_plot(model: CostModel, points: list[ProfilePoint], prefill: list[PrefillPoint], path: Path) -> None:
-    """Measured per-token times against the fit, one line per context length; TTFT against prompt tokens."""
+    """Measured per-token times against the fit, one series per context asked for; TTFT against prompt tokens."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    by_ctx: dict[float, list[ProfilePoint]] = {}
-    for p in points:
-        by_ctx.setdefault(round(p.prompt_tokens, -1), []).append(p)
-    for i, (ctx, pts) in enumerate(sorted(by_ctx.items())):
+    for i, (ctx, pts) in enumerate(context_series(points).items()):
         bs = [p.batch for p in pts]
-        a1.plot(bs, [p.tpot_ms for p in pts], "o", color=f"C{i}", label=f"measured, prompt ≈ {ctx:.0f}")
+        a1.plot(bs, [p.tpot_ms for p in pts], "o", color=f"C{i}", label=context_label(ctx))
         a1.plot(bs, [model.tpot_ms(p.batch, p.context) for p in pts], "-", color=f"C{i}", alpha=0.7)
     a1.set_xscale("log", base=2)
     a1.set_xlabel("concurrent requests b")

@@ -15,11 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
-from tailsieve.cli._common import add_trace_columns, console, print_json, trace_columns
+from tailsieve.cli._common import (
+    add_trace_columns,
+    console,
+    print_json,
+    progress_console,
+    progress_enabled,
+    trace_columns,
+)
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.backends import backend_names
 from tailsieve.engines.client import Api, Endpoint, SamplingParams
@@ -314,16 +320,17 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
             "launch": None if launcher is None else launcher.describe()}
     if getattr(args, "bias_correction", False):
         meta["bias_correction"] = True
-    con = Console(stderr=True)
+    enabled = progress_enabled()
+    con = progress_console(enabled)
     bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=con, transient=True, disable=not sys.stderr.isatty())
+                   console=con, transient=True, disable=not enabled)
     task = bar.add_task("rollout", total=args.steps * len(configs))
 
     def tick(name: str, batch: Batch) -> None:
         bar.update(task, advance=1, description=f"{name} step {batch.step}")
         for ev in [] if launcher is None else launcher.drain_events():  # a replica died / restarts / is back
             con.print(ev, markup=False, highlight=False)
-        if not sys.stderr.isatty():
+        if not enabled:
             r = batch.record
             print(f"{name} step {r.step}: {r.makespan_s:.2f}s q={r.q} m={r.m}"
                   + (f" restart={batch.restart_s:.1f}s" if batch.restart_s else "")

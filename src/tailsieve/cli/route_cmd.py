@@ -9,6 +9,7 @@ file order (KodCode R1 has 3 samples per prompt, so a group of 8 is s0 s1 s2 s0 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,15 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from tailsieve.cli._common import add_hidden_alias, add_trace_columns, console, print_json, trace_columns
+from tailsieve.cli._common import (
+    add_hidden_alias,
+    add_trace_columns,
+    console,
+    print_json,
+    progress_console,
+    progress_enabled,
+    trace_columns,
+)
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
@@ -131,8 +140,10 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     return policies
 
 
-def route_steps(steps: list[Step], policies: list[Policy], replicas: int, curve: TpotCurve) -> dict[str, Any]:
-    """Every policy on every step: the `--json` document (see docs/baselines.md); uniform is always included."""
+def route_steps(steps: list[Step], policies: list[Policy], replicas: int, curve: TpotCurve,
+                on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every policy on every step: the `--json` document (see docs/baselines.md); uniform is always included.
+    `on_step(steps done)` is called after each step (the progress bar)."""
     if not policies or policies[0].name != "uniform":
         policies = [get_policy("uniform"), *(p for p in policies if p.name != "uniform")]
     out_steps: list[dict[str, Any]] = []
@@ -147,6 +158,8 @@ def route_steps(steps: list[Step], policies: list[Policy], replicas: int, curve:
                            **dict(a.info)}
             spans[p.name].append(a.makespan_s)
         out_steps.append({"step": st.step, "groups": st.batch.n_groups, "policies": row})
+        if on_step is not None:
+            on_step(len(out_steps))
     mean: dict[str, Any] = {}
     uni = np.asarray(spans["uniform"])
     for name, vals in spans.items():
@@ -165,6 +178,19 @@ def _choice(info: dict[str, Any]) -> str:
     return ""
 
 
+def _route_with_progress(steps: list[Step], policies: list[Policy], replicas: int, curve: TpotCurve) -> dict[str, Any]:
+    """`route_steps` under a progress bar of steps on stderr, drawn only when stderr is a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    enabled = progress_enabled()
+    bar = Progress(TextColumn("routing"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(),
+                   console=progress_console(enabled), transient=True, disable=not enabled,
+                   redirect_stdout=False, redirect_stderr=False)
+    task = bar.add_task("routing", total=len(steps))
+    with bar:
+        return route_steps(steps, policies, replicas, curve, on_step=lambda done: bar.update(task, completed=done))
+
+
 def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
@@ -176,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"seer-oracle balances requests pairwise, quadratic in requests per replica: a step of "
                           f"{per_replica:,} requests per replica exceeds {SEER_MAX_PER_REPLICA:,}; lower --groups or "
                           "--group-size, raise --replicas, or leave seer-oracle out of --policies")
-    result = route_steps(steps, policies, args.replicas, curve)
+    result = _route_with_progress(steps, policies, args.replicas, curve)
     doc = {"trace": trace.source, "curve": curve.name, "replicas": args.replicas, "group_size": args.group_size,
            "groups": args.groups, "prompts_left_out": left_out, **result}
     if args.json:

@@ -11,10 +11,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import trace_columns
+from tailsieve.cli._common import progress_console, trace_columns
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
@@ -139,7 +138,7 @@ def progress_bar(total: int, enabled: bool, steps: int | None = None) -> Iterato
     bar with its wall time, so a long run (`simulate --groups 4096 --replicas 256`) shows where it is. Nothing at all
     is written when `enabled` is false (stderr not a terminal).
     """
-    con = Console(stderr=True)
+    con = progress_console(enabled)
     bar = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=con, transient=True, disable=not enabled)
     task = bar.add_task("simulating", total=total)

@@ -8,7 +8,6 @@ and the JSON come from `tailsieve.analysis.report` (shared with `rollout`); the 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.table import Table
 from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
-from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json
+from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
@@ -118,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     curve = model.curve
     workload = load_inputs(args)
     total = config.steps * len(policies) + 1  # + the capture measurement
-    with progress_bar(total, enabled=sys.stderr.isatty(), steps=config.steps) as tick:
+    with progress_bar(total, enabled=progress_enabled(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
         capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from tailsieve.cli._common import console, print_json
+from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
@@ -70,7 +69,7 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     curve = model.curve
     workload = load_inputs(args)
     runs = 1 + sum(2 * (d > 0) + d + 1 for d in budgets)
-    with progress_bar(runs * config.steps, enabled=sys.stderr.isatty()) as tick:
+    with progress_bar(runs * config.steps, enabled=progress_enabled()) as tick:
         table = matched_budget(template, budgets, workload, curve, config, policy=policy, on_step=tick)
     replay = "synthetic" if workload.is_synthetic else args.replay
     setting = (f"{workload.name} ({replay}), curve {curve.name}, R={args.replicas}, N={args.groups} × "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
 
@@ -76,6 +76,7 @@ class ProfilePoint:
     spec: SpecMeasure | None = None  # acceptance during this batch (speculative servers only)
     prompt_tokens: float = 0.0  # mean prompt tokens of the batch's requests (as the server counted them)
     max_tokens: int = 0  # tokens generated per request
+    requested_context: int = 0  # the prompt tokens asked for (a --contexts value; 0 = the short default prompt)
 
     @property
     def context(self) -> float:
@@ -266,6 +267,7 @@ async def profile_model(
         for b in batches:
             pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens,
                                          temperature=temperature, prompt_words=words[c]), f"batch {b} context {c}")
+            pt = replace(pt, requested_context=c)  # the server counts ~c tokens, a little off and per batch
             points.append(pt)
             if on_point is not None:
                 on_point(pt)

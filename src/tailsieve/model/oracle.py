@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,11 +161,30 @@ class _Exhausted(Exception):
         self.lower, self.hard = lower, hard
 
 
+@dataclass(frozen=True, slots=True)
+class OracleProgress:
+    """Where one exact solve stands, after each request placed: search `search` (1, 2, …: the beam pass, the
+    one-pass search, then one per final lane count tried) has placed `step` of its `requests`, and `states` DP
+    states are kept so far over all searches. How many searches a solve needs is not known in advance."""
+
+    search: int
+    step: int
+    requests: int
+    states: int
+
+
 @dataclass(slots=True)
 class _Budget:
     max_states: int | None
     deadline: float | None
+    on_step: Callable[[OracleProgress], None] | None = None
     states: int = 0
+    searches: int = 0
+
+    def placed(self, step: int, requests: int) -> None:
+        """Report a placed request to `on_step`, if any."""
+        if self.on_step is not None:
+            self.on_step(OracleProgress(self.searches, step, requests, self.states))
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +208,8 @@ def _search(
     on_b_kept: list[BoolArray] = [np.zeros(1, dtype=bool)]
     kept, truncated, dropped = 1, False, math.inf  # dropped: least bound the beam threw away (for the gap)
     budget.states += 1
+    budget.searches += 1
+    budget.placed(1, n)
     wa, wb = lam, 1.0 - lam
     for i in range(1, n):
         li, gi = desc[i], g[i + 1]
@@ -220,6 +242,7 @@ def _search(
         on_b_kept.append(on_b[keep])
         kept += int(keep.size)
         budget.states += int(keep.size)
+        budget.placed(i + 1, n)
         hard = budget.max_states is not None and budget.states > budget.max_states
         hard = hard or (budget.deadline is not None and time.perf_counter() > budget.deadline)
         if hard or (cap is not None and kept > cap):
@@ -329,11 +352,13 @@ def _relabel(lanes_desc: LaneArray) -> LaneArray:
 def two_lane_oracle(
     lengths: ArrayLike, curve: TpotCurve, *, beam: int | None = DEFAULT_BEAM,
     max_states: int | None = DEFAULT_MAX_STATES, max_seconds: float | None = None,
+    on_step: Callable[[OracleProgress], None] | None = None,
 ) -> OracleResult:
     """Exact min over all 2^n assignments of max(T_1, T_2) (§2.1, App. A.4), by Pareto DP with bound pruning.
 
     `beam` sets the width of the heuristic pass that tightens the top-k upper bound first (None skips it);
-    `max_states` / `max_seconds` bound the whole search, which otherwise raises `OracleBudgetError`.
+    `max_states` / `max_seconds` bound the whole search, which otherwise raises `OracleBudgetError`. `on_step`,
+    when given, is called after each request a search places (`OracleProgress`), e.g. to draw a progress bar.
     """
     start = time.perf_counter()
     arr = as_lengths(lengths)
@@ -343,7 +368,7 @@ def two_lane_oracle(
         return OracleResult(makespan=0.0, lane=np.zeros(0, dtype=np.int8), states=0, topk=0.0, best_k=0)
     top = best_topk(arr, curve)
     found: list[LaneArray] = [(np.arange(n) < top.k).astype(np.int8)]
-    budget = _Budget(max_states, None if max_seconds is None else start + max_seconds)
+    budget = _Budget(max_states, None if max_seconds is None else start + max_seconds, on_step)
     lower = None
     try:
         _optimise(desc, marginal_tpot(curve, n), top.makespan, beam, budget, found)
