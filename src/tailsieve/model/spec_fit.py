@@ -63,11 +63,11 @@ class ConcurrencyFit:
 
 
 def tail_spec_text(s: SpecConfig) -> str:
-    """`METHOD:TOKENS,key=value…` that `parse_spec` reads back as the same configuration (6 significant digits)."""
+    """`METHOD:TOKENS,key=value…` that `parse_spec` reads back as the configuration `to_json` writes (6 decimals)."""
     keys = {"acceptance": s.alpha, "decay": s.gamma, "draft_share": s.share, "draft_cost": s.cost,
             "verify_cost": s.verify, "token_cost": s.token_cost, "token_cost_slope": s.token_cost_slope,
             "acceptance_slope": s.acceptance_slope}
-    return f"{s.method.value}:{s.depth}," + ",".join(f"{k}={v:.6g}" for k, v in keys.items())
+    return f"{s.method.value}:{s.depth}," + ",".join(f"{k}={round(v, 6)!r}" for k, v in keys.items())
 
 
 def _check(points: Sequence[SpecPoint], base: SpecConfig) -> None:
