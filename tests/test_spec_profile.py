@@ -156,3 +156,75 @@ def test_rollout_uses_per_pool_curves(tmp_path: Path) -> None:
                   RolloutConfig(groups=2, spec=spec, tail_curve=path), prompts)
     assert own.tail_curve.tpot_ms == (2.0, 3.0) and own.controller.tail_curve is own.tail_curve
     assert own.curve.name == "h100-llama3-8b"
+
+
+SLOPE_ALPHA, SLOPE_S = 0.8, -0.05  # the acceptance the fake below drafts with: α(b) = 0.8 − 0.05·log2 b
+
+
+class SlopeFake(FakeServer):
+    """An MTP-like fake (d = 3, γ = 1, every iteration drafts) whose acceptance falls with the batch a request was
+    sent in (read off its X-Request-Id `prof-{b}-{i}`): the counters are exactly the model's at α(b)."""
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        it = drafted = accepted = gen = 0.0
+        per = [0.0, 0.0, 0.0]
+        for body, head in zip(self.bodies, self.headers, strict=True):
+            b = int(head.get("X-Request-ID", "prof-1-0").split("-")[1])
+            a = SLOPE_ALPHA + SLOPE_S * math.log2(b)
+            tokens = float(body.get("max_tokens", 16))
+            n = tokens / (1 + a + a**2 + a**3)
+            per = [x + n * a**k for k, x in enumerate(per, start=1)]
+            it, drafted, accepted, gen = it + n, drafted + 3 * n, accepted + n * (a + a**2 + a**3), gen + tokens
+        lines = [f"vllm:generation_tokens_total {gen}", f"vllm:spec_decode_num_drafts_total {it}",
+                 f"vllm:spec_decode_num_draft_tokens_total {drafted}",
+                 f"vllm:spec_decode_num_accepted_tokens_total {accepted}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{k}"}} {x}'
+                  for k, x in enumerate(per)]
+        return web.Response(text="\n".join(lines) + "\n")
+
+
+def test_profile_fits_concurrency_terms_and_simulate_reads_them(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`profile --plain-curve --method mtp` on a server whose acceptance drifts with b writes the concurrency fit:
+    the acceptance line exactly (it comes from the counters), non-negative token terms with c and v held; the file
+    then feeds `simulate --tail-spec FILE` and `plan --spec FILE` as that configuration."""
+    out, plain = tmp_path / "spec.json", tmp_path / "plain.json"
+    plain.write_text(json.dumps({"name": "plain", "batch": [1, 4, 16], "tpot_ms": [0.4, 0.45, 0.6]}))
+    with SlopeFake() as s:
+        assert main(["profile", "--endpoint", s.url, "--batches", "1,2,4", "--contexts", "0", "--max-tokens", "20",
+                     "--out", str(out), "--plain-curve", str(plain), "--method", "mtp"]) == 0
+    printed = capsys.readouterr().out
+    fit = json.loads(out.read_text())["speculative"]["concurrency_fit"]
+    assert fit["acceptance"] == pytest.approx(SLOPE_ALPHA, abs=1e-6)
+    assert fit["acceptance_slope"] == pytest.approx(SLOPE_S, abs=1e-6) and fit["acceptance_rms"] < 1e-6
+    assert (fit["method"], fit["tokens"], fit["decay"], fit["draft_share"]) == ("mtp", 3, 1.0, 1.0)
+    assert (fit["draft_cost"], fit["verify_cost"], fit["points"]) == (0.1, 0.0, 3)  # held: MTP's default c, v = 0
+    assert 0 <= fit["token_cost"] <= 100 and 0 <= fit["token_cost_slope"] <= 100 and fit["rms_rel_error"] >= 0
+    flat = "".join(printed.split())  # rich wraps long lines
+    assert "concurrencyfit(3batchsizes)" in flat and f"--tail-spec{out}" in flat and fit["tail_spec"] in flat
+    assert main(["simulate", "--curve", str(plain), "--tail-spec", str(out), "--groups", "8", "--steps", "3",
+                 "--policy", "tailsieve", "--json"]) == 0
+    tail = json.loads(capsys.readouterr().out)["spec"]["tail"]
+    assert {k: tail[k] for k in ("acceptance_slope", "token_cost", "token_cost_slope")} == {
+        k: fit[k] for k in ("acceptance_slope", "token_cost", "token_cost_slope")}
+    answers = []
+    for spec in (str(out), fit["tail_spec"]):  # the file and the printed text are the same model
+        assert main(["plan", "--curve", str(plain), "--spec", spec, "--spec-depths", "0,3", "--replicas", "2",
+                     "--groups", "8", "--steps", "3", "--json"]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["spec_depths"]["uniform"])
+    assert answers[0] == answers[1] and answers[0][1]["mean_step_s"] != answers[0][0]["mean_step_s"]
+
+
+def test_profile_refuses_a_concurrency_fit_it_cannot_make(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One batch size, or the held terms without --plain-curve: refused in one line before any request."""
+    out = tmp_path / "c.json"
+    for argv, message in (
+            (["--batches", "4", "--plain-curve", "h100-llama3-8b", "--method", "mtp"],
+             "--plain-curve fits terms that change with concurrency: give two or more --batches, got '4'"),
+            (["--draft-cost", "0.2"], "--draft-cost and --verify-cost fix terms of the --plain-curve fit"),
+            (["--plain-curve", "h100-llama3-8b", "--method", "mtp", "--verify-cost", "2"],
+             "--verify-cost must be a finite number >= 0 and <= 1, got 2.0")):
+        assert main(["profile", "--endpoint", "http://127.0.0.1:9", "--out", str(out), *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
+    assert not out.exists()

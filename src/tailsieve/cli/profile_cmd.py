@@ -1,6 +1,6 @@
 """`tailsieve profile`: measure a live OpenAI-compatible server's TPOT curve τ(b) and write it as curve JSON; on a
 speculative vLLM server also its acceptance (vllm:spec_decode_* counters) and the α, γ, p they imply, and with
-`--plain-curve` the cost constants c, v (docs/speculative.md)."""
+`--plain-curve` the cost constants c, v and the concurrency terms s, u0, u1 (docs/speculative.md)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ from tailsieve.engines.profile import (
     profile_model,
     total_spec,
 )
-from tailsieve.engines.spec_measure import CostFit, SpecMeasure, fit_costs
+from tailsieve.engines.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
 from tailsieve.engines.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_TEMPERATURE, finite
 from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve, load_curve
-from tailsieve.model.speculative import METHOD_DEFAULTS, SpecMethod
+from tailsieve.model.spec_fit import fit_concurrency_terms
+from tailsieve.model.speculative import METHOD_DEFAULTS, SpecConfig, SpecMethod
 
 
 def register(sub: Any) -> None:
@@ -55,9 +56,16 @@ def register(sub: Any) -> None:
                    help="sampling temperature (default: %(default)s; speculative acceptance depends on it)")
     p.add_argument("--plain-curve", metavar="CURVE",
                    help="speculative server: the same model's curve without speculation (a profile JSON or built-in "
-                        "name); fits draft_cost and verify_cost (needs --method)")
+                        "name); fits draft_cost and verify_cost, and (two or more --batches) the concurrency terms "
+                        "acceptance_slope, token_cost, token_cost_slope (needs --method)")
     p.add_argument("--method", choices=[m.value for m in SpecMethod if m is not SpecMethod.NONE],
                    help="the server's speculative method (fixes the drafting-cost shape for --plain-curve)")
+    p.add_argument("--draft-cost", type=float, default=None,
+                   help="draft_cost c held fixed in the concurrency fit (default: the method's default; for "
+                        "MTP/EAGLE-3 only c + token_cost is measurable, docs/speculative.md)")
+    p.add_argument("--verify-cost", type=float, default=0.0,
+                   help="verify_cost v held fixed in the concurrency fit (default: %(default)s, the extra tokens' cost "
+                        "is token_cost + token_cost_slope·log2 b alone, as in mtp-qwen)")
     p.add_argument("--out", required=True, help="model (curve) JSON to write; `--curve` of simulate, rollout, plan")
     p.add_argument("--plot", help="also save the measured points against the fit (or τ(b) and throughput) to this "
                                   ".png/.pdf/.svg")
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.plain_curve is None) != (args.method is None):
         raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
     plain = load_curve(args.plain_curve) if args.plain_curve else None
+    _check_fit_flags(args, batches)
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
     EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
@@ -147,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     _print(args, endpoint.url, points, costs, model, plain)
+    conc = (doc.get("speculative") or {}).get("concurrency_fit")
+    if conc is not None:
+        print_concurrency_fit(conc, args.plain_curve, out)
     Console().print(("model" if model is not None else "curve") + f" written to {out}"
                     + (f"; plot saved to {plot}" if plot else ""))
     return 0
@@ -163,6 +175,8 @@ def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | Non
     spec_json = None if spec is None else spec.to_json()
     if spec_json is not None and costs is not None:
         spec_json["fit"] |= {"method": args.method} | costs.to_json()
+    if spec_json is not None and spec is not None and plain is not None:
+        spec_json["concurrency_fit"] = _concurrency_fit(args, points, plain, spec.depth)
     head = curve.to_json() if model is None else model.to_json()
     return head | {"max_tokens": args.max_tokens, "streamed": not args.no_stream,
                    "temperature": args.temperature, "points": [
@@ -172,6 +186,35 @@ def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | Non
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
         for p in points], "speculative": spec_json}, costs
+
+
+def _check_fit_flags(args: argparse.Namespace, batches: tuple[int, ...]) -> None:
+    """--draft-cost/--verify-cost need --plain-curve; the concurrency fit two batch sizes (refused before measuring)."""
+    if args.plain_curve is None and (args.draft_cost is not None or args.verify_cost != 0.0):
+        raise ConfigError("--draft-cost and --verify-cost fix terms of the --plain-curve fit; give --plain-curve and "
+                          "--method too")
+    if args.draft_cost is not None:
+        finite(args.draft_cost, "--draft-cost", lo=0)
+    finite(args.verify_cost, "--verify-cost", lo=0, hi=1)
+    if args.plain_curve is not None and len(batches) < 2:
+        raise ConfigError(f"--plain-curve fits terms that change with concurrency: give two or more --batches, got "
+                          f"{args.batches!r}")
+
+
+def _concurrency_fit(args: argparse.Namespace, points: list[ProfilePoint], plain: TpotCurve,
+                     depth: int) -> dict[str, Any] | None:
+    """The concurrency terms fitted on the lowest-context batches (the plain curve's context); a fit the measurement
+    cannot support is noted on stderr and left out (the measured points are still written)."""
+    low = min(round(p.prompt_tokens, -1) for p in points)
+    rows = [(p.batch, p.tpot_ms, p.spec) for p in points if p.spec is not None and round(p.prompt_tokens, -1) == low]
+    spec_points, gamma, share = concurrency_points(rows)
+    base = SpecConfig(SpecMethod(args.method), depth, decay=gamma, draft_share=share, draft_cost=args.draft_cost,
+                      verify_cost=args.verify_cost)
+    try:
+        return fit_concurrency_terms(spec_points, plain, base).to_json()
+    except ConfigError as exc:
+        Console(stderr=True).print(f"note: no concurrency fit: {exc}", highlight=False)
+        return None
 
 
 def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs: CostFit | None,
@@ -188,6 +231,17 @@ def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs
         print_spec(points, spec, costs)
     elif plain is not None:
         Console(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
+
+
+def print_concurrency_fit(fit: dict[str, Any], plain: str, out: Path) -> None:
+    """The fitted concurrency terms and how to simulate with them."""
+    Console().print(
+        f"concurrency fit ({fit['points']} batch sizes): α(b) = {fit['acceptance']:.4f} + "
+        f"{fit['acceptance_slope']:.4f}·log2 b (rms {fit['acceptance_rms']:.4f}); "
+        f"token_cost = {fit['token_cost']:.4f}, "
+        f"token_cost_slope = {fit['token_cost_slope']:.4f} with draft_cost = {fit['draft_cost']:.4f} and verify_cost = "
+        f"{fit['verify_cost']:.4f} held (iteration times within {100 * fit['rms_rel_error']:.1f}% rms); simulate it: "
+        f"--curve {plain} --tail-spec {out}  (or --tail-spec '{fit['tail_spec']}')", highlight=False)
 
 
 def print_model(model: CostModel) -> None:

@@ -9,7 +9,8 @@ Every verification iteration of a request yields one target token plus its accep
 counting iterations without a draft (n-gram lookup finds no match) as drafting nothing. `fit()` gives the
 speculative model's α and γ (docs/speculative.md) by least squares on log P(≥ k | drafted) = k·log α +
 k(k−1)/2·log γ, with P(≥ k | drafted) = accepted_at_k / drafts; `draft_share` = drafts / iterations is its p.
-`fit_costs` adds the cost constants c and v from the measured τ_spec(b) against a profile of the plain server.
+`fit_costs` adds the cost constants c and v from the measured τ_spec(b) against a profile of the plain server;
+`concurrency_points` turns the batches into the input of `model.spec_fit.fit_concurrency_terms` (α and ā per b).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.client import Endpoint, EngineClient
 from tailsieve.model.curves import TpotCurve
+from tailsieve.model.spec_fit import SpecPoint
 from tailsieve.model.speculative import Drafter, verify_points
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -220,3 +222,16 @@ def fit_costs(points: Sequence[tuple[int, float, SpecMeasure]], plain: TpotCurve
     err = (w * (rest - c[:, None] * basis) ** 2).sum(axis=1)
     i = int(np.argmin(err))
     return CostFit(float(c[i]), float(v[i, 0]), math.sqrt(float(err[i]) / len(rows)), len(rows))
+
+
+def concurrency_points(rows: Sequence[tuple[int, float, SpecMeasure]]) -> tuple[list[SpecPoint], float, float]:
+    """(b, measured τ_spec(b) in ms, counters during that batch) → one `SpecPoint` per batch that drafted (its α from
+    `SpecMeasure.fit`, its measured ā), and the decay γ and draft share p over them, weighted by iterations."""
+    used = [(b, t, m) for b, t, m in rows if m.drafts > 0 and m.iterations > 0]
+    points = [SpecPoint(b, t, m.fit()[0], m.expected_tokens) for b, t, m in used]
+    weight = sum(m.iterations for _, _, m in used)
+    if weight <= 0:
+        return points, 1.0, 1.0
+    gamma = sum(m.iterations * m.fit()[1] for _, _, m in used) / weight
+    share = sum(m.drafts for _, _, m in used) / weight
+    return points, min(1.0, gamma), min(1.0, share)

@@ -348,7 +348,8 @@ def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
 def parse_spec(text: str, where: str) -> SpecConfig:
     """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share, token_cost,
     token_cost_slope, acceptance_slope), e.g. `mtp:5,acceptance=0.8`; METHOD may also be a built-in profile
-    (`mtp-qwen`, `model/spec_calibration.py`): its fitted constants and measured depth, the given keys on top."""
+    (`mtp-qwen`, `model/spec_calibration.py`) or a `profile` model file with a concurrency fit (`spec.json`,
+    `model/spec_fit.py`): its fitted constants and measured depth, the given keys on top."""
     head, *opts = [p.strip() for p in text.split(",")]
     method, _, tokens = head.partition(":")
     profile = _profile(method)
@@ -383,7 +384,12 @@ def parse_spec(text: str, where: str) -> SpecConfig:
 
 
 def _profile(name: str) -> SpecConfig | None:
-    """A built-in speculation profile by name (imported here: the profiles are built from this module)."""
+    """A built-in speculation profile by name, or a `profile` model file's fit (`NAME.json`; imported here: both are
+    built from this module)."""
+    if name.strip().lower().endswith(".json"):
+        from tailsieve.model.spec_fit import spec_from_profile_file
+
+        return spec_from_profile_file(Path(name.strip()))
     from tailsieve.model.spec_calibration import lookup
 
     return lookup(name)
