@@ -135,7 +135,8 @@ def test_progress_on_stderr_only_when_it_is_a_terminal(capsys: pytest.CaptureFix
     assert again["states"] == out["states"]
     err = ANSI.sub("", cap.err)
     final = f"{oracle_cmd._count(again['states'])}/20.0M states"  # the last report: every state of the solve
-    assert "oracle search 1," in err and final in err and "/80 requests" in err
+    # the bar refreshes on a clock, so under load early searches may never be drawn; the last report always is
+    assert "oracle search " in err and final in err and "/80 requests" in err
     assert main(["oracle", "--workload", str(hard_trace), "--sample", "8", "--repeat", "3", "--json"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["repeat"] == 3 and "3/3 groups" in ANSI.sub("", cap.err)
