@@ -51,19 +51,23 @@ def factors(state: ControlState) -> tuple[float, float, float]:
     return ct, cb, cu
 
 
-def _log_step(prev: float, observed: float, forecast: float, a: float, clip: float = BIAS_CLIP) -> float:
+def _log_ratio(observed: float, forecast: float, clip: float) -> float | None:
+    """One step's log(observed / forecast), clipped to ±clip (None: nothing measured)."""
     if not (observed > 0 and forecast > 0):
-        return prev
-    return (1 - a) * prev + a * float(np.clip(math.log(observed / forecast), -clip, clip))
+        return None
+    return float(np.clip(math.log(observed / forecast), -clip, clip))
+
+
+def _log_step(prev: float, observed: float, forecast: float, a: float, clip: float = BIAS_CLIP) -> float:
+    x = _log_ratio(observed, forecast, clip)
+    return prev if x is None else (1 - a) * prev + a * x
 
 
 def _spread(var: float, prev: float, observed: float, forecast: float, a: float, clip: float = BIAS_CLIP) -> float:
     """EMA (weight a) of the squared deviation of one step's clipped log-ratio from the bias learnt before it: how
     much a bias estimate moves step to step (NaN `var`: none seen yet)."""
-    if not (observed > 0 and forecast > 0):
-        return var
-    d = float(np.clip(math.log(observed / forecast), -clip, clip)) - prev
-    return ema(var, d * d, a)
+    x = _log_ratio(observed, forecast, clip)
+    return var if x is None else ema(var, (x - prev) ** 2, a)
 
 
 def forecast_noise(state: ControlState, a: float) -> float:

@@ -39,8 +39,7 @@ def fresh_sample(work: StepWork, history: tuple[NDArray[np.int64], ...], step: i
 def fresh_record(work: StepWork) -> NDArray[np.int64] | None:
     """(F, 3 + G) the step's fresh groups as they ran: uid (−1 unknown), consumed (0/1), finished members, then the
     G lengths (a cut request's at the cutoff). What `complete` fills in, now or once the regenerations are seen."""
-    fresh = work.fresh if work.fresh is not None else np.ones(work.kept.shape, dtype=bool)
-    fresh = fresh.copy()
+    fresh = _fresh_mask(work)
     fresh[: work.tail] = False  # the tail pool runs candidates only
     if not fresh.any():
         return None
@@ -52,13 +51,17 @@ def fresh_record(work: StepWork) -> NDArray[np.int64] | None:
     return np.column_stack((uids, kept, done, work.lengths[fresh])).astype(np.int64)
 
 
+def _fresh_mask(work: StepWork) -> NDArray[np.bool_]:
+    """(P,) groups drawn from the stream this step (a copy; every group where the record does not say)."""
+    return np.ones(work.kept.shape, dtype=bool) if work.fresh is None else work.fresh.copy()
+
+
 def regenerations(work: StepWork) -> dict[int, NDArray[np.int64]]:
     """uid → member lengths of every candidate this step regenerated to completion (a cut group of an earlier step,
     run again from scratch): the same prompt's next draw."""
     if work.uids is None:
         return {}
-    fresh = work.fresh if work.fresh is not None else np.ones(work.kept.shape, dtype=bool)
-    rows = np.flatnonzero(work.kept & ~fresh)
+    rows = np.flatnonzero(work.kept & ~_fresh_mask(work))
     return {int(work.uids[i]): work.lengths[i] for i in rows}
 
 
