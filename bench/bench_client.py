@@ -31,10 +31,10 @@ from typing import Any
 
 from aiohttp import web
 
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.engines.local import build_tiny_model, free_port, vllm_available
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model, free_port, vllm_available
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 
 
 async def _handle(request: web.Request) -> web.StreamResponse:

@@ -34,14 +34,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import build_tiny_model, tiny_launch_config
-from tailsieve.engines.profile import ProfilePoint, parse_batches, parse_contexts, profile_endpoint, profile_model
-from tailsieve.engines.prompts import load_prompts
-from tailsieve.engines.rollout import RolloutConfig
-from tailsieve.engines.runner import run_policies_real
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
+from tailsieve.engines.measure.profile import (
+    ProfilePoint,
+    parse_batches,
+    parse_contexts,
+    profile_endpoint,
+    profile_model,
+)
+from tailsieve.engines.rollout.api import RolloutConfig
+from tailsieve.engines.rollout.prompts import load_prompts
+from tailsieve.engines.rollout.runner import run_policies_real
+from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve

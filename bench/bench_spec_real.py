@@ -24,15 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import build_tiny_model
-from tailsieve.engines.profile import ProfilePoint, profile_endpoint, total_spec
-from tailsieve.engines.prompts import load_prompts
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.spec_measure import SpecMeasure, read_counters
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model
+from tailsieve.engines.measure.profile import ProfilePoint, profile_endpoint, total_spec
+from tailsieve.engines.measure.spec_measure import SpecMeasure, read_counters
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import load_prompts
+from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import SpecConfig, SpecMethod
 from tailsieve.policy.step import Pool

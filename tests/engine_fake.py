@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from app_thread import AppThread
-from tailsieve.engines.local import free_port
+from tailsieve.engines.launch.tiny_vllm import free_port
 
 
 def fake_length(prompt: str, seed: int | None, index: int, cap: int) -> int:

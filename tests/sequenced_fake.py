@@ -35,8 +35,15 @@ from typing import Any
 from aiohttp import web
 
 from app_thread import AppThread
-from tailsieve.engines.client import ClientOptions, Completion, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.engines.local import free_port
+from tailsieve.engines.launch.tiny_vllm import free_port
+from tailsieve.engines.transport.engine_client import (
+    ClientOptions,
+    Completion,
+    Endpoint,
+    EngineClient,
+    Request,
+    SamplingParams,
+)
 
 WAIT_S = 20.0  # an acknowledgement that takes longer than this is a bug, not a slow machine
 SETTLE_ROUNDS = 24  # sleep(0) rounds on the client loop after a completion (a handful suffice)

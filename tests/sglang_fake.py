@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from app_thread import AppThread
-from tailsieve.engines.local import free_port
+from tailsieve.engines.launch.tiny_vllm import free_port
 
 
 def token(prompt_key: str, t: int) -> int:

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from tailsieve.engines import launch_config
-from tailsieve.engines.launch_config import LaunchConfig
-from tailsieve.engines.launchers import LocalLauncher, amx, vllm_server
-from tailsieve.engines.launchers.amx import (
+from tailsieve.engines.launch import LocalLauncher, amx, vllm_server
+from tailsieve.engines.launch.amx import (
     ARCH_REQ_XCOMP_PERM,
     SYS_ARCH_PRCTL,
     XFEATURE_XTILEDATA,
@@ -31,6 +30,7 @@ from tailsieve.engines.launchers.amx import (
     libc_syscall,
     request_amx,
 )
+from tailsieve.engines.launch.config import LaunchConfig
 
 SAPPHIRE = ("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme avx512f avx512_bf16 amx_bf16 avx512_fp16 "
             "amx_tile amx_int8\n\nprocessor\t: 1\nflags\t\t: fpu vme avx512f amx_bf16 amx_tile amx_int8\n")
@@ -112,8 +112,8 @@ def test_the_real_system_call_answers_as_this_cpu_implies() -> None:
 def test_the_default_command_requests_before_vllm(tmp_path: Path) -> None:
     la = LocalLauncher(LaunchConfig(model=str(tmp_path), replicas=1), tmp_path / "logs")
     cmd = la.command(la.replicas[0])
-    assert cmd[:3] == [sys.executable, "-m", "tailsieve.engines.launchers.vllm_server"]
-    assert launch_config.VLLM_SERVER == ("-m", "tailsieve.engines.launchers.vllm_server")
+    assert cmd[:3] == [sys.executable, "-m", "tailsieve.engines.launch.vllm_server"]
+    assert launch_config.VLLM_SERVER == ("-m", "tailsieve.engines.launch.vllm_server")
 
 
 def test_the_entry_point_reports_then_runs_vllm_with_its_args(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_the_entry_point_reports_then_runs_vllm_with_its_args(tmp_path: Path) ->
     probe = tmp_path / "probe_server.py"
     probe.write_text("import sys, json\nif __name__ == '__main__':\n"
                      "    print('RAN', json.dumps(sys.argv[1:]), flush=True)\n")
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from tailsieve.engines.launchers import vllm_server, amx;"
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from tailsieve.engines.launch import vllm_server, amx;"
             "amx_req = amx.request_amx; vllm_server.VLLM_MODULE = 'probe_server';"
             "vllm_server.request_amx = lambda: amx_req('x86_64', 'flags : amx_tile', lambda n, a, b: (-1, 22));"
             "vllm_server.main()")

@@ -13,7 +13,7 @@ import pytest
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.backends import (
+from tailsieve.engines.transport.backends import (
     BACKENDS,
     EngineBackend,
     OpenAIBackend,
@@ -24,7 +24,7 @@ from tailsieve.engines.backends import (
     get_backend,
     register_backend,
 )
-from tailsieve.engines.client import (
+from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
     Endpoint,

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.errors import CurveError
 from tailsieve.model.costmodel import (
     MODEL_FORMAT,

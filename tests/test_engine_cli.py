@@ -12,8 +12,8 @@ from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
 from tailsieve.cli.profile_cmd import context_label, context_series
-from tailsieve.engines.profile import ProfilePoint
-from tailsieve.engines.prompts import Template, load_prompts, prompt_path, render
+from tailsieve.engines.measure.profile import ProfilePoint
+from tailsieve.engines.rollout.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from engine_fake import FakeServer, fake_length
-from tailsieve.engines.client import (
+from tailsieve.engines.launch.tiny_vllm import free_port
+from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
     Endpoint,
@@ -22,7 +23,6 @@ from tailsieve.engines.client import (
     ServerKind,
     parse_metrics,
 )
-from tailsieve.engines.local import free_port
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from engine_fake import FakeServer
-from tailsieve.engines.client import EngineError, NoHealthyReplica, SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import EngineError, NoHealthyReplica, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.policy.step import GroupStatus
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(60))

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from engine_fake import FakeServer
-from tailsieve.engines.client import Api, SamplingParams
-from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
-from tailsieve.engines.health import Replicas
-from tailsieve.engines.prompts import PromptRecord, Template
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.state import RolloutState, control_from_json, control_to_json
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
+from tailsieve.engines.rollout.prompts import PromptRecord, Template
+from tailsieve.engines.rollout.state import RolloutState, control_from_json, control_to_json
+from tailsieve.engines.transport.engine_client import Api, SamplingParams
+from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.policy.controller import ControllerConfig, ControlState
 from tailsieve.policy.step import GroupRef, GroupStatus, Pool, StepPlan

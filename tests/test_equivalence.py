@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from sequenced_fake import SequencedFake, StepLog, member_of
-from tailsieve.engines.client import ClientOptions, SamplingParams
-from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
-from tailsieve.engines.health import FaultPolicy, Replicas
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
+from tailsieve.engines.transport.engine_client import ClientOptions, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy, Replicas
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
 from tailsieve.policy.step import GroupRef, GroupStatus, StepPlan, StepResult

@@ -16,11 +16,11 @@ import pytest
 from engine_fake import FakeServer
 from tailsieve.analysis.fidelity import Truncation, redraws, truncated_share, truncation, verdict
 from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
-from tailsieve.engines.client import SamplingParams
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.resume import saved_step
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.runner import PolicyOutput
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.resume import saved_step
+from tailsieve.engines.rollout.runner import PolicyOutput
+from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.loop import PolicyRun, StepRecord
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(40))

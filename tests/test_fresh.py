@@ -63,7 +63,7 @@ def test_the_controller_completes_a_split_steps_cut_groups_once_they_are_regener
     record (uids of the cut groups, their progress); the next step regenerates them, and the previous sample in the
     history is replaced by `complete` of that record: consumed rows unchanged, every cut member at least its
     progress. The record survives the state's JSON round trip field by field."""
-    from tailsieve.engines.state import control_from_json, control_to_json
+    from tailsieve.engines.rollout.state import control_from_json, control_to_json
     from tailsieve.loop import StepLoop, make_controller
     from tailsieve.model.curves import load_curve
     from tailsieve.policy.router import Router, RouterConfig

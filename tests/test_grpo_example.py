@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "examples" / "grpo_cpu"))
 import grpo  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from tailsieve.engines.local import build_tiny_model  # noqa: E402
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.launch_config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
-from tailsieve.engines.launcher import Launcher, LaunchError, server_error
+from tailsieve.engines.launch import Launcher, LaunchError, server_error
+from tailsieve.engines.launch.config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
 from tailsieve.errors import ConfigError
 from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
 from tailsieve.policy.step import Pool
@@ -302,7 +302,7 @@ def test_rollout_launch_moves_replicas_and_counts_restarts(model: Path, tmp_path
 
 def test_rollout_prices_a_pool_move_at_the_measured_boot_time(model: Path, tmp_path: Path) -> None:
     from tailsieve.cli.rollout_cmd import with_move_price
-    from tailsieve.engines.rollout import RolloutConfig
+    from tailsieve.engines.rollout.api import RolloutConfig
 
     configs = {"tailsieve": RolloutConfig(groups=4, policy="tailsieve")}
     la = Launcher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
@@ -377,8 +377,8 @@ def test_rollout_launch_reads_endpoints_after_the_launcher_started(model: Path, 
     are `http://127.0.0.1:0`); `rollout --launch` must read them after. The real local launcher, with its ports
     chosen in `start()` exactly like the Ray launcher's, shows the order."""
     from tailsieve.cli import rollout_cmd
-    from tailsieve.engines.launchers import base, local
-    from tailsieve.engines.launchers.process import pick_port
+    from tailsieve.engines.launch import base, local
+    from tailsieve.engines.launch.process import pick_port
 
     class LatePorts(local.LocalLauncher):
         def __init__(self, config: LaunchConfig, log_dir: Path) -> None:

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from engine_fake import FakeServer
-from tailsieve.engines.client import SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.launchers.process import exit_how, http_healthy
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
+from tailsieve.engines.launch.process import exit_how, http_healthy
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 
 pytestmark = pytest.mark.timeout(120)
 FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))

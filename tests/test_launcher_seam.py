@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tailsieve.engines.launch_config import LaunchConfig
-from tailsieve.engines.launcher import Launcher, LaunchError
-from tailsieve.engines.launchers import (
+from tailsieve.engines.launch import (
     LAUNCHERS,
+    Launcher,
+    LaunchError,
     LocalLauncher,
     ReplicaLauncher,
     ReplicaSlot,
@@ -23,6 +23,7 @@ from tailsieve.engines.launchers import (
     make_launcher,
     register_launcher,
 )
+from tailsieve.engines.launch.config import LaunchConfig
 from tailsieve.errors import ConfigError
 from tailsieve.policy.router import Router, RouterConfig, RouterState
 from tailsieve.policy.step import GroupRef, Pool
@@ -124,9 +125,9 @@ def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: P
 
 
 def test_ray_launcher_is_registered_and_chosen_by_config(tmp_path: Path) -> None:
-    from tailsieve.engines.launch_config import Device, launch_from_mapping
-    from tailsieve.engines.launchers import LAUNCHERS, RayLauncher, launcher_for
-    from tailsieve.engines.launchers.ray import bundle
+    from tailsieve.engines.launch import LAUNCHERS, RayLauncher, launcher_for
+    from tailsieve.engines.launch.config import Device, launch_from_mapping
+    from tailsieve.engines.launch.ray_launcher import bundle
     from tailsieve.model.speculative import SpecConfig
 
     assert LAUNCHERS["ray"] is RayLauncher
@@ -156,7 +157,7 @@ def test_launch_cli_ray_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_launch_cli_unreachable_ray_cluster_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An address nothing listens on fails at once (Ray itself would retry for minutes), naming the address."""
     from tailsieve.cli import main
-    from tailsieve.engines.local import free_port
+    from tailsieve.engines.launch.tiny_vllm import free_port
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from conftest import require_extra
-from tailsieve.engines.client import SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launch_config import PoolEngine
-from tailsieve.engines.launchers import RayLauncher, make_launcher
-from tailsieve.engines.local import tiny_launch_config
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
+from tailsieve.engines.launch import RayLauncher, make_launcher
+from tailsieve.engines.launch.config import PoolEngine
+from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.policy.controller import ControllerConfig
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.client import Endpoint, EngineClient, SamplingParams
-from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
-from tailsieve.engines.launchers import LaunchError, LocalLauncher
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.spec_measure import SpecCounters
+from tailsieve.engines.launch import LaunchError, LocalLauncher
+from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
+from tailsieve.engines.measure.spec_measure import SpecCounters
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, SamplingParams
 from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
 from tailsieve.policy.controller import ControllerConfig
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
@@ -119,7 +119,7 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
     """Issue 12: SIGKILL one replica's API server mid-step (its engine core is left running, as `kill -9 PID`
     leaves it): the step still completes with every group on the other replica, the launcher reaps the dead
     server's whole process group and restarts it in place, and a later step dispatches to it again."""
-    from tailsieve.engines.local import tiny_launch_config
+    from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
 
     la = LocalLauncher(tiny_launch_config(tiny_model, max_num_seqs=64, grace_s=20, restart_backoff_s=1.0),
                        tmp_path / "launch")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.state import RolloutState
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.state import RolloutState
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
@@ -91,13 +91,13 @@ def test_tailsieve_step_cutoff_really_aborts(pair: LocalLauncher, workload) -> N
 
 
 def test_replicas_run_vllm_through_the_amx_requesting_entry_point(pair: LocalLauncher) -> None:
-    """Issue 23: every replica's process is `python -m tailsieve.engines.launchers.vllm_server` (the AMX permission
+    """Issue 23: every replica's process is `python -m tailsieve.engines.launch.vllm_server` (the AMX permission
     is requested there before vLLM imports) and it serves bf16 generations (the attention path AMX hosts fault in)."""
     for rep in pair.replicas:
         assert rep.proc is not None
         argv = Path(f"/proc/{rep.proc.pid}/cmdline").read_bytes().split(b"\0")
         k = argv.index(b"-m")
-        assert argv[k + 1] == b"tailsieve.engines.launchers.vllm_server" and b"bfloat16" in argv
+        assert argv[k + 1] == b"tailsieve.engines.launch.vllm_server" and b"bfloat16" in argv
         assert "AmxPermissionError" not in rep.log.read_text(errors="replace")
 
     async def go() -> list[int]:

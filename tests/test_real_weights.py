@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from conftest import require_extra
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import tiny_launch_config
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
-from tailsieve.engines.weights import UpdateMethod
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.weight_sync import UpdateMethod
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.timeout(600)]

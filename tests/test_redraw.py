@@ -12,10 +12,10 @@ from numpy.typing import NDArray
 
 from conftest import make_curve
 from engine_fake import FakeServer
-from tailsieve.engines.client import ClientOptions, EngineClient, SamplingParams
-from tailsieve.engines.executor import EngineExecutor, GroupSpec
-from tailsieve.engines.health import FaultPolicy, Replicas
-from tailsieve.engines.types import Endpoint
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, GroupSpec
+from tailsieve.engines.transport.engine_client import ClientOptions, EngineClient, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy, Replicas
+from tailsieve.engines.transport.types import Endpoint
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import Router, RouterConfig, RouterState

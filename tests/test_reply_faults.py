@@ -52,13 +52,13 @@ import pytest
 from bad_fake import BadFake
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, EngineError, parse_metrics
-from tailsieve.engines.executor import RequestMode
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.replies import ReplyError
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.types import FaultKind, SamplingParams
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.engine_executor import RequestMode
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, EngineError, parse_metrics
+from tailsieve.engines.transport.health import FaultPolicy
+from tailsieve.engines.transport.replies import ReplyError
+from tailsieve.engines.transport.types import FaultKind, SamplingParams
 from tailsieve.errors import ConfigError
 from tailsieve.policy.step import GroupStatus
 
@@ -148,7 +148,7 @@ def test_reply_errors_never_escape_as_tracebacks() -> None:
 
     async def go(url: str, stream: bool) -> None:
         async with EngineClient(ClientOptions(stream=stream, stall_timeout_s=1.0)) as c:
-            from tailsieve.engines.types import Request
+            from tailsieve.engines.transport.types import Request
             await c.complete(Endpoint(url), "fake", Request("r", "hi", n=2), SamplingParams(max_tokens=5))
 
     for stream, kinds in ((True, STREAM), (False, FULL)):
@@ -422,7 +422,7 @@ BAD_URLS = [(cls, url, why) for cls, cases in ENDPOINT_CLASSES.items() for url, 
 @pytest.mark.parametrize(("cls", "url", "why"), BAD_URLS, ids=[f"{c}-{k}" for k, (c, _, _) in enumerate(BAD_URLS)])
 def test_generated_bad_endpoints_are_refused_in_one_line(cls: str, url: str, why: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from tailsieve.engines.types import BadEndpoint
+    from tailsieve.engines.transport.types import BadEndpoint
     with pytest.raises(BadEndpoint) as info:
         Endpoint.parse(url)
     shown = str(info.value)

@@ -1,4 +1,4 @@
-"""Property tests of the reply boundary (`engines/replies.py`): any JSON value a server may send, as a whole
+"""Property tests of the reply boundary (`engines/transport/replies.py`): any JSON value a server may send, as a whole
 response, a stream of chunks or a `/v1/models` reply, is either parsed into a valid record or rejected with a
 one-line `ReplyError`; never another exception, never a record that breaks the contract (n choices, every one
 finished, token counts within [0, max_tokens], logprobs and ids as long as the tokens they describe). About half
@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailsieve.engines.replies import ReplyError, StreamAcc, loads, model_names, parse_chunk, parse_full
-from tailsieve.engines.types import Completion
+from tailsieve.engines.transport.replies import ReplyError, StreamAcc, loads, model_names, parse_chunk, parse_full
+from tailsieve.engines.transport.types import Completion
 
 CAP = 32
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),

@@ -21,7 +21,7 @@ from tailsieve.analysis.report import (
     summary_table,
 )
 from tailsieve.cli import main
-from tailsieve.engines.runner import report
+from tailsieve.engines.rollout.runner import report
 from tailsieve.loop import PolicyRun, StepRecord
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.router import RouterConfig

@@ -1,10 +1,10 @@
-"""The restart policy both launchers share (`engines/launchers/restart.py`): try times and status lines."""
+"""The restart policy both launchers share (`engines/launch/restart.py`): try times and status lines."""
 
 from __future__ import annotations
 
 import pytest
 
-from tailsieve.engines.launchers.restart import MAX_DELAY_S, RestartPolicy
+from tailsieve.engines.launch.restart import MAX_DELAY_S, RestartPolicy
 
 
 def policy(*, retries: int = 3, backoff_s: float = 1.0) -> RestartPolicy:

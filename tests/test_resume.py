@@ -1,4 +1,4 @@
-"""`rollout --resume` validates the whole output folder before it runs or writes anything (engines/resume.py).
+"""`rollout --resume` validates the whole output folder before it runs or writes anything (engines/rollout/resume.py).
 
 A real two-step run (static policy, a waiting candidate) against fake servers is the base folder. Generated cases
 damage one thing in it, class by class (the state's step, the step file, the waiting groups, the counters, the
@@ -23,7 +23,7 @@ import pytest
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.state import RolloutState
+from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
 
 Doc = dict[str, Any]

@@ -13,7 +13,7 @@ import pytest
 
 from sglang_fake import FakeFleet, FakeSGLang, logprob, token
 from tailsieve.engines import TokenPrompt, get_backend
-from tailsieve.engines.client import (
+from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
     Completion,

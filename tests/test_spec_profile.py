@@ -12,9 +12,9 @@ from aiohttp import web
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
-from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, fit_costs
+from tailsieve.engines.measure.spec_measure import SpecCounters, SpecMeasure, fit_costs
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.model.curves import load_curve
 from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
 

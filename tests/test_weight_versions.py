@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from engine_fake import FAKE_PROMPT_IDS, FakeServer, fake_logprob
-from tailsieve.engines.client import Api, Endpoint, EngineError, SamplingParams
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig
-from tailsieve.engines.state import RolloutState
-from tailsieve.engines.weights import StaleBatch, UpdateMethod
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.state import RolloutState
+from tailsieve.engines.rollout.weight_sync import StaleBatch, UpdateMethod
+from tailsieve.engines.transport.engine_client import Api, Endpoint, EngineError, SamplingParams
 from tailsieve.errors import ConfigError, TailSieveError
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(60))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import build_tiny_model, tiny_launch_config
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 
 requires_vllm = pytest.mark.extra("vllm", "transformers")  # skipped without them (tests/conftest.py: EXTRAS)
 

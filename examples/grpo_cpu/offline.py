@@ -29,7 +29,7 @@ def offline_demo(steps: int = 20, *, seed: int = 0, groups: int = 8, group_size:
     GRPO step. Returns the per-step stats (plus trunc_frac and seconds)."""
     import tempfile
 
-    from tailsieve.engines.local import build_tiny_model
+    from tailsieve.engines.launch.tiny_vllm import build_tiny_model
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="grpo_offline_"))
     policy = make_initial_policy(build_tiny_model(workdir / "tiny"), workdir / "policy", eos_rate=eos_rate, seed=seed)

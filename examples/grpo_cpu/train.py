@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tailsieve.cli import CliParser
 from tailsieve.cli._common import plot_path
-from tailsieve.engines.batch import Batch
-from tailsieve.engines.client import SamplingParams
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launchers import LocalLauncher
-from tailsieve.engines.local import build_tiny_model, tiny_launch_config
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.rollout import Rollout, RolloutConfig
+from tailsieve.engines.launch import LocalLauncher
+from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.batch import Batch
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.transport.engine_client import SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
-from tailsieve.engines.launch_config import Device, LaunchConfig, check_model, launch_from_mapping
-from tailsieve.engines.launchers import LaunchError, ReplicaLauncher, launcher_for, make_launcher
-from tailsieve.engines.state import write_json_atomic
+from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
+from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, launch_from_mapping
+from tailsieve.engines.rollout.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import finite
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec, read_config

@@ -14,9 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import plot_path, print_json, print_table, progress_console, progress_enabled
-from tailsieve.engines.backends import backend_names
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient
-from tailsieve.engines.profile import (
+from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
     PrefillPoint,
@@ -28,8 +26,10 @@ from tailsieve.engines.profile import (
     profile_model,
     total_spec,
 )
-from tailsieve.engines.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
-from tailsieve.engines.state import write_json_atomic
+from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
+from tailsieve.engines.rollout.state import write_json_atomic
+from tailsieve.engines.transport.backends import backend_names
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_TEMPERATURE, finite
 from tailsieve.model.costmodel import CostModel

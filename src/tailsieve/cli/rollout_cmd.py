@@ -27,15 +27,15 @@ from tailsieve.cli._common import (
     trace_columns,
 )
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
-from tailsieve.engines.backends import backend_names
-from tailsieve.engines.client import Api, Endpoint, SamplingParams
-from tailsieve.engines.executor import RequestMode
-from tailsieve.engines.health import FaultPolicy
-from tailsieve.engines.launch_config import load_launch_config
-from tailsieve.engines.launchers import ReplicaLauncher, launcher_for, make_launcher
-from tailsieve.engines.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
-from tailsieve.engines.rollout import Batch, RolloutConfig
-from tailsieve.engines.runner import prepare_runs, run_policies_real
+from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
+from tailsieve.engines.launch.config import load_launch_config
+from tailsieve.engines.rollout.api import Batch, RolloutConfig
+from tailsieve.engines.rollout.engine_executor import RequestMode
+from tailsieve.engines.rollout.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
+from tailsieve.engines.rollout.runner import prepare_runs, run_policies_real
+from tailsieve.engines.transport.backends import backend_names
+from tailsieve.engines.transport.engine_client import Api, Endpoint, SamplingParams
+from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun

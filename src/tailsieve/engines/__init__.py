@@ -1,8 +1,12 @@
 """Real engines: an async OpenAI-compatible client, the engine executor, health/faults, the `Rollout` API,
 profiling, prompt templates, state save/restore and local vLLM (CPU) servers. See docs/engines.md."""
 
-from tailsieve.engines.backends import BACKENDS, EngineBackend, get_backend, register_backend
-from tailsieve.engines.client import (
+from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, RequestMode, Sample
+from tailsieve.engines.rollout.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
+from tailsieve.engines.rollout.state import RolloutState
+from tailsieve.engines.transport.backends import BACKENDS, EngineBackend, get_backend, register_backend
+from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
     Endpoint,
@@ -14,12 +18,8 @@ from tailsieve.engines.client import (
     SamplingParams,
     ServerKind,
 )
-from tailsieve.engines.executor import EngineExecutor, RequestMode, Sample
-from tailsieve.engines.health import FaultPolicy, Replicas
-from tailsieve.engines.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
-from tailsieve.engines.rollout import Batch, GroupResult, Rollout, RolloutConfig
-from tailsieve.engines.sglang_native import SGLangNativeBackend, TokenPrompt
-from tailsieve.engines.state import RolloutState
+from tailsieve.engines.transport.health import FaultPolicy, Replicas
+from tailsieve.engines.transport.sglang_native import SGLangNativeBackend, TokenPrompt
 
 __all__ = [
     "BACKENDS",

@@ -401,7 +401,7 @@ def read_config(path: Path) -> dict[str, Any]:
     doc: Any = load_document(path, "config file", ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"config {path}: must be a table/object with a 'spec' table")
-    extra = sorted(set(doc) - {"spec", "launch"})  # [launch]: engines/launch_config.py reads it
+    extra = sorted(set(doc) - {"spec", "launch"})  # [launch]: engines/launch/config.py reads it
     if extra:
         raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
     for table in ("spec", "launch"):

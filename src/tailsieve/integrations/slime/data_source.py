@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailsieve.engines.state import control_from_json, control_to_json, router_from_json, router_to_json
+from tailsieve.engines.rollout.state import control_from_json, control_to_json, router_from_json, router_to_json
 from tailsieve.integrations.slime.sample import sample_class, sample_from_dict, sample_to_dict
 from tailsieve.integrations.slime.settings import SlimeIntegrationError
 from tailsieve.loop import LoopState

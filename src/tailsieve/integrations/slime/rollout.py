@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.engines import TokenPrompt
-from tailsieve.engines.client import Request
+from tailsieve.engines.transport.engine_client import Request
 from tailsieve.errors import TailSieveError
 from tailsieve.integrations.slime.data_source import CarryState, JsonlPromptSource, TailSieveDataSource, read_rows
 from tailsieve.integrations.slime.sample import status_for

@@ -19,9 +19,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from tailsieve.engines import TokenPrompt
-from tailsieve.engines.client import ClientOptions, Endpoint, EngineClient, NoHealthyReplica
-from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
-from tailsieve.engines.health import FaultPolicy, Replicas
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
+from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, NoHealthyReplica
+from tailsieve.engines.transport.health import FaultPolicy, Replicas
 from tailsieve.errors import TailSieveError
 from tailsieve.hashing import stable_hash
 from tailsieve.integrations.slime.data_source import CarryState

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from tailsieve.engines.client import Endpoint, SamplingParams
+from tailsieve.engines.transport.engine_client import Endpoint, SamplingParams
 from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS
 

@@ -85,7 +85,7 @@ def server_error(log: Path, chars: int = 300, *, last_line: bool = True) -> str:
     bare = [_bare(ln) for ln in lines[start:]]
     fatal = [t for t, _ in bare if _FATAL_LINE.match(t)]
     if fatal:
-        amx = [t for t, _ in bare if t.startswith("AmxPermissionError")]  # launchers/vllm_server.py's report
+        amx = [t for t, _ in bare if t.startswith("AmxPermissionError")]  # launch/vllm_server.py's report
         return (fatal[-1] + (f" ({amx[-1]})" if amx else ""))[:chars]
     for i in range(len(bare) - 1, -1, -1):
         msg = bare[i][0]

@@ -11,7 +11,7 @@
     DIR/<policy>/uncommitted/       files of a step a killed run wrote before its state (moved aside on resume)
 
 Every file is complete after each step, so an error or interrupt loses nothing already written; a resumed run
-checks the folder first (`prepare_runs`, `engines/resume.py`) and never erases a file.
+checks the folder first (`prepare_runs`, `engines/rollout/resume.py`) and never erases a file.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.analysis.report import report_json
-from tailsieve.engines.client import Endpoint
-from tailsieve.engines.prompts import PromptRecord
-from tailsieve.engines.resume import (
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig, pools_from_assign
+from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.resume import (
     STATE_FILE,
     STEPS_FILE,
     ResumePoint,
@@ -40,9 +40,9 @@ from tailsieve.engines.resume import (
     set_aside,
     write_line,
 )
-from tailsieve.engines.rollout import Batch, Rollout, RolloutConfig, pools_from_assign
-from tailsieve.engines.state import write_json_atomic
-from tailsieve.engines.weights import ReloadHook
+from tailsieve.engines.rollout.state import write_json_atomic
+from tailsieve.engines.rollout.weight_sync import ReloadHook
+from tailsieve.engines.transport.engine_client import Endpoint
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
-from tailsieve.engines.types import Choice, Completion, FaultKind, ReplicaFault, Request, RequestRejected
+from tailsieve.engines.transport.types import Choice, Completion, FaultKind, ReplicaFault, Request, RequestRejected
 from tailsieve.redact import redact
 
 MAX_PROMPT_TOKENS = 2**31 - 1

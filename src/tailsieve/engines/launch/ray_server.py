@@ -10,7 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tailsieve.engines.launchers.process import (
+from tailsieve.engines.launch.process import (
     group_alive,
     kill_groups,
     pick_port,

@@ -2,7 +2,7 @@
 machine). A new launcher (e.g. Ray: one actor per replica) is a module here whose class is decorated with
 `@register_launcher(NAME)` and imported below; `make_launcher(NAME, config, log_dir)` then builds it."""
 
-from tailsieve.engines.launchers.base import (
+from tailsieve.engines.launch.base import (
     DEFAULT_LAUNCHER,
     LAUNCHERS,
     LaunchError,
@@ -13,8 +13,8 @@ from tailsieve.engines.launchers.base import (
     make_launcher,
     register_launcher,
 )
-from tailsieve.engines.launchers.local import LocalLauncher, Replica
-from tailsieve.engines.launchers.ray import RayLauncher  # registers "ray" (imports ray only when started)
+from tailsieve.engines.launch.local_launcher import LocalLauncher, Replica
+from tailsieve.engines.launch.ray_launcher import RayLauncher  # registers "ray" (imports ray only when started)
 
 __all__ = [
     "DEFAULT_LAUNCHER",

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tailsieve.engines.client import SamplingParams
+from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import loads_json
 

@@ -24,8 +24,9 @@ class Api(StrEnum):
 
 
 class ServerKind(StrEnum):
-    """The built-in server flavours; each value names a backend in `engines/backends.py` (which decides the path,
-    extra request fields and how an abort is sent). `Endpoint.kind` also takes any other registered backend name."""
+    """The built-in server flavours; each value names a backend in `engines/transport/backends.py` (which decides
+    the path, extra request fields and how an abort is sent).
+    `Endpoint.kind` also takes any other registered backend name."""
 
     VLLM = "vllm"
     SGLANG = "sglang"
@@ -40,7 +41,7 @@ class FaultKind(StrEnum):
     STALL = "stall"  # no progress (tokens) for the stall timeout; keep-alive bytes do not count
     DEADLINE = "deadline"  # the request ran past its total deadline
     DISCONNECT = "disconnect"
-    BAD_REPLY = "bad-reply"  # a reply that breaks the protocol (engines/replies.py)
+    BAD_REPLY = "bad-reply"  # a reply that breaks the protocol (engines/transport/replies.py)
 
 
 class EngineError(TailSieveError):

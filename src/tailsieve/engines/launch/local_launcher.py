@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from tailsieve.engines.launch_config import CPU_DEFAULT_ARGS, VLLM_SERVER, Device, LaunchConfig, check_model
-from tailsieve.engines.launchers.base import (
+from tailsieve.engines.launch.base import (
     LaunchError,
     ReplicaLauncher,
     ReplicaSlot,
     initial_pools,
     register_launcher,
 )
-from tailsieve.engines.launchers.process import (
+from tailsieve.engines.launch.config import CPU_DEFAULT_ARGS, VLLM_SERVER, Device, LaunchConfig, check_model
+from tailsieve.engines.launch.process import (
     exit_how,
     http_healthy,
     kill_groups,
@@ -48,7 +48,7 @@ from tailsieve.engines.launchers.process import (
     wait_port,
     warm_up_error,
 )
-from tailsieve.engines.launchers.restart import RestartPolicy
+from tailsieve.engines.launch.restart import RestartPolicy
 from tailsieve.policy.step import Pool
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from tailsieve.engines.health import Replicas
-from tailsieve.engines.types import Endpoint, EngineError
+from tailsieve.engines.transport.health import Replicas
+from tailsieve.engines.transport.types import Endpoint, EngineError
 from tailsieve.errors import ConfigError, TailSieveError
 
 __all__ = ["ReloadHook", "StaleBatch", "UpdateMethod", "WeightPush", "WeightSync", "WeightUpdate"]

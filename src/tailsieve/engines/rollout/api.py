@@ -23,8 +23,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
-from tailsieve.engines.batch import Batch, GroupResult, TrainerSample
-from tailsieve.engines.client import (
+from tailsieve.engines.rollout.batch import Batch, GroupResult, TrainerSample
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
+from tailsieve.engines.rollout.prompts import Messages, PromptRecord, Template, load_prompts, render
+from tailsieve.engines.rollout.resume import check_state
+from tailsieve.engines.rollout.state import RolloutState
+from tailsieve.engines.rollout.weight_sync import ReloadHook, StaleBatch, WeightPush, WeightSync, WeightUpdate
+from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
     Endpoint,
@@ -34,12 +39,7 @@ from tailsieve.engines.client import (
     ReplicaFault,
     SamplingParams,
 )
-from tailsieve.engines.executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode
-from tailsieve.engines.health import FaultPolicy, Replicas
-from tailsieve.engines.prompts import Messages, PromptRecord, Template, load_prompts, render
-from tailsieve.engines.resume import check_state
-from tailsieve.engines.state import RolloutState
-from tailsieve.engines.weights import ReloadHook, StaleBatch, WeightPush, WeightSync, WeightUpdate
+from tailsieve.engines.transport.health import FaultPolicy, Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
 from tailsieve.loop import LoopState, PoolHook, StepLoop, make_controller
@@ -317,7 +317,7 @@ class Rollout:
         """Make every replica serve new weights before the next step: from the checkpoint folder `path` (in place
         through the engine's update path, else restarted by the `reload` hook), or through a framework's `push`
         hook. Every later sample carries the new version; a replica that could not be updated is not used until it
-        is (see `tailsieve.engines.weights`)."""
+        is (see `tailsieve.engines.rollout.weight_sync`)."""
         if self.weights is None or self.executor is None:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
         done = await self.weights.update(path, version=version, push=push)

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tailsieve.engines.client import Endpoint, EngineClient, EngineError, FaultKind
-from tailsieve.engines.types import check_seconds
+from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, EngineError, FaultKind
+from tailsieve.engines.transport.types import check_seconds
 
 
 @dataclass(frozen=True, slots=True)

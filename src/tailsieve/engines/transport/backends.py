@@ -5,7 +5,7 @@ request is aborted on the server, which paths answer a health probe, and (option
 onto the OpenAI format the client parses. Every hook has a default (the plain OpenAI behaviour), so a backend
 overrides only what differs. Backends are chosen by name (`Endpoint.kind`, `--kind`) from `BACKENDS`, which
 `@register_backend(name)` fills: `vllm`, `sglang` and `openai` are built in, and `sglang-native` (SGLang's own
-`/generate` with token ids and logprobs, `engines/sglang_native.py`). See docs/engines.md.
+`/generate` with token ids and logprobs, `engines/transport/sglang_native.py`). See docs/engines.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from tailsieve.engines.types import Api, ClientOptions, Endpoint, EngineError, Request, WeightUpdateUnsupported
+from tailsieve.engines.transport.types import (
+    Api,
+    ClientOptions,
+    Endpoint,
+    EngineError,
+    Request,
+    WeightUpdateUnsupported,
+)
 from tailsieve.errors import ConfigError
 
 __all__ = ["BACKENDS", "EngineBackend", "OpenAIBackend", "SGLangBackend", "UnknownBackend", "VLLMBackend",

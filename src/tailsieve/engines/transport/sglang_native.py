@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from tailsieve.engines.backends import EngineBackend, register_backend
-from tailsieve.engines.types import Api, ClientOptions, Endpoint, Request
+from tailsieve.engines.transport.backends import EngineBackend, register_backend
+from tailsieve.engines.transport.types import Api, ClientOptions, Endpoint, Request
 
 __all__ = ["SGLangNativeBackend", "TokenPrompt", "finish_type"]
 

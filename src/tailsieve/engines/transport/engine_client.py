@@ -1,6 +1,6 @@
 """Async client for OpenAI-compatible servers (vLLM, SGLang): `/v1/completions` and `/v1/chat/completions`.
 
-The server flavour lives in the endpoint's backend (`engines/backends.py`, looked up by `Endpoint.kind`): the
+The server flavour lives in the endpoint's backend (`engines/transport/backends.py`, looked up by `Endpoint.kind`): the
 path, extra body fields, the abort of a cancelled request, health paths, and the mapping of its responses onto the
 OpenAI format parsed here. The client itself has no per-flavour branches.
 
@@ -9,7 +9,8 @@ reports tokens generated so far into a caller-owned `progress` list, so a reques
 says how far it got. Cancelling the awaiting task closes the connection, which aborts the request in vLLM, and
 runs the backend's abort hook in the background (SGLang posts `/abort_request`). Failures are classified:
 `ReplicaFault` (refused connection, 5xx, no new token for the stall timeout, past the deadline, dropped connection,
-a reply that fails validation in `engines/replies.py`: the replica's fault) or `RequestRejected` (4xx: the request's).
+a reply that fails validation in `engines/transport/replies.py`: the replica's fault) or `RequestRejected` (4xx:
+the request's).
 The API key is read from an environment variable, sent as a bearer token, and never logged or repr'd.
 """
 
@@ -25,8 +26,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailsieve.engines.backends import EngineBackend, get_backend
-from tailsieve.engines.replies import (
+from tailsieve.engines.transport.backends import EngineBackend, get_backend
+from tailsieve.engines.transport.replies import (
     BadReply,
     ReplyError,
     StreamAcc,
@@ -39,7 +40,7 @@ from tailsieve.engines.replies import (
     read_capped,
     reply_limit,
 )
-from tailsieve.engines.types import (
+from tailsieve.engines.transport.types import (
     DEFAULT_API_KEY_ENV,
     Api,
     BadEndpoint,

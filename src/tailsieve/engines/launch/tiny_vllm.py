@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tailsieve.engines.launch_config import LaunchConfig
-from tailsieve.engines.launchers.process import pick_port
+from tailsieve.engines.launch.config import LaunchConfig
+from tailsieve.engines.launch.process import pick_port
 
 TINY_VOCAB = 512
 CHAT_TEMPLATE = (

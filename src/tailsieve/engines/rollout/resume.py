@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.engines.state import RolloutState
+from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import loads_json, read_text
 from tailsieve.loop import StepRecord

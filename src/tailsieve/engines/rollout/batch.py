@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tailsieve.engines.executor import Sample
-from tailsieve.engines.prompts import Messages
+from tailsieve.engines.rollout.engine_executor import Sample
+from tailsieve.engines.rollout.prompts import Messages
 from tailsieve.loop import StepRecord
 from tailsieve.policy.step import GroupOutcome, Pool
 

@@ -24,7 +24,7 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from tailsieve.engines.client import Endpoint, EngineClient
+from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import SpecPoint
 from tailsieve.model.speculative import Drafter, verify_points

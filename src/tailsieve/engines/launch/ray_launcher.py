@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from tailsieve.engines.launch_config import Device, LaunchConfig, check_model
-from tailsieve.engines.launchers.base import LaunchError, register_launcher
-from tailsieve.engines.launchers.local import LocalLauncher, Replica
-from tailsieve.engines.launchers.process import (
+from tailsieve.engines.launch.base import LaunchError, register_launcher
+from tailsieve.engines.launch.config import Device, LaunchConfig, check_model
+from tailsieve.engines.launch.local_launcher import LocalLauncher, Replica
+from tailsieve.engines.launch.process import (
     exit_how,
     server_error,
 )
-from tailsieve.engines.launchers.ray_server import ReplicaServer
-from tailsieve.engines.launchers.restart import RestartPolicy
+from tailsieve.engines.launch.ray_server import ReplicaServer
+from tailsieve.engines.launch.restart import RestartPolicy
 
 _TP = re.compile(r"^(--tensor-parallel-size|-tp)(=(\d+))?$")
 
