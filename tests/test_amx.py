@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tailsieve.engines import launch_config
 from tailsieve.engines.launch import LocalLauncher, amx, vllm_server
+from tailsieve.engines.launch import config as launch_config
 from tailsieve.engines.launch.amx import (
     ARCH_REQ_XCOMP_PERM,
     SYS_ARCH_PRCTL,

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.launch import Launcher, LaunchError, server_error
+from tailsieve.engines.launch import LaunchError
+from tailsieve.engines.launch import LocalLauncher as Launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
+from tailsieve.engines.launch.process import server_error
 from tailsieve.errors import ConfigError
 from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
 from tailsieve.policy.step import Pool

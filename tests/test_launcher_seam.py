@@ -14,7 +14,6 @@ import pytest
 
 from tailsieve.engines.launch import (
     LAUNCHERS,
-    Launcher,
     LaunchError,
     LocalLauncher,
     ReplicaLauncher,
@@ -85,7 +84,7 @@ def test_assign_takes_explicit_replica_ids(model: Path, tmp_path: Path) -> None:
 
 def test_assign_restarts_exactly_the_named_replica(model: Path, tmp_path: Path, record: Path) -> None:  # noqa: F811
     cfg = fake_cfg(model, replicas=3, places=("0", "1", "1"), tail=NGRAM)
-    with Launcher(cfg, tmp_path / "logs") as la:
+    with LocalLauncher(cfg, tmp_path / "logs") as la:
         pids = [r.proc.pid for r in la.replicas if r.proc]
         assert la.assign([0]) > 0 and [r.restarts for r in la.replicas] == [1, 0, 0]
         assert [r.proc.pid for r in la.replicas if r.proc][1:] == pids[1:] and gone(pids[0])
@@ -109,7 +108,7 @@ def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) 
 
 
 def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:  # noqa: F811
-    assert LAUNCHERS["local"] is LocalLauncher is Launcher and LocalLauncher.name == "local"
+    assert LAUNCHERS["local"] is LocalLauncher and LocalLauncher.name == "local"
     assert isinstance(make_launcher("local", fake_cfg(model), tmp_path), LocalLauncher)
     with pytest.raises(ConfigError, match=r"^unknown launcher 'k8s' \(valid: local, ray\)$") as e:
         make_launcher("k8s", fake_cfg(model), tmp_path)

@@ -113,11 +113,13 @@ def test_no_function_over_sixty_lines() -> None:
     assert not long, long
 
 
-@pytest.mark.parametrize(("old", "new"), [("tailsieve.sim", "tailsieve.simulation.runs"),
-                                          ("tailsieve.router", "tailsieve.policy.router"),
-                                          ("tailsieve.curves", "tailsieve.model.curves"),
-                                          ("tailsieve.engines.client", "tailsieve.engines.transport.engine_client"),
-                                          ("tailsieve.engines.launchers.local", "tailsieve.engines.launch.local_launcher")])
+OLD_PATHS = [("tailsieve.sim", "tailsieve.simulation.runs"), ("tailsieve.router", "tailsieve.policy.router"),
+             ("tailsieve.curves", "tailsieve.model.curves"),
+             ("tailsieve.engines.client", "tailsieve.engines.transport.engine_client"),
+             ("tailsieve.engines.launchers.local", "tailsieve.engines.launch.local_launcher")]
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_PATHS)
 def test_old_module_paths_still_import_with_a_warning(old: str, new: str) -> None:
     sys.modules.pop(old, None)
     with warnings.catch_warnings(record=True) as caught:

@@ -47,7 +47,6 @@ MOVED: dict[str, str] = {
     "tailsieve.engines.weights": "tailsieve.engines.rollout.weight_sync",
     "tailsieve.engines.launch_config": "tailsieve.engines.launch.config",
     "tailsieve.engines.local": "tailsieve.engines.launch.tiny_vllm",
-    "tailsieve.engines.launcher": "tailsieve.engines.launch",
     "tailsieve.engines.launchers": "tailsieve.engines.launch",
     "tailsieve.engines.launchers.base": "tailsieve.engines.launch.base",
     "tailsieve.engines.launchers.local": "tailsieve.engines.launch.local_launcher",
