@@ -374,6 +374,10 @@ def test_the_outer_loop_scans_the_whole_range_of_m_on_any_fleet() -> None:
     got = big.m_candidates(30)
     assert {1, 63, 28, 29, 31, 32} <= set(got) and 30 not in got and len(got) <= 12 + 4
     assert small.m_step() == 1 and big.m_step() == 4 and make("tailsieve-paper", n=512, r=64).m_step() == 1
+    # on a scanned grid (R > 17) a far target is approached by halving the distance, never finer than R/16
+    assert [big.m_step(d) for d in (1, 6, 9, 40, 63)] == [4, 4, 4, 20, 31]
+    assert [small.m_step(d) for d in (1, 4, 7)] == [1, 1, 1]
+    assert make("tailsieve-paper", n=512, r=64).m_step(40) == 1
 
 
 def test_leaving_uniform_on_a_large_fleet_reaches_a_split_far_beyond_the_radius() -> None:

@@ -230,10 +230,16 @@ class Controller:
             near |= set(range(1, r)) if r <= 17 else set(np.linspace(1, r - 1, 12).round().astype(int).tolist())
         return sorted(near - {m})
 
-    def m_step(self) -> int:
-        """Most replicas one move between two-pool splits shifts: 1 on small fleets, R/16 on large ones (the whole
-        range is then crossed in a bounded number of decisions)."""
-        return max(1, -(-self.router.replicas // 16)) if self.scan_m else 1
+    def m_step(self, distance: int = 0) -> int:
+        """Most replicas one move between two-pool splits shifts toward a split `distance` replicas away: 1 on small
+        fleets, R/16 on large ones (the whole range is then crossed in a bounded number of decisions); where the
+        range is scanned on a grid (R > 17, `m_candidates`) also half the distance, so that a move is never finer
+        than the search that chose its target and a far target is reached in log₂ steps, never overshot."""
+        r = self.router.replicas
+        if not self.scan_m:
+            return 1
+        base = max(1, -(-r // 16))
+        return max(base, distance // 2) if r > 17 else base
 
     def uniform_option(self, state: ControlState, pred: Predictor) -> tuple[float, str]:
         """The calibrated uniform forecast T̂(0, 0) and its placement: with `choose_placement`, whichever of
@@ -274,7 +280,7 @@ class Controller:
         # bounded moves between splits; leaving uniform goes straight to the best split: the next step is a
         # warm-up on all replicas whatever m is, and an intermediate split would only cost steps at a worse m
         jump = (m == 0 or best_m == 0) and self.jump_from_uniform
-        new_m = best_m if jump else m + step * min(abs(best_m - m), self.m_step())
+        new_m = best_m if jump else m + step * min(abs(best_m - m), self.m_step(abs(best_m - m)))
         new_q = 0 if new_m == 0 else self.q_after_move(state, pred, new_m, best_q if new_m == best_m else None)
         between = new_m > 0 and m > 0
         return replace(
