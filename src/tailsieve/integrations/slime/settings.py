@@ -20,7 +20,7 @@ from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS
 
 __all__ = ["REFUSED", "STANDIN_REFUSED", "SlimeIntegrationError", "SlimeSettings", "check_flags", "discover_workers",
-           "sampling_params", "setting"]
+           "flag_name", "sampling_params", "setting"]
 
 
 class SlimeIntegrationError(TailSieveError):
@@ -64,9 +64,17 @@ STANDIN_REFUSED: tuple[Rule, ...] = (
 )
 
 
+_NEGATED = {"rollout_global_dataset": "--disable-rollout-global-dataset"}  # store_false flags: their own name
+
+
+def flag_name(attr: str) -> str:
+    """slime's command-line flag for an `args` attribute."""
+    return _NEGATED.get(attr, "--" + attr.replace("_", "-"))
+
+
 def check_flags(args: Any, rules: tuple[Rule, ...] = REFUSED) -> None:
-    """One `SlimeIntegrationError` line naming every set flag of `rules` (slime's `--dashed-name`) and why."""
-    bad = [f"--{name.replace('_', '-')} ({why})" for name, is_set, why in rules
+    """One `SlimeIntegrationError` line naming every set flag of `rules` (slime's flag name) and why."""
+    bad = [f"{flag_name(name)} ({why})" for name, is_set, why in rules
            if is_set(getattr(args, name, None), args)]
     if bad:
         raise SlimeIntegrationError(f"slime flags TailSieve does not honour: {'; '.join(bad)}")
