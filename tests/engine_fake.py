@@ -42,7 +42,9 @@ class FakeServer:
     reload: str = "ok"  # weight reload: ok | 404 (no dev-mode endpoints) | 500
     reloads: list[str] = field(default_factory=list)  # weights_path of each reload_weights RPC
     cache_resets: int = 0
-    version_label: str = "0"
+    version_label: str = "default"  # what `GET /weight_info` reports (vLLM's label before any update)
+    version_info: bool = True  # False: no `/weight_info` (vLLM without VLLM_SERVER_DEV_MODE=1): 404
+    takes_label: bool = True  # False: `/update_weight_version` answers success but the label stays
     _server: AppThread = field(default_factory=lambda: AppThread("fake server"))
 
     @property
@@ -139,8 +141,15 @@ class FakeServer:
         return web.Response()
 
     async def _version(self, request: web.Request) -> web.Response:
-        self.version_label = str((await request.json())["new_version"])
-        return web.json_response({"success": True, "new_version": self.version_label})
+        new = str((await request.json())["new_version"])
+        if self.takes_label:
+            self.version_label = new
+        return web.json_response({"success": True, "new_version": new})
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        if not self.version_info:
+            return web.Response(status=404)
+        return web.json_response({"weight_version": self.version_label})
 
     async def _abort(self, request: web.Request) -> web.Response:
         self.sglang_aborts.append(str((await request.json()).get("rid")))
@@ -158,6 +167,7 @@ class FakeServer:
         app.router.add_post("/collective_rpc", self._rpc)
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_post("/update_weight_version", self._version)
+        app.router.add_get("/weight_info", self._weight_info)
         self._server.start([(app, self.port)])
         return self
 

@@ -6,13 +6,17 @@ same prompt is long every time it is drawn; `long_prompts` makes chosen prompts 
 `max_new_tokens`. Token ids and logprobs are deterministic too. Streams are cumulative (SGLang's default) or
 incremental (`incremental=True`, like `--incremental-streaming-output`). An `/abort_request` for a running rid
 ends it with `finish_reason {"type": "abort"}`; a closed connection cancels it. `running` counts live requests.
+`/model_info` (and `/get_model_info`) report `weight_version`; with `top_p_patch` the server answers slime's
+`custom_params {"return_top_p_token_ids": true}` with `top_p_token_ids` (base64 int32) and `top_p_token_offsets`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +32,11 @@ def token(prompt_key: str, t: int) -> int:
     return (len(prompt_key) * 31 + t * 7) % 1000
 
 
+def top_p_kept(prompt_key: str, t: int) -> list[int]:
+    """The token ids top-p kept at the t-th output token (the sampled one first; 1 to 3 of them)."""
+    return [token(prompt_key, t) + k for k in range(1 + t % 3)]
+
+
 def logprob(t: int) -> float:
     """The t-th output token's logprob."""
     return -0.01 * (t % 10 + 1)
@@ -40,6 +49,7 @@ class FakeSGLang:
     tpot_s: float = 0.002
     incremental: bool = False
     weight_version: str = "7"
+    top_p_patch: bool = False  # answer custom_params return_top_p_token_ids (slime's SGLang patch)
     long_prompts: set[int] = field(default_factory=set)  # first token ids whose samples run to max_new_tokens
     short_cap: int = 6
     port: int = field(default_factory=free_port)
@@ -72,6 +82,14 @@ class FakeSGLang:
                                 "prompt_tokens": len(body.get("input_ids") or []) or 3, "completion_tokens": n_out}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob(t), token(key, t), "x"] for t in range(first, n_out)]
+        custom = (body.get("sampling_params") or {}).get("custom_params") or {}
+        if self.top_p_patch and custom.get("return_top_p_token_ids"):  # slime's patch: the whole response's
+            ids = [k for t in range(n_out) for k in top_p_kept(key, t)]
+            offsets = [0]
+            for t in range(n_out):
+                offsets.append(offsets[-1] + len(top_p_kept(key, t)))
+            meta["top_p_token_ids"] = base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode("ascii")
+            meta["top_p_token_offsets"] = offsets  # SGLang may send either form
         return meta
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
@@ -137,7 +155,7 @@ class FakeSGLang:
         return web.Response()
 
     async def _info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": "fake/model"})
+        return web.json_response({"model_path": "fake/model", "weight_version": self.weight_version})
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -145,6 +163,7 @@ class FakeSGLang:
         app.router.add_post("/abort_request", self._abort)
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._info)
+        app.router.add_get("/model_info", self._info)
         return app
 
     def wait_idle(self, timeout_s: float = 5.0) -> bool:

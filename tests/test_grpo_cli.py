@@ -34,3 +34,29 @@ def test_stall_timeout_is_a_flag_with_the_engines_default() -> None:
     proc = subprocess.run([sys.executable, str(TRAIN), "--help"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(TRAIN.parents[2] / "src"), COLUMNS="200"), timeout=120)
     assert proc.returncode == 0 and "--stall-timeout S" in proc.stdout and "(default: 60.0;" in proc.stdout
+
+
+def test_a_broken_step_contract_is_one_line_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """An `InvariantError` (a step that lost a group) reaching the example's `main` is one `error:` line and exit 1,
+    not a traceback: it is a `TailSieveError` (and still a `RuntimeError` for older callers)."""
+    import importlib.util
+
+    from tailsieve.errors import TailSieveError
+    from tailsieve.policy.step import InvariantError
+
+    assert issubclass(InvariantError, TailSieveError) and issubclass(InvariantError, RuntimeError)
+    spec = importlib.util.spec_from_file_location("grpo_train_under_test", TRAIN)
+    assert spec is not None and spec.loader is not None
+    monkeypatch.syspath_prepend(str(TRAIN.parent))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+
+    def broken(a: object) -> list[object]:
+        raise InvariantError("step 3: 3 complete groups, expected exactly 4")
+
+    monkeypatch.setattr(module, "run", broken)
+    assert module.main(["--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: step 3: 3 complete groups, expected exactly 4\n"

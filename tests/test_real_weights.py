@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,7 @@ def test_update_changes_greedy_output_and_versions_every_step(reloadable: LocalL
                     assert all(lp <= 0.0 for lp in x.logprobs)
                 up = await r.update_weights(ckpt)
                 assert up.methods == (UpdateMethod.IN_PLACE, UpdateMethod.IN_PLACE)
+                assert up.reported == (str(t + 1),) * 2  # read back from vLLM's GET /weight_info
                 out.setdefault("after", []).append([await greedy(u) for u in urls])
         return out
 
@@ -99,3 +101,21 @@ def test_restart_fallback_serves_the_same_weights(reloadable: LocalLauncher, per
     spent = reloadable.reload(str(perturbed), [0])
     assert spent > 0 and reloadable.slots[0].restarts == 1
     assert asyncio.run(greedy(urls[0])) == in_place
+
+
+def test_a_restarted_replica_is_stale_for_a_resumed_run(reloadable: LocalLauncher) -> None:
+    """After the restart above, replica 0 reports vLLM's initial label ("default") while replica 1 still reports
+    "3" (the previous test's last update): a run resumed at version 3 finds replica 0 stale and generates on
+    replica 1 only."""
+    cfg = RolloutConfig(groups=2, group_size=2, rho=0.5, policy="uniform", sampling=SamplingParams(max_tokens=8))
+
+    async def run() -> tuple[Any, set[int], int]:
+        async with Rollout(reloadable.endpoints, cfg, PROMPTS) as r:
+            state = r.state()
+        async with Rollout(reloadable.endpoints, cfg, PROMPTS, state=replace(state, weight_version=3)) as r:
+            b = await r.step()
+            return r.version_check, {s.replica for g in b.groups for s in g.samples}, b.stale_samples
+
+    check, used, stale = asyncio.run(run())
+    assert check.reported == ("default", "3") and check.stale == (0,)
+    assert used == {1} and stale == 0

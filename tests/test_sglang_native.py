@@ -171,3 +171,82 @@ def test_health_uses_native_paths(fake: FakeSGLang) -> None:
             return await c.health(Endpoint(fake.url, "sglang-native"))
 
     assert asyncio.run(go())
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+@pytest.mark.parametrize("stream", [True, False])
+def test_served_version_and_top_p_kept_ids_reach_the_choice(fake: FakeSGLang, stream: bool,
+                                                            incremental: bool) -> None:
+    """`meta_info.weight_version` becomes `Choice.served_version`; with slime's patch and custom_params asking,
+    the top-p kept ids (base64 int32) and offsets become `Choice.top_p`, whole-response in every stream mode."""
+    from sglang_fake import top_p_kept
+
+    fake.incremental, fake.top_p_patch, fake.long_prompts, fake.weight_version = incremental, True, {42}, "11"
+    params = SamplingParams(max_tokens=7, top_p=0.8, extra=(("custom_params", {"return_top_p_token_ids": True}),))
+
+    async def go() -> Completion:
+        async with EngineClient(ClientOptions(stream=stream, logprobs=True)) as c:
+            return await c.complete(Endpoint(fake.url, "sglang-native"), "m", Request("rid-1", TokenPrompt([42, 43])),
+                                    params)
+
+    (ch,) = asyncio.run(go()).choices
+    key = json.dumps([42, 43])
+    kept = [top_p_kept(key, t) for t in range(7)]
+    assert ch.served_version == "11" and ch.top_p is not None
+    assert ch.top_p.token_ids == tuple(k for ids in kept for k in ids)
+    assert ch.top_p.offsets == (0, 1, 3, 6, 7, 9, 12, 13)
+    assert fake.bodies[0]["sampling_params"]["custom_params"] == {"return_top_p_token_ids": True}
+    fake.top_p_patch = False
+    (plain,) = asyncio.run(go()).choices
+    assert plain.top_p is None and plain.served_version == "11"
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"top_p_token_ids": "!!", "top_p_token_offsets": [0]}, "meta_info.top_p_token_ids is not base64"),
+    ({"top_p_token_ids": "AAA=", "top_p_token_offsets": [0]}, "holds 2 bytes, not a whole number of int32s"),
+    ({"top_p_token_ids": 5, "top_p_token_offsets": [0]}, "is int, expected a list or base64 text"),
+    ({"top_p_token_ids": [1, 2]}, "has top_p_token_ids or top_p_token_offsets without the other"),
+    ({"top_p_token_ids": [1, 2], "top_p_token_offsets": [0, 3]}, "top_p_token_offsets do not index its 2"),
+    ({"top_p_token_ids": [1, 2], "top_p_token_offsets": [0, 2]}, "2 top_p_token_offsets for 2 tokens"),
+])
+def test_malformed_top_p_arrays_are_one_line(meta: dict[str, Any], message: str) -> None:
+    """A reply whose top-p arrays do not describe its tokens is a one-line `ReplyError`/`ValueError` (the client
+    reports it as a bad reply of that replica), never a silently wrong training sample."""
+    from tailsieve.engines.transport.replies import ReplyError, parse_full
+
+    backend = get_backend("sglang-native")
+    data = {"text": "ab", "output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "stop"},
+                                                                 "completion_tokens": 2, **meta}}
+    with pytest.raises((ReplyError, ValueError)) as e:
+        parse_full(backend.response(data, Request("r", "p")), 1, 16, 0.1)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_int32_arrays_decode_from_both_forms() -> None:
+    import base64
+    import struct
+
+    from tailsieve.engines.transport.sglang_native import int32_list
+
+    raw = base64.b64encode(struct.pack("<4i", 0, 1, -2, 2**31 - 1)).decode("ascii")
+    assert int32_list(raw, "x") == [0, 1, -2, 2**31 - 1] and int32_list([3, 4], "x") == [3, 4]
+
+
+@pytest.mark.parametrize(("paths", "expected"), [(("/model_info", "/get_model_info"), "11"),
+                                                 (("/nope", "/get_model_info"), "11"), ((), None),
+                                                 (("/nope",), None)])
+def test_served_version_reads_model_info(fake: FakeSGLang, paths: tuple[str, ...], expected: str | None,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang reports its weight version at GET /model_info (/get_model_info before 0.5.x); a path the server lacks
+    (404) falls to the next, and no path at all is "not told" (None)."""
+    from tailsieve.engines.transport.sglang_native import SGLangNativeBackend
+
+    fake.weight_version = "11"
+    monkeypatch.setattr(SGLangNativeBackend, "version_paths", paths)
+
+    async def go() -> str | None:
+        async with EngineClient() as c:
+            ep = Endpoint(fake.url, "sglang-native")
+            return await c.backend(ep).served_version(c.session, ep)
+
+    assert asyncio.run(go()) == expected

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -184,3 +185,160 @@ def test_the_modules_import_without_slime() -> None:
     from tailsieve.integrations.slime import sample_class
 
     assert sample_class() is SlimeSample
+
+
+def test_every_sample_carries_the_weight_version_its_worker_reported(tmp_path: Path, fleet: FakeFleet) -> None:
+    args = make_args(tmp_path, fleet)
+    batches = run(args, TailSieveDataSource(args), 2, start=3)
+    for k, b in enumerate(batches):
+        for s in (s for g in b for s in g):
+            assert s.weight_versions == ["7"]  # the fake workers' meta_info.weight_version
+            assert s.metadata["tailsieve"]["weight_version"] == 3 + k  # what TailSieve stamped: the rollout id
+
+
+def test_top_p_below_one_fills_the_kept_token_ids_slime_asserts_on(tmp_path: Path, fleet: FakeFleet) -> None:
+    """With --rollout-top-p 0.9 every request asks for the top-p kept ids (custom_params), and every sample gets
+    `rollout_top_p_token_ids` / `rollout_top_p_token_offsets` exactly as the worker sent them: offsets one per
+    response token and one more, ending at the number of ids (slime/ray/rollout.py's assertions)."""
+    from sglang_fake import top_p_kept
+
+    for s in fleet.servers:
+        s.top_p_patch = True
+    args = make_args(tmp_path, fleet, rollout_top_p=0.9)
+    batches = run(args, TailSieveDataSource(args), 3)
+    assert all(b["sampling_params"]["custom_params"] == {"return_top_p_token_ids": True}
+               and b["sampling_params"]["top_p"] == 0.9 for s in fleet.servers for b in s.bodies)
+    for s in (s for b in batches for g in b for s in g):
+        key = json.dumps(s.tokens[:3])
+        kept = [top_p_kept(key, t) for t in range(s.response_length)]
+        assert s.rollout_top_p_token_ids == [k for ids in kept for k in ids]
+        offsets = s.rollout_top_p_token_offsets
+        assert offsets is not None and len(offsets) == s.response_length + 1
+        assert offsets[0] == 0 and offsets[-1] == len(s.rollout_top_p_token_ids)
+        assert [b - a for a, b in pairwise(offsets)] == [len(ids) for ids in kept]
+
+
+def test_top_p_on_unpatched_sglang_is_one_line_and_loses_no_group(tmp_path: Path, fleet: FakeFleet) -> None:
+    """Stock SGLang ignores custom_params: the rollout is one line naming what is missing, the carry state has not
+    moved (no group consumed, the carried prompt samples untouched), and once the workers answer, the same step
+    runs again and every draw is consumed or carried exactly once."""
+    args = make_args(tmp_path, fleet, rollout_top_p=0.9)
+    ds = TailSieveDataSource(args)
+    with pytest.raises(SlimeIntegrationError) as e:
+        generate_rollout(args, 0, ds)
+    text = str(e.value)
+    assert text.startswith("TailSieve rollout 0: --rollout-top-p 0.9 < 1 needs the top-p kept token ids, and ")
+    assert text.endswith("(it needs slime's SGLang patch, which answers custom_params return_top_p_token_ids)")
+    assert "\n" not in text and e.value.__cause__ is None
+    _, state = session_for(args, ds)
+    assert state.loop is None and len(state.carry) == ds.source.group_index > 0
+    assert all(s.tokens == [1000 + int(s.label), 7, 8] and s.response_length == 0
+               for g in state.carry.values() for s in g)  # the failed batch was built on copies
+    for server in fleet.servers:
+        server.top_p_patch = True
+    batch = generate_rollout(args, 0, ds)
+    consumed = [g[0].label for g in batch]
+    waiting = [g[0].label for g in state.carry.values()]
+    assert len(batch) == N and state.loop is not None and state.loop.router.step == 1
+    assert sorted(map(int, consumed + waiting)) == list(range(ds.source.group_index))
+
+
+STUB = {  # the slime modules the reward path imports, reduced to their contract (no slime on the registries)
+    "slime/__init__.py": "",
+    "slime/utils/__init__.py": "",
+    "slime/utils/async_utils.py": """
+import asyncio, threading
+LOOP = asyncio.new_event_loop()  # slime's persistent rollout loop (slime.utils.async_utils.run)
+threading.Thread(target=LOOP.run_forever, name="stub-slime-loop", daemon=True).start()
+def run(coro):
+    return asyncio.run_coroutine_threadsafe(coro, LOOP).result()
+""",
+    "slime/rollout/__init__.py": "",
+    "slime/rollout/rm_hub/__init__.py": """
+import asyncio
+CALLS, FAIL, BOUND = [], [], []
+def _get_shared_session():  # slime's shared aiohttp session: bound to the loop it was created on
+    loop = asyncio.get_running_loop()
+    BOUND.append(loop) if not BOUND else None
+    if loop is not BOUND[0]:
+        raise RuntimeError("Timeout context manager should be used inside a task")  # aiohttp, on a foreign loop
+async def async_rm(args, sample, **kw):
+    _get_shared_session()
+    if FAIL:
+        raise FAIL.pop()
+    CALLS.append(("one", sample.label))
+    return float(len(sample.response))
+async def batched_async_rm(args, samples, **kw):
+    _get_shared_session()
+    CALLS.append(("group", [s.label for s in samples]))
+    return [float(i) for i in range(len(samples))]
+""",
+    "slime/rollout/sglang_rollout.py": """
+from types import SimpleNamespace
+from slime.rollout.rm_hub import async_rm
+from slime.utils.async_utils import run
+def generate_rollout(args, rollout_id, data_source, evaluation=False):  # slime's eval: its loop, its session
+    return {"eval": {"rewards": [run(async_rm(args, SimpleNamespace(label="e", response="abc")))]}}
+""",
+}
+
+
+@pytest.fixture
+def stub_slime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import importlib
+    import sys
+
+    for rel, text in STUB.items():
+        (tmp_path / "stub" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "stub" / rel).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    hub = importlib.import_module("slime.rollout.rm_hub")
+    yield hub
+    loop = importlib.import_module("slime.utils.async_utils").LOOP
+    loop.call_soon_threadsafe(loop.stop)
+    for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
+        del sys.modules[name]
+
+
+def test_rewards_run_on_slimes_loop_so_its_eval_can_reuse_the_rm_session(tmp_path: Path, fleet: FakeFleet,
+                                                                         stub_slime: Any) -> None:
+    """slime's reward hub (`--rm-type remote_rm`) keeps one HTTP session bound to the loop it first ran on: the
+    training rewards run on slime's loop, so slime's own eval rollout (on that loop) uses the same session."""
+    args = make_args(tmp_path, fleet)
+    ds = TailSieveDataSource(args)
+    batch = generate_rollout(args, 0, ds)
+    flat = [s for g in batch for s in g]
+    assert all(s.reward == float(len(s.response)) for s in flat)
+    assert [("one", s.label) for s in flat] == stub_slime.CALLS  # slime's per-sample async_rm, once each
+    assert generate_rollout(args, 0, ds, evaluation=True) == {"eval": {"rewards": [3.0]}}  # no foreign-loop error
+    assert stub_slime.BOUND[0] is sys_modules("slime.utils.async_utils").LOOP
+
+
+def test_group_rm_scores_each_whole_group(tmp_path: Path, fleet: FakeFleet, stub_slime: Any) -> None:
+    args = make_args(tmp_path, fleet, group_rm=True)
+    batch = generate_rollout(args, 0, TailSieveDataSource(args))
+    assert [("group", [s.label for s in g]) for g in batch] == stub_slime.CALLS
+    assert all([s.reward for s in g] == [0.0, 1.0] for g in batch)
+
+
+def test_a_failing_reward_model_is_one_line_and_loses_no_group(tmp_path: Path, fleet: FakeFleet,
+                                                               stub_slime: Any) -> None:
+    args = make_args(tmp_path, fleet)
+    ds = TailSieveDataSource(args)
+    stub_slime.FAIL.append(ConnectionError("reward server refused the connection\nsecond line"))
+    with pytest.raises(SlimeIntegrationError) as e:
+        generate_rollout(args, 0, ds)
+    assert str(e.value) == ("TailSieve rollout 0: reward model failed (ConnectionError: reward server refused the "
+                            "connection); the step was not consumed and runs again on the next call")
+    _, state = session_for(args, ds)
+    assert state.loop is None and all(s.reward is None for g in state.carry.values() for s in g)
+    batch = generate_rollout(args, 0, ds)
+    consumed, waiting = [g[0].label for g in batch], [g[0].label for g in state.carry.values()]
+    assert sorted(map(int, consumed + waiting)) == list(range(ds.source.group_index))
+    assert all(s.reward is not None for g in batch for s in g)
+
+
+def sys_modules(name: str) -> Any:
+    import sys
+
+    return sys.modules[name]

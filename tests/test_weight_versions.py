@@ -16,7 +16,7 @@ from engine_fake import FAKE_PROMPT_IDS, FakeServer, fake_logprob
 from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.state import RolloutState
-from tailsieve.engines.rollout.weight_sync import StaleBatch, UpdateMethod
+from tailsieve.engines.rollout.weight_sync import StaleBatch, StaleReplicas, UpdateMethod
 from tailsieve.engines.transport.engine_client import Api, Endpoint, EngineError, SamplingParams
 from tailsieve.errors import ConfigError, TailSieveError
 
@@ -218,3 +218,140 @@ def test_trainer_samples_carry_ids_logprobs_version_and_group(servers: list[Fake
             assert all(b["logprobs"] == (True if api is Api.CHAT else 0) for s in servers for b in s.bodies)
 
     asyncio.run(run())
+
+
+def saved_at(version: int, servers: list[FakeServer], cfg: RolloutConfig) -> RolloutState:
+    """A state saved at `version` by a run of this shape (what a trainer's checkpoint holds)."""
+    async def run() -> RolloutState:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS) as r:
+            await r.step()
+            return replace(r.state(), weight_version=version)
+
+    return asyncio.run(run())
+
+
+def test_restoring_onto_servers_that_never_got_the_weights_reports_stale_replicas(servers: list[FakeServer],
+                                                                                    tmp_path: Path) -> None:
+    """A state saved at version 5 resumed on freshly started servers (they report vLLM's initial label "default"):
+    every replica is stale, a step is one `StaleReplicas` line instead of samples labelled 5, and nothing moves;
+    once `update_weights` has pushed version 6 the servers report "6" and the step runs on-policy."""
+    cfg = config(policy="uniform", q=None, m=None)
+    state = saved_at(5, servers, cfg)
+    for s in servers:
+        s.version_label = "default"  # restarted: they serve their initial weights again
+
+    async def run() -> None:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS, state=state) as r:
+            check = r.version_check
+            assert check is not None and check.version == 5
+            assert check.reported == ("default",) * 3 and check.stale == (0, 1, 2)
+            started = [s.started for s in servers]
+            with pytest.raises(StaleReplicas) as e:
+                await r.step()
+            assert str(e.value) == ("no replica serves weight version 5 (" + ", ".join(
+                f"{s.url} reports 'default'" for s in servers) + "): push the weights with update_weights before "
+                "stepping")
+            assert isinstance(e.value, TailSieveError) and [s.started for s in servers] == started
+            assert r.state().to_json() == state.to_json()  # nothing moved
+            up = await r.update_weights(ckpt(tmp_path, "w6"))
+            assert up.version == 6 and up.methods == (UpdateMethod.IN_PLACE,) * 3 and up.reported == ("6",) * 3
+            b = await r.step()
+            assert b.step == state.router.step and b.weight_version == 6 and b.stale_samples == 0
+            assert {s.weight_version for g in b.groups for s in g.samples} == {6}
+
+    asyncio.run(run())
+
+
+def test_only_the_replicas_reporting_the_saved_version_serve(servers: list[FakeServer]) -> None:
+    cfg = config(policy="uniform", q=None, m=None)
+    state = saved_at(5, servers, cfg)
+    servers[0].version_label, servers[1].version_label, servers[2].version_label = "default", "5", "4"
+
+    async def run() -> set[int]:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS, state=state) as r:
+            assert r.version_check is not None and r.version_check.stale == (0, 2)
+            b = await r.step()
+            assert b.weight_version == 5 and b.stale_samples == 0
+            return {s.replica for g in b.groups for s in g.samples}
+
+    before = [s.started for s in servers]
+    assert asyncio.run(run()) == {1}
+    assert servers[0].started == before[0] and servers[2].started == before[2]
+
+
+def test_a_server_that_does_not_report_its_version_is_trusted(servers: list[FakeServer]) -> None:
+    """vLLM without VLLM_SERVER_DEV_MODE=1 has no /weight_info: its version cannot be read back, so it is used
+    (docs/engines.md says so); the ones that do report are still checked."""
+    cfg = config(policy="uniform", q=None, m=None)
+    state = saved_at(5, servers, cfg)
+    servers[0].version_info = False
+    servers[1].version_label = "5"
+
+    async def run() -> tuple[tuple[str | None, ...], tuple[int, ...]]:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS, state=state) as r:
+            assert r.version_check is not None
+            return r.version_check.reported, r.version_check.stale
+
+    assert asyncio.run(run()) == ((None, "5", "default"), (2,))
+
+
+def test_a_replica_whose_weights_change_behind_the_run_is_caught_and_refreshed(servers: list[FakeServer],
+                                                                                tmp_path: Path) -> None:
+    """After an update, a replica that restarts (its label back to "default") is found stale by `verify()` and not
+    used; the next step's `refresh` reloads the run's checkpoint into it, reads "1" back and uses it again."""
+    cfg = config(policy="uniform", q=None, m=None)
+
+    async def run() -> tuple[set[int], set[int]]:
+        async with Rollout([s.url for s in servers], cfg, PROMPTS) as r:
+            await r.update_weights(ckpt(tmp_path, "w1"))
+            servers[2].version_label = "default"
+            assert r.weights is not None
+            check = await r.weights.verify()
+            assert check.reported == ("1", "1", "default") and check.stale == (2,)
+            servers[2].reload = "500"  # the refresh fails: still excluded
+            b1 = await r.step()
+            servers[2].reload = "ok"
+            b2 = await r.step()
+            assert b1.stale_samples == b2.stale_samples == 0
+            return {s.replica for g in b1.groups for s in g.samples}, {s.replica for g in b2.groups for s in g.samples}
+
+    used1, used2 = asyncio.run(run())
+    assert 2 not in used1 and 2 in used2 and servers[2].version_label == "1"
+
+
+def test_an_update_the_server_does_not_take_is_stale(servers: list[FakeServer], tmp_path: Path) -> None:
+    """A server that answers the update but still reports its old version afterwards is stale in the update's own
+    report (method, version read back, one error line naming it) and is not used."""
+    servers[0].takes_label = False
+
+    async def run() -> tuple[Any, set[int]]:
+        async with Rollout([s.url for s in servers], config(policy="uniform", q=None, m=None), PROMPTS) as r:
+            up = await r.update_weights(ckpt(tmp_path, "w1"))
+            b = await r.step()
+            return up, {s.replica for g in b.groups for s in g.samples}
+
+    up, used = asyncio.run(run())
+    assert up.methods == (UpdateMethod.STALE, UpdateMethod.IN_PLACE, UpdateMethod.IN_PLACE) and up.updated == 2
+    assert up.reported == ("default", "1", "1")
+    assert up.errors == (f"{servers[0].url} reports weight version 'default' after the update to 1",)
+    assert 0 not in used
+
+
+def test_a_sample_its_server_labels_with_another_version_is_stale() -> None:
+    """`Batch.stale_samples` counts samples sent under an older version and samples whose server reported (SGLang's
+    meta_info.weight_version) another version than the one they were sent under; version 0 and unreported
+    versions are never stale."""
+    from tailsieve.engines.rollout.batch import GroupResult
+    from tailsieve.engines.rollout.engine_executor import Sample
+    from tailsieve.loop import StepRecord
+    from tailsieve.policy.step import Pool
+
+    def s(sent: int, served: str | None) -> Sample:
+        return Sample("x", 1, "stop", (1,), 0, 0.0, 1, weight_version=sent, served_version=served)
+
+    samples = (s(3, "3"), s(3, "2"), s(3, None), s(2, "2"), s(0, "default"))
+    record = StepRecord(step=0, makespan_s=1.0, tail_s=0.0, bulk_s=1.0, q=0, m=0, candidates=0, wasted_tokens=0,
+                        batch_mean_length=1.0)
+    b = Batch(0, (GroupResult(0, "p", "p", Pool.BULK, 1.0, samples),), record, (), 0, 0.0, (), weight_version=3)
+    assert b.served_stale == 1  # s(3, "2")
+    assert b.stale_samples == 3  # s(3, "2"), and the two sent under versions 2 and 0

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from tailsieve.errors import TailSieveError
 from tailsieve.policy.stream import StreamState
 
 
@@ -93,5 +94,6 @@ class StepResult:
     makespan_s: float
 
 
-class InvariantError(RuntimeError):
-    """An executor broke the step contract (a group lost, duplicated, or the batch not N complete groups)."""
+class InvariantError(TailSieveError, RuntimeError):
+    """An executor broke the step contract (a group lost, duplicated, or the batch not N complete groups): a
+    one-line `TailSieveError` (a custom executor or a restored state can cause it), still a `RuntimeError`."""

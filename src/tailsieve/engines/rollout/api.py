@@ -28,7 +28,14 @@ from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedSt
 from tailsieve.engines.rollout.prompts import Messages, PromptRecord, Template, load_prompts, render
 from tailsieve.engines.rollout.resume import check_state
 from tailsieve.engines.rollout.state import RolloutState
-from tailsieve.engines.rollout.weight_sync import ReloadHook, StaleBatch, WeightPush, WeightSync, WeightUpdate
+from tailsieve.engines.rollout.weight_sync import (
+    ReloadHook,
+    StaleBatch,
+    VersionCheck,
+    WeightPush,
+    WeightSync,
+    WeightUpdate,
+)
 from tailsieve.engines.transport.engine_client import (
     Api,
     ClientOptions,
@@ -227,6 +234,8 @@ class Rollout:
         self.executor = self.build_executor(self.replicas, model)
         self.weights = WeightSync(self.replicas, self.reload, self._version)
         self.executor.weight_version = self._version
+        if self._version > 0:  # resumed: do the servers really serve the saved version?
+            await self.weights.verify()
         freeze_startup_heap()
 
     def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
@@ -308,6 +317,11 @@ class Rollout:
         return self._spec(ref, self._generations(plan)[0][ref.uid], plan.step)
 
     @property
+    def version_check(self) -> VersionCheck | None:
+        """What the replicas last reported serving (`WeightSync.verify`: at `open` of a resumed run); None before."""
+        return None if self.weights is None else self.weights.last_check
+
+    @property
     def weight_version(self) -> int:
         """The weights the replicas serve: 0 at the start, +1 per `update_weights` (saved with the state)."""
         return self.weights.version if self.weights is not None else self._version
@@ -337,6 +351,7 @@ class Rollout:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
         if self.weights is not None:
             await self.weights.refresh()
+            self.weights.require_fresh()
         out = await self.loop.astep(LoopState(self.rstate, self.cstate), self.executor, self._pool_move)
         ex = cast(ExecutedStep, out.result)
         wstate, weights = self.wstate, list[float | None]([None] * len(out.consumed))
@@ -353,9 +368,11 @@ class Rollout:
                       out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups),
                       self.weight_version)
         if batch.stale_samples:  # refused before the state moves: the next step runs these groups again
+            why = (f"{batch.served_stale} were served under another version than the run's (a replica's weights "
+                   "changed outside update_weights)" if batch.served_stale else
+                   "update_weights ran during the step")
             raise StaleBatch(f"step {batch.step}: {batch.stale_samples} consumed sample(s) predate weight version "
-                             f"{batch.weight_version} (update_weights ran during the step); the step was not "
-                             "consumed, run it again")
+                             f"{batch.weight_version} ({why}); the step was not consumed, run it again")
         self.rstate, self.cstate, self.wstate = out.state.router, out.state.control, wstate
         self.generation = self._generations(out.plan)[1]
         return batch

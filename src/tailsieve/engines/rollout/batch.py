@@ -9,6 +9,7 @@ from typing import Any
 
 from tailsieve.engines.rollout.engine_executor import Sample
 from tailsieve.engines.rollout.prompts import Messages
+from tailsieve.engines.rollout.weight_sync import disagrees
 from tailsieve.loop import StepRecord
 from tailsieve.policy.step import GroupOutcome, Pool
 
@@ -116,8 +117,16 @@ class Batch:
 
     @property
     def stale_samples(self) -> int:
-        """Consumed samples generated under weights older than the step's `weight_version` (0: on-policy)."""
-        return sum(s.weight_version < self.weight_version for g in self.groups for s in g.samples)
+        """Consumed samples generated under weights older than the step's `weight_version`, or whose server reported
+        another version than the one they were sent under (`served_stale`); 0: on-policy."""
+        return sum(s.weight_version < self.weight_version or disagrees(s.served_version, s.weight_version)
+                   for g in self.groups for s in g.samples)
+
+    @property
+    def served_stale(self) -> int:
+        """Consumed samples whose server reported (with the sample: SGLang's `meta_info.weight_version`) another
+        version than the run's when they were sent."""
+        return sum(disagrees(s.served_version, s.weight_version) for g in self.groups for s in g.samples)
 
     def trainer_samples(self) -> tuple[TrainerSample, ...]:
         """Every consumed sample, group by group (tail pool first), as the trainer takes it."""

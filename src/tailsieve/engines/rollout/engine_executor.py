@@ -36,6 +36,7 @@ from tailsieve.engines.transport.engine_client import (
     SamplingParams,
 )
 from tailsieve.engines.transport.health import Replicas
+from tailsieve.engines.transport.types import TopPTokens
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 
@@ -71,6 +72,8 @@ class Sample:
     logprobs: tuple[float, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     weight_version: int = 0
+    served_version: str | None = None  # the version its server reported with it (SGLang), None where not told
+    top_p: TopPTokens | None = None  # top-p kept token ids per generated token (SGLang with slime's patch)
 
 
 @dataclass(slots=True)
@@ -329,7 +332,8 @@ class EngineExecutor:
                 raise EngineError(f"{self.replicas.endpoints[job.replica].url}: {len(comp.choices)} "
                                   f"choices returned, {len(job.members)} requested")
             st.samples[job.uid][j] = Sample(ch.text, ch.tokens, ch.finish_reason, ch.token_ids, job.replica, now,
-                                            job.attempt + 1, ch.logprobs, ch.prompt_token_ids, job.version)
+                                            job.attempt + 1, ch.logprobs, ch.prompt_token_ids, job.version,
+                                            ch.served_version, ch.top_p)
             st.progress[job.uid][j] = ch.tokens
         if job.uid in st.done_at or any(s is None for s in st.samples[job.uid]):
             return

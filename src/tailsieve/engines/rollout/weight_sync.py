@@ -7,6 +7,14 @@ regenerated, never resumed).
 else by restarting it on the checkpoint (a launcher's `reload`), or through a framework's own `push` hook. A replica
 that could not be updated (down, or every path failed) is *stale*: the executor never picks it, and `refresh()`
 updates it once it answers again. The executor stamps every request with the version current at dispatch.
+
+The version is not only a client-side counter: after every update (and on `verify()`, which `Rollout` runs when
+it resumes a saved state) each replica is asked which weight version it serves (the backend's `served_version`:
+vLLM's `GET /weight_info`, SGLang's `GET /model_info`), and one that reports another version than the run's is
+stale too. Version 0 (the weights the servers started with) is never checked; a server that does not report a
+version (no such endpoint) cannot be checked and is trusted. A replica moved by a restart or a framework's push
+is labelled with the version first (`tag_version`), so for those the read-back catches a restart that lost the
+label, not weights the push did not deliver.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from tailsieve.engines.transport.health import Replicas
 from tailsieve.engines.transport.types import Endpoint, EngineError
 from tailsieve.errors import ConfigError, TailSieveError
 
-__all__ = ["ReloadHook", "StaleBatch", "UpdateMethod", "WeightPush", "WeightSync", "WeightUpdate"]
+__all__ = ["ReloadHook", "StaleBatch", "StaleReplicas", "UpdateMethod", "VersionCheck", "WeightPush", "WeightSync",
+           "WeightUpdate"]
 
 WeightPush = Callable[[int, Endpoint, int], Awaitable[None]]  # (replica, endpoint, version): a framework's push
 ReloadHook = Callable[[str, Sequence[int]], float]  # (checkpoint, replica ids) → restart seconds (launcher.reload)
@@ -31,6 +40,11 @@ ReloadHook = Callable[[str, Sequence[int]], float]  # (checkpoint, replica ids) 
 class StaleBatch(EngineError):
     """A step's consumed samples predate the weights served when it ended (`update_weights` ran during the step):
     the batch is refused and the run's state does not move, so the next `step()` runs the same groups again."""
+
+
+class StaleReplicas(EngineError):
+    """No replica serves the run's weight version (e.g. a state saved at version 5 restored onto servers that
+    never received those weights): nothing can be generated until `update_weights` moves them."""
 
 
 class UpdateMethod(StrEnum):
@@ -51,11 +65,26 @@ class WeightUpdate:
     methods: tuple[UpdateMethod, ...]
     seconds: float
     errors: tuple[str, ...] = ()
+    reported: tuple[str | None, ...] = ()  # per replica, the version it reports after the update (None: not told)
 
     @property
     def updated(self) -> int:
         """Replicas now serving `version`."""
         return sum(m is not UpdateMethod.STALE for m in self.methods)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionCheck:
+    """What each replica reports serving, against the run's version (`WeightSync.verify`)."""
+
+    version: int
+    reported: tuple[str | None, ...]  # per replica; None where it does not say, is down or was not asked
+    stale: tuple[int, ...]  # replicas reporting another version: excluded until updated
+
+
+def disagrees(reported: str | None, version: int) -> bool:
+    """Whether a reported version contradicts the run's (version 0 and unreported versions never do)."""
+    return version > 0 and reported is not None and reported != str(version)
 
 
 class WeightSync:
@@ -67,6 +96,7 @@ class WeightSync:
         self.version = version
         self.path: str | None = None
         self.push: WeightPush | None = None
+        self.last_check: VersionCheck | None = None  # the latest `verify`
 
     async def update(self, path: str | Path | None = None, *, version: int | None = None,
                      push: WeightPush | None = None) -> WeightUpdate:
@@ -82,12 +112,73 @@ class WeightSync:
         t0 = time.perf_counter()
         ids = list(range(len(self.replicas)))
         methods, errors = await self._apply(ids, None if path is None else str(Path(path).resolve()), v, push)
+        reported = await self._confirm(ids, methods, errors, v)
         if all(m is UpdateMethod.STALE for m in methods):
             raise EngineError(f"weight update to version {v} failed on every replica: "
                               f"{errors[0] if errors else 'none is up'}")
         self.version, self.path, self.push = v, None if path is None else str(Path(path).resolve()), push
         self.replicas.stale = {i for i, m in zip(ids, methods, strict=True) if m is UpdateMethod.STALE}
-        return WeightUpdate(v, self.path, tuple(methods), time.perf_counter() - t0, tuple(errors))
+        return WeightUpdate(v, self.path, tuple(methods), time.perf_counter() - t0, tuple(errors), tuple(reported))
+
+    async def verify(self) -> VersionCheck:
+        """Ask every replica that is up which version it serves: one that reports another version than the run's
+        becomes stale, a stale one that reports the run's version is usable again."""
+        ids = [i for i in range(len(self.replicas)) if self.replicas.up[i]]
+        found = dict(zip(ids, await asyncio.gather(*(self._reported(i) for i in ids)), strict=True))
+        bad = {i for i, r in found.items() if disagrees(r, self.version)}
+        good = {i for i, r in found.items() if self.version > 0 and r == str(self.version)}
+        self.replicas.stale = (self.replicas.stale - good) | bad
+        self.last_check = VersionCheck(self.version, tuple(found.get(i) for i in range(len(self.replicas))),
+                                       tuple(sorted(bad)))
+        return self.last_check
+
+    def require_fresh(self) -> None:
+        """A one-line `StaleReplicas` when every replica that is up serves other weights than the run's."""
+        up = [i for i, u in enumerate(self.replicas.up) if u]
+        if not up or self.replicas.healthy():
+            return
+        seen = self.last_check.reported if self.last_check is not None else (None,) * len(self.replicas)
+        said = ", ".join(f"{self.replicas.endpoints[i].url} " + (f"reports {seen[i]!r}" if seen[i] is not None
+                                                                 else "is stale") for i in up)
+        raise StaleReplicas(f"no replica serves weight version {self.version} ({said}): push the weights with "
+                            "update_weights before stepping")
+
+    async def _reported(self, i: int) -> str | None:
+        """The version replica i reports; None when it does not say or cannot be asked."""
+        ep, client = self.replicas.endpoints[i], self.replicas.client
+        try:
+            return await client.backend(ep).served_version(client.session, ep)
+        except (TailSieveError, OSError):
+            return None
+
+    async def _confirm(self, ids: list[int], methods: list[UpdateMethod], errors: list[str],
+                       v: int) -> list[str | None]:
+        """Read back the version of every replica just moved (labelling restarted and pushed ones first); one that
+        reports another version is stale after all (`methods` and `errors` are updated in place)."""
+        moved = [k for k, m in enumerate(methods) if m is not UpdateMethod.STALE]
+        client = self.replicas.client
+
+        async def one(k: int) -> str | None:
+            ep = self.replicas.endpoints[ids[k]]
+            if methods[k] is not UpdateMethod.IN_PLACE:
+                await client.backend(ep).tag_version(client.session, ep, v)
+            return await self._reported(ids[k])
+
+        got = await asyncio.gather(*(one(k) for k in moved), return_exceptions=True)
+        reported: list[str | None] = [None] * len(ids)
+        for k, r in zip(moved, got, strict=True):
+            if isinstance(r, BaseException):
+                if not isinstance(r, TailSieveError | OSError):
+                    raise r
+                methods[k] = UpdateMethod.STALE
+                errors.append(str(r).splitlines()[0][:300])
+                continue
+            reported[k] = r
+            if disagrees(r, v):
+                methods[k] = UpdateMethod.STALE
+                errors.append(f"{self.replicas.endpoints[ids[k]].url} reports weight version {r!r} after the "
+                              f"update to {v}")
+        return reported
 
     async def refresh(self) -> list[int]:
         """Update the stale replicas that answer again to the current version; the ids now fresh."""
@@ -96,7 +187,8 @@ class WeightSync:
         ids = sorted(self.replicas.stale)
         alive = await asyncio.gather(*(self.replicas.client.health(self.replicas.endpoints[i]) for i in ids))
         ids = [i for i, ok in zip(ids, alive, strict=True) if ok]
-        methods, _ = await self._apply(ids, self.path, self.version, self.push, probe=False)
+        methods, errors = await self._apply(ids, self.path, self.version, self.push, probe=False)
+        await self._confirm(ids, methods, errors, self.version)
         fresh = [i for i, m in zip(ids, methods, strict=True) if m is not UpdateMethod.STALE]
         self.replicas.stale -= set(fresh)
         return fresh

@@ -38,6 +38,7 @@ class EngineBackend:
 
     name: ClassVar[str] = ""
     health_paths: ClassVar[tuple[str, ...]] = ("/health", "/v1/models")  # 200: up; 404: try the next; else down
+    version_paths: ClassVar[tuple[str, ...]] = ()  # GETs answering `{"weight_version": ...}`; 404: try the next
 
     def path(self, options: ClientOptions) -> str:
         """The request path, appended to the endpoint's base URL."""
@@ -70,15 +71,48 @@ class EngineBackend:
         raise WeightUpdateUnsupported(f"{endpoint.url}: the {self.name or 'openai'} backend cannot reload weights "
                                       "in place")
 
+    async def served_version(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> str | None:
+        """The weight version the server says it serves (its `weight_version`, read from the first of
+        `version_paths` it has); None when it does not say (no such path). A failing server is an `EngineError`."""
+        for path in self.version_paths:
+            status, data = await get_json(session, endpoint.target(path))
+            if status == 404:
+                continue
+            _check(endpoint.url, status, data, f"GET {path}")
+            version = data.get("weight_version") if isinstance(data, dict) else None
+            return None if version is None else str(version)
+        return None
+
+    async def tag_version(self, session: aiohttp.ClientSession, endpoint: Endpoint, version: int) -> None:
+        """Label the weights the server now serves as `version` (`POST /update_weight_version`, vLLM's and
+        SGLang's); a server without the endpoint (404) is left as it is."""
+        if not self.version_paths:
+            return
+        status, data = await post_json(session, endpoint.target("/update_weight_version"),
+                                       {"new_version": str(version)})
+        if status != 404:
+            _check(endpoint.url, status, data, "update_weight_version")
+
 
 WEIGHT_UPDATE_TIMEOUT_S = 600.0
+VERSION_TIMEOUT_S = 10.0  # reading back the version a server reports
 
 
 async def post_json(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], *,
                     timeout_s: float = WEIGHT_UPDATE_TIMEOUT_S) -> tuple[int, Any]:
     """POST a JSON body; (status, parsed JSON or text). Connection failures become one-line `EngineError`s."""
+    return await _json(session.post(url, json=dict(body), timeout=aiohttp.ClientTimeout(total=timeout_s)), url)
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, *,
+                   timeout_s: float = VERSION_TIMEOUT_S) -> tuple[int, Any]:
+    """GET a JSON answer; (status, parsed JSON or text). Connection failures become one-line `EngineError`s."""
+    return await _json(session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)), url)
+
+
+async def _json(call: Any, url: str) -> tuple[int, Any]:
     try:
-        async with session.post(url, json=dict(body), timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with call as r:
             text = await r.text()
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise EngineError(f"{url}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]) \
@@ -136,7 +170,10 @@ class OpenAIBackend(EngineBackend):
 
 @register_backend("vllm")
 class VLLMBackend(EngineBackend):
-    """vLLM's OpenAI server: per-chunk usage while streaming and the generated token ids (`return_token_ids`)."""
+    """vLLM's OpenAI server: per-chunk usage while streaming and the generated token ids (`return_token_ids`); with
+    `VLLM_SERVER_DEV_MODE=1` it reports its weight version at `GET /weight_info` (vLLM 0.32)."""
+
+    version_paths: ClassVar[tuple[str, ...]] = ("/weight_info",)
 
     def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
         """`continuous_usage_stats` inside `stream_options`, and `return_token_ids` unless the options turn it off."""
@@ -163,17 +200,16 @@ class VLLMBackend(EngineBackend):
         status, data = await post_json(session, endpoint.target("/reset_prefix_cache"), {})
         if status != 404:
             _check(url, status, data, "reset_prefix_cache")
-        status, data = await post_json(session, endpoint.target("/update_weight_version"),
-                                       {"new_version": str(version)})
-        if status != 404:
-            _check(url, status, data, "update_weight_version")
+        await self.tag_version(session, endpoint, version)
 
 
 @register_backend("sglang")
 class SGLangBackend(EngineBackend):
-    """SGLang's OpenAI server: the request id travels as `rid`, and a cancelled request is aborted explicitly."""
+    """SGLang's OpenAI server: the request id travels as `rid`, and a cancelled request is aborted explicitly; it
+    reports its weight version at `GET /model_info` (`/get_model_info` before SGLang 0.5.x)."""
 
     abort_timeout_s: ClassVar[float] = 2.0
+    version_paths: ClassVar[tuple[str, ...]] = ("/model_info", "/get_model_info")
 
     def extra_body(self, body: Mapping[str, Any], req: Request, options: ClientOptions) -> dict[str, Any]:
         """`rid`: the id `/abort_request` names."""

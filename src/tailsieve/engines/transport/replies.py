@@ -18,11 +18,20 @@ import json
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
-from tailsieve.engines.transport.types import Choice, Completion, FaultKind, ReplicaFault, Request, RequestRejected
+from tailsieve.engines.transport.types import (
+    Choice,
+    Completion,
+    FaultKind,
+    ReplicaFault,
+    Request,
+    RequestRejected,
+    TopPTokens,
+)
 from tailsieve.redact import redact
 
 MAX_PROMPT_TOKENS = 2**31 - 1
@@ -179,6 +188,8 @@ class ReplyChoice:
     finish_reason: str | None
     logprobs: tuple[float, ...] | None
     prompt_token_ids: tuple[int, ...] | None
+    served_version: str | None = None
+    top_p: TopPTokens | None = None
 
     @property
     def progress(self) -> bool:
@@ -223,8 +234,24 @@ def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyC
     if finish and finish not in FINISH_REASONS:
         raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, not a complete sample (stop or length)")
     pids = ch.get("prompt_token_ids") if ch.get("prompt_token_ids") is not None else outer.get("prompt_token_ids")
+    version = ch.get("weight_version")
     return ReplyChoice(i, _text(ch, i), _ids(ch.get("token_ids"), f"choice {i} token_ids"), finish or None,
-                       _logprobs(ch), _ids(pids, "prompt_token_ids"))
+                       _logprobs(ch), _ids(pids, "prompt_token_ids"), None if version is None else str(version),
+                       _top_p(ch, i))
+
+
+def _top_p(ch: Mapping[str, Any], i: int) -> TopPTokens | None:
+    """`top_p_token_ids` and `top_p_token_offsets` (both or neither) as `TopPTokens`; offsets start at 0, never
+    decrease and end at the number of ids."""
+    ids, offsets = ch.get("top_p_token_ids"), ch.get("top_p_token_offsets")
+    if ids is None and offsets is None:
+        return None
+    kept, offs = _ids(ids, f"choice {i} top_p_token_ids"), _ids(offsets, f"choice {i} top_p_token_offsets")
+    if kept is None or offs is None:
+        raise ReplyError(f"choice {i} has top_p_token_ids or top_p_token_offsets without the other")
+    if not offs or offs[0] != 0 or offs[-1] != len(kept) or any(a > b for a, b in pairwise(offs)):
+        raise ReplyError(f"choice {i} top_p_token_offsets do not index its {len(kept)} top_p_token_ids")
+    return TopPTokens(kept, offs)
 
 
 def _usage(raw: Any, n: int, cap: int) -> Usage | None:
@@ -275,7 +302,8 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
             tokens = total
         else:
             tokens = cap if c.finish_reason == "length" else round(total / n)
-        out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids))
+        out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids,
+                          c.served_version, c.top_p))
     _usage_matches_ids(usage.completion_tokens, out)
     return Completion(_aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
 
@@ -296,10 +324,14 @@ def _usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choic
 
 
 def _aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
-    """Logprobs must describe the returned tokens one to one (a trainer pairs them)."""
+    """Logprobs must describe the returned tokens one to one (a trainer pairs them), and top-p offsets have one
+    entry per token and one more."""
     for c in choices:
         if c.logprobs is not None and c.token_ids is not None and len(c.logprobs) != len(c.token_ids):
             raise ReplyError(f"choice {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
+        if c.top_p is not None and len(c.top_p.offsets) != c.tokens + 1:
+            raise ReplyError(f"choice {c.index}: {len(c.top_p.offsets)} top_p_token_offsets for {c.tokens} tokens "
+                             "(expected one per token and one more)")
     return choices
 
 
@@ -311,6 +343,8 @@ class _Acc:
     tokens: int = 0
     logprobs: list[float] | None = None
     prompt_ids: tuple[int, ...] | None = None
+    served_version: str | None = None  # the latest event's
+    top_p: TopPTokens | None = None  # the latest event's (SGLang sends the whole response's in its last event)
 
 
 class StreamAcc:
@@ -337,6 +371,8 @@ class StreamAcc:
                 a.logprobs.extend(c.logprobs)  # in place: a long stream of one-token chunks stays linear
             if a.prompt_ids is None and c.prompt_token_ids is not None:
                 a.prompt_ids = c.prompt_token_ids
+            a.served_version = c.served_version or a.served_version
+            a.top_p = c.top_p or a.top_p
             if c.text:
                 a.text.append(c.text)
             if c.token_ids is not None:
@@ -365,7 +401,7 @@ class StreamAcc:
                 raise ReplyError(f"[DONE] before choice {left[0]} finished ({len(left)} of {self.n} unfinished)")
             raise EOFError("stream ended before every choice finished ([DONE] missing)")
         out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids),
-                           None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids)
+                           None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids, a.served_version, a.top_p)
                     for i, a in enumerate(self.accs))
         for c in out:
             _ids_match_text(c.index, c.text, c.token_ids)

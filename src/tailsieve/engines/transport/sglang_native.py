@@ -10,7 +10,9 @@ Native request: `{"text" | "input_ids", "sampling_params": {...}, "rid", "return
 prompt given as token ids is a `TokenPrompt` (a `str` carrying `token_ids`, so it passes through
 `Request.prompt` unchanged). Native answer: `{"text", "output_ids", "meta_info": {"finish_reason": {"type":
 "stop" | "length" | "abort", ...}, "prompt_tokens", "completion_tokens", "output_token_logprobs": [[logprob,
-token_id, text], ...], "weight_version"}}` (a list of those when `n > 1`). Streamed events are cumulative by
+token_id, text], ...], "weight_version", "top_p_token_ids", "top_p_token_offsets"}}` (a list of those when
+`n > 1`; the top-p arrays only from SGLang with slime's patch, when `sampling_params.custom_params` asks for them:
+kept as `Choice.top_p`, and the reported `weight_version` as `Choice.served_version`). Streamed events are cumulative by
 default and deltas with `--incremental-streaming-output`; `meta_info.completion_tokens` is cumulative in both,
 so each event's new tokens are the last `completion_tokens - seen` entries of its lists. A choice SGLang aborted
 itself (`finish_reason.type == "abort"`: an operator's abort, a weight update) is unfinished work, reported as a
@@ -19,16 +21,18 @@ replica error so the executor re-dispatches it.
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import aiohttp
 
-from tailsieve.engines.transport.backends import EngineBackend, register_backend
+from tailsieve.engines.transport.backends import EngineBackend, SGLangBackend, register_backend
 from tailsieve.engines.transport.types import Api, ClientOptions, Endpoint, Request
 
-__all__ = ["SGLangNativeBackend", "TokenPrompt", "finish_type"]
+__all__ = ["SGLangNativeBackend", "TokenPrompt", "finish_type", "int32_list"]
 
 # Top-level fields of SGLang's GenerateReqInput that a `SamplingParams.extra` entry may set; any other extra
 # goes into `sampling_params` (no_stop_trim, stop_token_ids, skip_special_tokens, min_new_tokens, ...).
@@ -156,7 +160,31 @@ def _choice(index: int, text: str, ids: list[int], lps: list[float] | None, fini
         out["prompt_token_ids"] = prompt_ids
     if meta.get("weight_version") is not None:
         out["weight_version"] = meta["weight_version"]
+    for key, names in _TOP_P_KEYS:
+        found = next((meta[n] for n in names if meta.get(n) is not None), None)
+        if found is not None:
+            out[key] = int32_list(found, key)
     return out
+
+
+# slime's names for the top-p kept token ids and their offsets in `meta_info` (slime/utils/misc.py)
+_TOP_P_KEYS = (("top_p_token_ids", ("top_p_token_ids", "top_p_kept_token_ids")),
+               ("top_p_token_offsets", ("top_p_token_offsets", "top_p_kept_token_offsets")))
+
+
+def int32_list(value: Any, what: str) -> list[int]:
+    """An int32 array of `meta_info`: a list of integers, or base64 of little-endian int32 (SGLang's packed form)."""
+    if isinstance(value, list):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"meta_info.{what} is {type(value).__name__}, expected a list or base64 text")
+    try:
+        raw = base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, UnicodeError):
+        raise ValueError(f"meta_info.{what} is not base64") from None
+    if len(raw) % 4:
+        raise ValueError(f"meta_info.{what} holds {len(raw)} bytes, not a whole number of int32s")
+    return [v for (v,) in struct.iter_unpack("<i", raw)]
 
 
 def _aborted(req: Request) -> ValueError:
@@ -165,10 +193,13 @@ def _aborted(req: Request) -> ValueError:
 
 @register_backend("sglang-native")
 class SGLangNativeBackend(EngineBackend):
-    """SGLang's native `/generate` (token ids and logprobs) and `/abort_request` by request id."""
+    """SGLang's native `/generate` (token ids and logprobs) and `/abort_request` by request id; weight updates and
+    the reported weight version as SGLang's OpenAI backend (`/update_weights_from_disk`, `GET /model_info`)."""
 
     abort_timeout_s: ClassVar[float] = 2.0
     health_paths: ClassVar[tuple[str, ...]] = ("/health", "/get_model_info")
+    version_paths: ClassVar[tuple[str, ...]] = SGLangBackend.version_paths
+    update_weights = SGLangBackend.update_weights
 
     def __init__(self) -> None:
         self._streams = _Streams()

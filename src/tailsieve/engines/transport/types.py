@@ -198,6 +198,16 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class TopPTokens:
+    """Per generated token, the token ids the sampler's top-p (with top-k) kept, in CSR form: token t's ids are
+    `token_ids[offsets[t]:offsets[t + 1]]`, so `offsets` has one entry more than the response has tokens (SGLang's
+    `meta_info.top_p_token_ids` / `top_p_token_offsets`, which slime asks for when `--rollout-top-p` < 1)."""
+
+    token_ids: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Choice:
     """One generated sample."""
 
@@ -208,6 +218,8 @@ class Choice:
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None  # per generated token, when `ClientOptions.logprobs` asked for them
     prompt_token_ids: tuple[int, ...] | None = None  # when the server returns them (vLLM `return_token_ids`)
+    served_version: str | None = None  # the weight version the server says generated it (SGLang's meta_info)
+    top_p: TopPTokens | None = None  # top-p kept token ids, when asked for and returned (SGLang with slime's patch)
 
 
 @dataclass(frozen=True, slots=True)

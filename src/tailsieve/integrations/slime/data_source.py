@@ -19,7 +19,7 @@ from typing import Any
 
 from tailsieve.engines.rollout.state import control_from_json, control_to_json, router_from_json, router_to_json
 from tailsieve.integrations.slime.sample import sample_class, sample_from_dict, sample_to_dict
-from tailsieve.integrations.slime.settings import SlimeIntegrationError
+from tailsieve.integrations.slime.settings import STANDIN_REFUSED, SlimeIntegrationError, check_flags
 from tailsieve.loop import LoopState
 
 __all__ = ["CarryState", "JsonlPromptSource", "TailSieveDataSource", "read_rows", "state_path"]
@@ -85,6 +85,7 @@ class JsonlPromptSource:
     epochs in file order, a buffer for `add_samples`, and its position saved and loaded as JSON."""
 
     def __init__(self, args: Any, rows: list[dict[str, Any]] | None = None) -> None:
+        check_flags(args, STANDIN_REFUSED)
         self.args = args
         self.rows = rows if rows is not None else read_rows(getattr(args, "prompt_data", None))
         self.offset = self.epoch = self.group_index = self.sample_index = 0

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tailsieve.engines import TokenPrompt
 from tailsieve.engines.transport.engine_client import Request
@@ -60,8 +61,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         if evaluation:
             return _evaluate(args, rollout_id, data_source)
         session, state = session_for(args, data_source)
-        groups, metrics = session.step(state, data_source.get_samples, rollout_id)
-        _rewards(session, args, groups)
+        groups, metrics = session.step(state, data_source.get_samples, rollout_id,
+                                       lambda batch: _rewards(session, args, batch))
     except TailSieveError as exc:
         raise SlimeIntegrationError(f"TailSieve rollout {rollout_id}: {exc}") from None
     return _train_output(groups, metrics)
@@ -77,15 +78,41 @@ def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
 
 
 def _rewards(session: Session, args: Any, groups: list[list[Any]]) -> None:
-    """Rewards by slime's reward hub when slime is importable (else left None for the caller)."""
+    """Rewards by slime's reward hub when slime is importable (else left None for the caller), as slime's own
+    rollout scores them: with `--group-rm` each whole group through `batched_async_rm`, else every sample without a
+    reward through `async_rm`. They run on slime's event loop (`slime.utils.async_utils.run`), not TailSieve's: the
+    hub's shared HTTP session (`--rm-type remote_rm`) binds to the loop it first runs on, and slime's own eval
+    rollout uses it from slime's loop."""
     try:
-        from slime.rollout.rm_hub import batched_async_rm  # type: ignore[import-not-found]
+        from slime.rollout.rm_hub import async_rm, batched_async_rm  # type: ignore[import-not-found]
     except ImportError:
         return
-    flat = [s for g in groups for s in g if s.reward is None]
-    if flat:
-        for s, r in zip(flat, session.run(batched_async_rm(args, flat)), strict=True):
-            s.reward = r
+    try:
+        slime_run(session)(_score(args, groups, async_rm, batched_async_rm))
+    except Exception as exc:  # the user's reward model: one line, and the step is not consumed
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        raise SlimeIntegrationError(f"reward model failed ({type(exc).__name__}: {text[:200]}); the step was not "
+                                    "consumed and runs again on the next call") from None
+
+
+async def _score(args: Any, groups: list[list[Any]], one: Any, batched: Any) -> None:
+    if getattr(args, "group_rm", False):
+        for g, rewards in zip(groups, await asyncio.gather(*(batched(args, g) for g in groups)), strict=True):
+            for s, r in zip(g, rewards, strict=True):
+                s.reward = r
+        return
+    todo = [s for g in groups for s in g if s.reward is None]
+    for s, r in zip(todo, await asyncio.gather(*(one(args, s) for s in todo)), strict=True):
+        s.reward = r
+
+
+def slime_run(session: Session) -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """slime's `run` (its persistent event loop) when slime is importable, else the session's own loop."""
+    try:
+        from slime.utils.async_utils import run  # type: ignore[import-not-found]
+    except ImportError:
+        return session.run
+    return cast(Callable[[Coroutine[Any, Any, Any]], Any], run)
 
 
 def _evaluate(args: Any, rollout_id: int, data_source: Any) -> Any:

@@ -37,6 +37,8 @@ class SlimeSample:
     loss_mask: list[int] | None = None
     weight_versions: list[str] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
+    rollout_top_p_token_ids: list[int] | None = None  # with --rollout-top-p < 1: the kept ids, CSR by token
+    rollout_top_p_token_offsets: list[int] | None = None  # response_length + 1 entries
     status: SampleStatus = SampleStatus.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
 

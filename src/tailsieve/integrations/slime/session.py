@@ -6,13 +6,16 @@ one-entry prompt stream, so a draw's `uid` is its position in the sequence of gr
 a planned group not in the carry list is fetched with `data_source.get_samples(k)`, all missing ones at once, and
 stays in the carry list until it is consumed. Cut groups are regenerated from scratch (new request ids and
 seeds), and the N complete groups come back as slime samples: `tokens` = prompt + response ids, `response_length`,
-`rollout_log_probs`, `status`, and `metadata["tailsieve"]` (draw index, pool, step, cuts, replica, attempts,
-weight version). The carry state advances only when a step completes, so a failed step loses nothing.
+`rollout_log_probs`, `weight_versions` (the version the worker reported with the sample, else the rollout id),
+`rollout_top_p_token_ids` / `_offsets` (with `--rollout-top-p` < 1), `status`, and `metadata["tailsieve"]` (draw
+index, pool, step, cuts, replica, attempts, weight version). The carry state advances only when a step completes,
+so a failed step loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -37,6 +40,7 @@ __all__ = ["Session"]
 T = TypeVar("T")
 _STREAM = ("slime",)  # one stream entry: a draw's uid is its index in the data source's order
 Fetch = Callable[[int], list[list[Any]]]
+Accept = Callable[[list[list[Any]]], None]  # runs on the finished batch before the state moves (slime: rewards)
 
 
 class Session:
@@ -104,9 +108,12 @@ class Session:
         self._thread.join(5)
         self._loop.close()
 
-    def step(self, state: CarryState, fetch: Fetch, rollout_id: int) -> tuple[list[list[Any]], dict[str, Any]]:
-        """One TailSieve step: N complete groups of slime samples and the step's metrics; `state` advances only
-        when the step completes."""
+    def step(self, state: CarryState, fetch: Fetch, rollout_id: int,
+             accept: Accept | None = None) -> tuple[list[list[Any]], dict[str, Any]]:
+        """One TailSieve step: N complete groups of slime samples and the step's metrics. `state` (router,
+        controller, carry list) advances only once the batch is accepted: every group converted and `accept`
+        (the rewards) done without error; until then the carried prompt samples are left untouched (the batch is
+        built on copies), so a failed step runs again, with the same draws, on the next call."""
         if state.loop is not None and state.shape and state.shape != self.shape():
             raise SlimeIntegrationError(f"saved TailSieve state is for {state.shape}, this job is {self.shape()}")
         executor = self.open()
@@ -117,8 +124,12 @@ class Session:
         result = self.run(executor.execute(plan, lambda ref: self._spec(ref, state.carry[ref.uid])))
         out = self.steps.complete(before, plan, result, 0.0)
         assert isinstance(result, ExecutedStep)
-        groups = [self._finish(o, result.samples[o.ref.uid], state.carry.pop(o.ref.uid), plan.step)
+        groups = [self._finish(o, result.samples[o.ref.uid], copy.deepcopy(state.carry[o.ref.uid]), plan.step)
                   for o in out.consumed]
+        if accept is not None:
+            accept(groups)
+        for o in out.consumed:
+            del state.carry[o.ref.uid]
         state.loop, state.shape = out.state, self.shape()
         metrics = {"tailsieve/q": plan.q, "tailsieve/m": plan.m, "tailsieve/makespan_s": out.record.makespan_s,
                    "tailsieve/wasted_tokens": out.record.wasted_tokens, "tailsieve/carried": len(state.carry),
@@ -167,6 +178,19 @@ class Session:
             seeds = tuple(int((h + j * 0x9E3779B1) % (2**31 - 1)) for j in range(g))
         return GroupSpec(text if ids is None else TokenPrompt(ids, text), seeds, (None,) * g)
 
+    def _top_p(self, out: Any, s: Sample, uid: int, j: int) -> None:
+        """With `--rollout-top-p` < 1, the top-p kept token ids slime asserts on every sample (ids and offsets,
+        one offset per response token and one more); a server that returned none is a one-line error."""
+        if self.params.top_p == 1.0:
+            return
+        if s.top_p is None:
+            raise SlimeIntegrationError(f"--rollout-top-p {self.params.top_p} < 1 needs the top-p kept token ids, "
+                                        f"and {self.endpoints[s.replica].url} returned none for group {uid} member "
+                                        f"{j} (it needs slime's SGLang patch, which answers custom_params "
+                                        "return_top_p_token_ids)")
+        out.rollout_top_p_token_ids = list(s.top_p.token_ids)
+        out.rollout_top_p_token_offsets = list(s.top_p.offsets)
+
     def _finish(self, outcome: GroupOutcome, samples: Sequence[Sample | None], group: list[Any],
                 step: int) -> list[Any]:
         """Fill a consumed group's slime samples from its generated members."""
@@ -179,6 +203,8 @@ class Session:
             out.response = s.text
             out.response_length = len(response) if s.token_ids is not None else s.tokens
             out.rollout_log_probs = None if s.logprobs is None else list(s.logprobs)
+            out.weight_versions = [s.served_version or str(s.weight_version)]
+            self._top_p(out, s, outcome.ref.uid, j)
             out.status = status_for(out, s.finish_reason)
             out.metadata = {**(out.metadata or {}), "tailsieve": {
                 "uid": outcome.ref.uid, "pool": outcome.pool.value, "step": step, "cuts": outcome.ref.cuts,

@@ -11,6 +11,7 @@ import math
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,65 @@ from tailsieve.engines.transport.engine_client import Endpoint, SamplingParams
 from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS
 
-__all__ = ["SlimeIntegrationError", "SlimeSettings", "discover_workers", "sampling_params", "setting"]
+__all__ = ["REFUSED", "STANDIN_REFUSED", "SlimeIntegrationError", "SlimeSettings", "check_flags", "discover_workers",
+           "flag_name", "sampling_params", "setting"]
 
 
 class SlimeIntegrationError(TailSieveError):
     """A slime job cannot run TailSieve (no workers, unreachable router, bad settings): one line."""
+
+
+def _set(value: Any) -> bool:
+    return value not in (None, False, "", [], ())
+
+
+# slime flags TailSieve's rollout function does not honour, with why: refused at start-up (one line), never ignored.
+# (attribute of slime's args, when it is set, why)
+Rule = tuple[str, Callable[[Any, Any], bool], str]
+REFUSED: tuple[Rule, ...] = (
+    ("custom_generate_function_path", lambda v, a: _set(v),
+     "custom generate functions (multi-turn, tool calls) run per sample in slime's own rollout; TailSieve generates "
+     "whole single-turn groups itself"),
+    ("dynamic_sampling_filter_path", lambda v, a: _set(v),
+     "dynamic sampling filters would drop groups after the step; a TailSieve step returns exactly "
+     "rollout_batch_size complete groups"),
+    ("partial_rollout", lambda v, a: _set(v),
+     "TailSieve regenerates cut groups from scratch (on-policy) and never resumes partial samples"),
+    ("mask_offpolicy_in_partial_rollout", lambda v, a: _set(v), "there are no partial rollouts to mask"),
+    ("over_sampling_batch_size", lambda v, a: v is not None and v != getattr(a, "rollout_batch_size", None),
+     "TailSieve over-provisions by its own rho (TAILSIEVE_RHO)"),
+    ("rollout_sample_hook_path", lambda v, a: _set(v), "per-sample hooks of slime's rollout are not called"),
+    ("rollout_sample_filter_path", lambda v, a: _set(v), "the step's groups are not filtered"),
+    ("rollout_all_samples_process_path", lambda v, a: _set(v), "the step's samples are not post-processed"),
+    ("buffer_filter_path", lambda v, a: _set(v), "TailSieve hands no groups back to slime's buffer"),
+    ("use_rollout_routing_replay", lambda v, a: _set(v), "routed experts are not requested from SGLang"),
+    ("rollout_max_context_len", lambda v, a: v is not None,
+     "max_new_tokens is rollout_max_response_len for every prompt (no per-prompt context cap)"),
+    ("multimodal_keys", lambda v, a: _set(v), "prompts are sent as text or token ids only"),
+    ("rollout_global_dataset", lambda v, a: v is False, "TailSieve draws its prompts from the global dataset"),
+)
+# honoured by slime's own dataset, not by the stand-in reader used when slime is not importable
+STANDIN_REFUSED: tuple[Rule, ...] = (
+    ("apply_chat_template", lambda v, a: _set(v), "the stand-in dataset sends prompts as written"),
+    ("rollout_shuffle", lambda v, a: _set(v), "the stand-in dataset reads prompts in file order"),
+    ("rollout_max_prompt_len", lambda v, a: v is not None, "the stand-in dataset does not filter long prompts"),
+)
+
+
+_NEGATED = {"rollout_global_dataset": "--disable-rollout-global-dataset"}  # store_false flags: their own name
+
+
+def flag_name(attr: str) -> str:
+    """slime's command-line flag for an `args` attribute."""
+    return _NEGATED.get(attr, "--" + attr.replace("_", "-"))
+
+
+def check_flags(args: Any, rules: tuple[Rule, ...] = REFUSED) -> None:
+    """One `SlimeIntegrationError` line naming every set flag of `rules` (slime's flag name) and why."""
+    bad = [f"{flag_name(name)} ({why})" for name, is_set, why in rules
+           if is_set(getattr(args, name, None), args)]
+    if bad:
+        raise SlimeIntegrationError(f"slime flags TailSieve does not honour: {'; '.join(bad)}")
 
 
 def setting(args: Any, name: str, default: Any) -> Any:
@@ -67,7 +122,8 @@ class SlimeSettings:
 
     @classmethod
     def from_args(cls, args: Any) -> SlimeSettings:
-        """Read and check the settings (one-line `SlimeIntegrationError` on a bad value)."""
+        """Read and check the settings (one-line `SlimeIntegrationError` on a bad value or a flag TailSieve does
+        not honour)."""
         try:
             rho = float(setting(args, "rho", 0.1))
             redraws = int(setting(args, "max_redraws", 1))
@@ -85,6 +141,7 @@ class SlimeSettings:
                                         f"got {out.groups}, {out.group_size}, {out.rho}")
         if out.policy not in CONTROLLERS:
             raise SlimeIntegrationError(f"unknown TailSieve policy {out.policy!r} (valid: {', '.join(CONTROLLERS)})")
+        check_flags(args)
         return out
 
 
@@ -97,11 +154,14 @@ def sampling_params(args: Any, *, evaluation: bool = False) -> SamplingParams:
         extra.append(("stop_token_ids", list(args.rollout_stop_token_ids)))
     if getattr(args, "rollout_skip_special_tokens", None) is not None:
         extra.append(("skip_special_tokens", bool(args.rollout_skip_special_tokens)))
+    top_p = float(getattr(args, f"{prefix}_top_p", 1.0) or 1.0)
+    if top_p != 1.0:  # what slime asks SGLang for, and asserts on every sample (slime/ray/rollout.py)
+        extra.append(("custom_params", {"return_top_p_token_ids": True}))
     max_len = getattr(args, "eval_max_response_len", None) if evaluation else None
     try:
         return SamplingParams(
             temperature=float(getattr(args, f"{prefix}_temperature", 1.0) or 0.0),
-            top_p=float(getattr(args, f"{prefix}_top_p", 1.0) or 1.0),
+            top_p=top_p,
             top_k=None if top_k in (None, -1) else int(top_k),
             max_tokens=int(max_len or _required(args, "rollout_max_response_len")),
             stop=tuple(getattr(args, "rollout_stop", None) or ()), extra=tuple(extra))
