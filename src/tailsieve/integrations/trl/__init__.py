@@ -6,7 +6,7 @@
 
 from tailsieve.integrations.trl.probe import ProbeResult, ReplicaProbe, greedy_agreement
 from tailsieve.integrations.trl.report import TableRow, format_table, table_rows
-from tailsieve.integrations.trl.session import PendingStep, StepStats, TrlIntegrationError, TrlSession
+from tailsieve.integrations.trl.session import PendingStep, PushRecord, StepStats, TrlIntegrationError, TrlSession
 
-__all__ = ["PendingStep", "ProbeResult", "ReplicaProbe", "StepStats", "TableRow", "TrlIntegrationError", "TrlSession",
-           "format_table", "greedy_agreement", "table_rows"]
+__all__ = ["PendingStep", "ProbeResult", "PushRecord", "ReplicaProbe", "StepStats", "TableRow", "TrlIntegrationError",
+           "TrlSession", "format_table", "greedy_agreement", "table_rows"]

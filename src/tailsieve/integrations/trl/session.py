@@ -32,7 +32,7 @@ from tailsieve.errors import ConfigError, TailSieveError
 from tailsieve.integrations.trl.probe import ProbeResult, greedy_agreement
 from tailsieve.policy.step import GroupStatus
 
-__all__ = ["PendingStep", "StepStats", "TrlIntegrationError", "TrlSession"]
+__all__ = ["PendingStep", "PushRecord", "StepStats", "TrlIntegrationError", "TrlSession"]
 
 T = TypeVar("T")
 PROBE_PROMPT = "the model sums 3 and 9"
@@ -54,6 +54,17 @@ class StepStats:
     rollout_s: float
     requested_rows: tuple[int, ...]  # the rows TRL's sampler picked (one per group)
     consumed_rows: tuple[int, ...]  # the rows TailSieve consumed (one per group, tail pool first)
+
+
+@dataclass(frozen=True, slots=True)
+class PushRecord:
+    """One weight push after optimizer step `step`: the version now served, how, its seconds, the probe."""
+
+    step: int
+    weight_version: int
+    methods: tuple[str, ...]
+    seconds: float
+    probe: ProbeResult | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,27 +16,14 @@ step's TailSieve numbers go into TRL's logs as `tailsieve/*` metrics.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from tailsieve.integrations.trl.probe import ProbeResult
-from tailsieve.integrations.trl.session import PendingStep, StepStats, TrlIntegrationError, TrlSession
+from tailsieve.integrations.trl.session import PendingStep, PushRecord, StepStats, TrlIntegrationError, TrlSession
 
-__all__ = ["PushRecord", "PushWeights", "TailSieveGRPOTrainer", "check_setup"]
-
-
-@dataclass(frozen=True, slots=True)
-class PushRecord:
-    """One weight push after optimizer step `step`: the version now served, how, its seconds, the probe."""
-
-    step: int
-    weight_version: int
-    methods: tuple[str, ...]
-    seconds: float
-    probe: ProbeResult | None
+__all__ = ["PushWeights", "TailSieveGRPOTrainer", "check_setup"]
 
 
 def check_setup(args: Any, num_generations: int, session: TrlSession, processes: int) -> None:
