@@ -28,7 +28,7 @@ from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.weight_sync import WeightUpdate
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.errors import TailSieveError
 from tailsieve.integrations.trl.probe import ProbeResult, greedy_agreement
 from tailsieve.policy.step import GroupStatus
 
@@ -96,6 +96,9 @@ class TrlSession:
         records = tuple(PromptRecord(str(i), self._render(row, i, tokenizer)) for i, row in enumerate(dataset))
         if not records:
             raise TrlIntegrationError("the training dataset is empty")
+        self._index: dict[str, int] = {}  # a row's prompt → its first row index (to record TRL's sampled rows)
+        for i, row in enumerate(dataset):
+            self._index.setdefault(repr(row[prompt_key]), i)
         self._loop = asyncio.new_event_loop()
         self.rollout = Rollout(endpoints, self.config, records)
         self.history: list[StepStats] = []
@@ -169,10 +172,6 @@ class TrlSession:
 
     def _row_of(self, row: Mapping[str, Any]) -> int:
         """The dataset index of a row TRL sampled (its prompt's first occurrence), -1 when not found."""
-        if not hasattr(self, "_index"):
-            self._index: dict[str, int] = {}
-            for i, r in enumerate(self.dataset):
-                self._index.setdefault(repr(r[self.prompt_key]), i)
         return self._index.get(repr(row.get(self.prompt_key)), -1)
 
     def _pending(self, batch: Batch, stats: StepStats) -> PendingStep:
@@ -219,15 +218,14 @@ class TrlSession:
 
     async def _greedy(self, prompt: str, tokens: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         params = SamplingParams(temperature=0.0, max_tokens=tokens)
-        model = self.rollout.config.model or "tiny"
-        if self.rollout.executor is not None:
-            model = self.rollout.executor.model
+        assert self.rollout.executor is not None  # open() resolved the served model
+        model = self.rollout.executor.model
         out = []
         async with EngineClient(ClientOptions(stream=False)) as client:
             for i, ep in enumerate(self.rollout.endpoints):
                 comp = await client.complete(ep, model, Request(f"probe-{i}", prompt), params)
                 choice = comp.choices[0]
                 if choice.token_ids is None or choice.prompt_token_ids is None:
-                    raise ConfigError(f"{ep.url}: the greedy probe needs the server's token ids (vLLM)")
+                    raise TrlIntegrationError(f"{ep.url}: the greedy probe needs the server's token ids (vLLM)")
                 out.append((choice.prompt_token_ids, choice.token_ids))
         return out

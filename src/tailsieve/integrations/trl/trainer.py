@@ -39,7 +39,8 @@ def check_setup(args: Any, num_generations: int, session: TrlSession, processes:
                                   f"group_size = {n} × {g} = {n * g}")
     if getattr(args, "use_vllm", False):
         raise TrlIntegrationError("use_vllm must be False: TailSieve serves the generations from its own replicas")
-    if str(getattr(args, "eval_strategy", "no")) not in ("no", "IntervalStrategy.NO"):
+    strategy = getattr(args, "eval_strategy", "no")
+    if getattr(strategy, "value", strategy) != "no":
         raise TrlIntegrationError("eval_strategy must be 'no': evaluation through TailSieve is not supported")
 
 
