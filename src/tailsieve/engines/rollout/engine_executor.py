@@ -36,7 +36,7 @@ from tailsieve.engines.transport.engine_client import (
     SamplingParams,
 )
 from tailsieve.engines.transport.health import Replicas
-from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 
 class RequestMode(StrEnum):
@@ -118,9 +118,9 @@ class _Step:
         self.load = [0] * replicas
         self.pending: dict[asyncio.Task[Completion], _Job] = {}
         self.redispatched = 0
-        self.pinned = plan.pinned & {r.uid for r in plan.bulk}
-        self.need = plan.bulk_quota - len(self.pinned)  # non-pinned bulk completions before the cutoff
-        self.cut = self.need <= 0
+        self.rule = Cutoff.of(plan)  # the step contract's cutoff rule
+        self.pinned = self.rule.pinned
+        self.cut = self.rule.need == 0
         self.pin_left = set(self.pinned)
         self.bulk_done: list[int] = []
         self.bulk_s = 0.0
@@ -161,11 +161,11 @@ class _Step:
 
     def spared(self, job: _Job) -> bool:
         """Whether a job runs to completion whatever the cutoff: a tail or a pinned bulk group's."""
-        return job.pool is Pool.TAIL or job.uid in self.pinned
+        return self.rule.spared(job.uid)
 
     def outcomes(self, g: int) -> tuple[GroupOutcome, ...]:
         """Every planned group's outcome, plan order: tail, pinned and kept bulk groups DONE, the rest ABORTED."""
-        kept = set(self.bulk_done) | self.pinned
+        kept = set(self.rule.kept_bulk(self.bulk_done)) | self.pinned
         out: list[GroupOutcome] = []
         for ref in (*self.plan.tail, *self.plan.bulk):
             pool, got = self.pool_of[ref.uid], self.samples[ref.uid]
@@ -340,7 +340,7 @@ class EngineExecutor:
             st.pin_left.discard(job.uid)
         elif not st.cut:
             st.bulk_done.append(job.uid)
-            if len(st.bulk_done) >= st.need:
+            if st.rule.bulk_cut(st.bulk_done):
                 st.cut, st.bulk_s = True, now
                 for other_task, other in st.pending.items():
                     if not st.spared(other):
