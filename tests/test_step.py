@@ -11,7 +11,6 @@ import pytest
 from numpy.typing import NDArray
 
 from conftest import make_curve
-
 from tailsieve.policy.router import Dispatch, RouterConfig, round_robin
 from tailsieve.policy.step import Cutoff, GroupRef, GroupStatus, StepPlan
 from tailsieve.policy.stream import StreamState

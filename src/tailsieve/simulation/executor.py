@@ -5,9 +5,9 @@ regenerated, common random numbers across policies), runs every replica with `re
 tail replicas on the tail curve, §3.4) and applies the step contract's cutoff rule (`policy.step.Cutoff`: tail
 and pinned groups complete, the other bulk groups cut at their (quota − pinned)-th completion, ties: earlier in the
 stream), reporting each aborted group's progress at the cutoff; the pinned requests then continue on their
-replicas without the aborted ones (`replica.resume_replica`); T_bulk is the last kept bulk group's finish. A group in `StepPlan.resume` (partial rollout: the peer policies) continues the
-generation it was cut in last step: the same lengths, only the tokens past its prefix are decoded, and the prefix
-is prefilled again with the prompt.
+replicas without the aborted ones (`replica.resume_replica`); T_bulk is the last kept bulk group's finish. A group
+in `StepPlan.resume` (partial rollout: the peer policies) continues the generation it was cut in last step: the
+same lengths, only the tokens past its prefix are decoded, and the prefix is prefilled again with the prompt.
 `SimRestarts` is the simulator's pool hook: a step whose pools differ from the last step's pays `restart_s`.
 """
 

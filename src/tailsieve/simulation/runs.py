@@ -21,7 +21,7 @@ from tailsieve.model.baselines import GroupBatch, get_policy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
-from tailsieve.policy.peers import PEERS, PeerConfig, PeerPolicy
+from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
 from tailsieve.policy.router import Router, RouterConfig, pool_split
 from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
@@ -186,7 +186,7 @@ def _run_controller(
 def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None) -> PolicyRun:
     """A peer policy (`tailsieve.policy.peers`) on `SimExecutor`, every replica on the bulk curve; exactly-once
     consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
-    policy = PeerPolicy(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle, seed=config.seed)
+    policy = make_peer(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle, seed=config.seed)
     executor = SimExecutor(workload, config.spec.bulk.curve(curve), config.router, config.replica)
     log = RunLog(name)
     state = policy.initial_state()

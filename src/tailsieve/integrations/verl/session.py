@@ -4,11 +4,11 @@
 and turns every planned group into an `Assignment` (pool, replica per member, a group key and one stable request
 id per member); the framework reports each group's completion (`mark_done`); `cut_ready()` says when the step can
 be cut (every tail group and every pinned bulk group complete, and the bulk quota reached: the step contract's
-`tailsieve.policy.step.Cutoff`, which every executor applies); `kept()` are the exactly N consumed groups and `leftovers()` the
-rest, whose requests are aborted and whose groups the router carries to the next step, where they are regenerated from
-scratch under new request ids (never resumed). `finish()` builds the `StepResult` and completes the step through
-the loop (contract check, controller update). Policy decides, the framework acts: nothing here re-implements the
-router or the controller.
+`tailsieve.policy.step.Cutoff`, which every executor applies); `kept()` are the exactly N consumed groups and
+`leftovers()` the rest, whose requests are aborted and whose groups the router carries to the next step, where they
+are regenerated from scratch under new request ids (never resumed). `finish()` builds the `StepResult` and completes
+the step through the loop (contract check, controller update). Policy decides, the framework acts: nothing here
+re-implements the router or the controller.
 """
 
 from __future__ import annotations
