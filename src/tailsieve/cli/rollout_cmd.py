@@ -41,6 +41,7 @@ from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finit
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.peers import PEERS
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.workloads import load_workload
@@ -66,7 +67,8 @@ def register(sub: Any) -> None:
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
     p.add_argument("--policy", default="tailsieve",
-                   help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
+                   help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated runs them interleaved (A B A "
+                        "B …; the peers of docs/peers.md: every replica bulk)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -179,11 +181,12 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
     check_flags(args)
     names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
+    valid = ', '.join([*CONTROLLERS, *PEERS])
     if not names:
-        raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS)}")
+        raise ConfigError(f"--policy is empty; valid: {valid}")
     for n in names:
-        if n not in CONTROLLERS:
-            raise ConfigError(f"unknown policy '{n}' (valid: {', '.join(CONTROLLERS)})")
+        if n not in CONTROLLERS and n not in PEERS:
+            raise ConfigError(f"unknown policy '{n}' (valid: {valid})")
     if (args.q is not None or args.m is not None) and "static" not in names:
         raise ConfigError("--q/--m set the static policy; add static to --policy")
     template = Template(args.template)

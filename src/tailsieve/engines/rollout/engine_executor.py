@@ -13,7 +13,8 @@ the replica down and re-dispatches its unfinished requests to a healthy replica 
 backoff; nothing is lost or repeated. A replica whose in-flight requests made no progress for
 `FaultPolicy.liveness_s` (at most half the stall timeout) is asked for its /health; one that does not answer (a
 server shutting down after SIGTERM keeps its streams open but stops serving /health) is a fault at once
-(`disconnect`), without waiting out the stall timeout.
+(`disconnect`), without waiting out the stall timeout. A plan that resumes cut groups from their tokens
+(`StepPlan.resume`, partial rollout) is refused with `PlanNotRunnable` before anything is sent.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from tailsieve.engines.transport.engine_client import (
 )
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+
+
+class PlanNotRunnable(EngineError):
+    """A plan this executor cannot run (refused before anything is sent)."""
 
 
 class RequestMode(StrEnum):
@@ -221,6 +226,10 @@ class EngineExecutor:
         `spec` overrides the constructor's spec function for this call (0.1 API: `execute(plan, spec)`)."""
         if spec is None and self.spec is None:
             raise EngineError("EngineExecutor needs a spec function (constructor `spec=` or `execute(plan, spec)`)")
+        if plan.resume:
+            raise PlanNotRunnable(f"step {plan.step}: the plan resumes {len(plan.resume)} cut group(s) from their "
+                                  "tokens (partial rollout); EngineExecutor cannot continue a cut request, so "
+                                  "nothing was sent")
         fn = spec if spec is not None else (lambda ref: cast(GroupSpecFn, self.spec)(ref, plan))
         st = _Step(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
         try:

@@ -14,6 +14,8 @@ from tailsieve.policy.step import GroupOutcome
 class AprilDrop(AprilPartial):
     """Over-sample E groups; drop the cut ones."""
 
+    resumes = False
+
     def carry(self, cut: Sequence[GroupOutcome], first: Mapping[int, int], step: int) -> Carry:
         """Nothing waits; every cut prompt is dropped."""
         return Carry((), len(cut))

@@ -18,6 +18,8 @@ from tailsieve.policy.step import GroupOutcome
 class AprilPartial(PeerPolicy):
     """Over-sample E groups; carry the cut ones with their tokens and resume them first next step."""
 
+    resumes = True
+
     def lineup(self, state: PeerState) -> Lineup:
         """The whole buffer first, then fresh prompts up to N + E; N must complete."""
         n = self.router.groups

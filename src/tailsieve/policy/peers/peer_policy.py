@@ -145,6 +145,7 @@ class PeerPolicy:
 
     name: ClassVar[str] = ""
     dispatch: ClassVar[Dispatch | None] = None  # round-robin unit; None = the router's `dispatch`
+    resumes: ClassVar[bool] = False  # its plans may resume cut groups from their tokens (`StepPlan.resume`)
 
     def __init__(self, router: RouterConfig, peer: PeerConfig | None = None, prompts: Sequence[str] = (), *,
                  shuffle: bool = False, seed: int = 0) -> None:
