@@ -67,8 +67,7 @@ def register(sub: Any) -> None:
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
     p.add_argument("--policy", default="tailsieve",
-                   help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated runs them interleaved (A B A "
-                        "B …; the peers of docs/peers.md: every replica bulk)")
+                   help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated: interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
