@@ -93,9 +93,10 @@ class RolloutConfig:
         if self.policy not in CONTROLLERS and self.policy not in PEERS:
             raise ConfigError(f"unknown real-run policy '{self.policy}' (valid: {', '.join([*CONTROLLERS, *PEERS])}; "
                               "the oracles need known lengths and exist only in `simulate`)")
-        if self.policy in PEERS and PEERS[self.policy].resumes:
-            raise ConfigError(f"peer {self.policy} resumes cut requests from their tokens (partial rollout), which "
-                              "real replicas cannot run yet (docs/peers.md); run it in `simulate`")
+        if self.policy in PEERS and PEERS[self.policy].resumes and not (
+                self.stream and self.api is Api.COMPLETIONS and self.request_mode is RequestMode.SPLIT):
+            raise ConfigError(f"peer {self.policy} resumes cut requests from their text, which needs streamed "
+                              "completions with one request per member (docs/peers.md)")
         if self.policy in PEERS and self.bias_correction:
             raise ConfigError(f"bias correction does not apply to peer {self.policy} (it carries no weights)")
         if not self.length_scale > 0:

@@ -5,9 +5,10 @@ Everything but the policy is `Rollout`'s: the same endpoints, `EngineExecutor`, 
 generation counters, pool hook, weight sync and batches. Each step runs the peer's loop (`tailsieve.loop.PeerLoop`:
 the peer plans with every replica bulk, the executor runs the plan with the step contract's cutoff rule, the peer
 observes it with its step check, carry and token ledger), and the batch carries the peer's fidelity numbers: delays,
-off-policy tokens and dropped prompts (the same columns as `simulate`). A plan that resumes cut groups from their
-tokens (april-partial) is refused by `RolloutConfig` (and by the executor). A peer's run cannot be resumed from its
-output folder yet: `state.json` records the peer state for reading, with `"resumable": false`.
+off-policy tokens and dropped prompts (the same columns as `simulate`). april-partial's resumed groups continue on
+the replicas from their text (`EngineExecutor.partial`, docs/peers.md) in the generation they were cut in (same
+seeds and replayed lengths). A peer's run cannot be resumed from its output folder yet: `state.json` records the
+peer state for reading, with `"resumable": false`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
-from tailsieve.engines.rollout.engine_executor import ExecutedStep
+from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.state import RolloutState, write_json_atomic
 from tailsieve.engines.transport.engine_client import Endpoint
+from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.loop import PeerLoop
 from tailsieve.policy.peers import PeerState, make_peer
+from tailsieve.policy.step import StepPlan
 
 
 class PeerRollout(Rollout):
@@ -39,6 +42,27 @@ class PeerRollout(Rollout):
         self.peers = PeerLoop(make_peer(config.policy, self.rc, config.peers, ids, shuffle=config.shuffle,
                                         seed=config.seed or 0))
         self.pstate: PeerState = self.peers.initial()
+
+    def build_executor(self, replicas: Replicas, model: str) -> EngineExecutor:
+        """`Rollout`'s executor, keeping cut requests' output when the peer resumes them (april-partial)."""
+        ex = super().build_executor(replicas, model)
+        ex.partial = self.peers.peer.resumes
+        return ex
+
+    def _generations(self, plan: StepPlan) -> tuple[dict[int, int], dict[str, int]]:
+        """As `Rollout`'s, but a resumed group continues the generation it was cut in (same seeds and replayed
+        lengths), so it draws no new one."""
+        if self._drawn is None or self._drawn[0] != plan.step:
+            gen = dict(self.generation)
+            drawn: dict[int, int] = {}
+            for ref in plan.bulk:
+                if ref.uid in plan.resume:
+                    drawn[ref.uid] = max(gen.get(ref.prompt_id, 0) - 1, 0)
+                else:
+                    drawn[ref.uid] = gen.get(ref.prompt_id, 0)
+                    gen[ref.prompt_id] = drawn[ref.uid] + 1
+            self._drawn = (plan.step, drawn, gen)
+        return self._drawn[1], self._drawn[2]
 
     @property
     def steps_done(self) -> int:
@@ -75,7 +99,8 @@ class PeerRollout(Rollout):
         batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
                       out.restart_s, tuple(o.ref.cuts for o in got.consumed), self.truncated(groups),
                       self.weight_version, got.delays, got.offpolicy, got.dropped)
-        self.refuse_stale(batch)
+        if not self.peers.peer.resumes:  # a resumed member's finished sample is older by design (off-policy)
+            self.refuse_stale(batch)
         self.pstate = out.state
         self.generation = self._generations(out.plan)[1]
         return batch

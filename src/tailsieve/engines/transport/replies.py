@@ -22,7 +22,15 @@ from typing import Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
-from tailsieve.engines.transport.types import Choice, Completion, FaultKind, ReplicaFault, Request, RequestRejected
+from tailsieve.engines.transport.types import (
+    Choice,
+    Completion,
+    FaultKind,
+    Progress,
+    ReplicaFault,
+    Request,
+    RequestRejected,
+)
 from tailsieve.redact import redact
 
 MAX_PROMPT_TOKENS = 2**31 - 1
@@ -315,10 +323,11 @@ class _Acc:
 
 class StreamAcc:
     """Folds the validated chunks of one streamed request into its `Completion`; `progress[i]` mirrors choice i's
-    tokens so far."""
+    tokens so far (and, for a `Progress`, `progress.texts[i]` its text)."""
 
     def __init__(self, n: int, cap: int, progress: list[int]) -> None:
         self.n, self.cap, self.progress = n, cap, progress
+        self.texts = progress.texts if isinstance(progress, Progress) else None  # text so far per choice
         self.accs = [_Acc() for _ in range(n)]
         self.prompt_tokens = 0
         self.final_tokens: int | None = None  # completion tokens of the usage-only event (all choices)
@@ -339,6 +348,8 @@ class StreamAcc:
                 a.prompt_ids = c.prompt_token_ids
             if c.text:
                 a.text.append(c.text)
+                if self.texts is not None:
+                    self.texts[c.index].append(c.text)
             if c.token_ids is not None:
                 if a.ids is None:
                     a.ids = []
