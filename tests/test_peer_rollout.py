@@ -163,6 +163,8 @@ def test_rollout_interleaves_peers_and_tailsieve_with_fidelity_columns(two: list
         means = [np.mean(line["lengths"]) for line in win]
         assert pol["fidelity"]["batch_length_cv"] == pytest.approx(np.std(means) / np.mean(means))
         assert pol["fidelity"]["off_policy_token_share"] == 0.0
+    printed = capsys.readouterr().out
+    assert all(col in printed for col in ("off-policy", "dropped", "delayed", "CV"))  # simulate's fidelity columns
     drops = [json.loads(x)["dropped"] for x in (out / "april-drop" / "steps.jsonl").read_text().splitlines()]
     assert drops == [2, 2, 2, 2]  # E = ⌈0.5·4⌉ groups started beyond N, all cut and dropped every step
     assert json.loads((out / "rollpacker" / "state.json").read_text())["resumable"] is False

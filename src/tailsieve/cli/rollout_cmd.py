@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
+from tailsieve.analysis.report import batch_columns, fidelity_notes, summarize, summary_table
 from tailsieve.cli._common import (
     add_trace_columns,
     console,
@@ -362,11 +362,12 @@ def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
     """`simulate`'s comparison table (`tailsieve.analysis.report`; speedup, bias: against uniform when it ran)."""
     con = console()
     summaries = summarize(runs)
-    con.print(summary_table(summaries, title=title))
+    con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))  # simulate's columns
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
               "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
-              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform. ±2σ: two "
+              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform; "
+              "off-policy, dropped, delayed, batch CV: docs/peers.md. ±2σ: two "
               "standard errors of the speedup, steps paired with uniform; ~: within noise or never off the uniform "
               "boundary.")
