@@ -16,7 +16,7 @@ from tailsieve.analysis.fidelity import batch_fidelity
 from tailsieve.analysis.metrics import summarize
 from tailsieve.cli import main
 from tailsieve.errors import ConfigError
-from tailsieve.policy.peers import PEERS, PeerConfig, PeerPolicy
+from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
 from tailsieve.policy.router import RouterConfig
 from tailsieve.policy.step import GroupRef, InvariantError
 from tailsieve.simulation.executor import SimExecutor
@@ -136,10 +136,10 @@ def brute_least_in_flight(units: int, size: int, replicas: int) -> list[int]:
 def test_fewest_in_flight_at_t0_is_round_robin(n: int, g: int, r: int) -> None:
     rc = RouterConfig(groups=n, group_size=g, replicas=r)
     prompts = tuple(f"p{i}" for i in range(n))
-    lif = PeerPolicy("verl-lif", rc, prompts=prompts).plan(PeerPolicy("verl-lif", rc, prompts=prompts).initial_state())
+    lif = make_peer("verl-lif", rc, prompts=prompts).plan(make_peer("verl-lif", rc, prompts=prompts).initial_state())
     flat = [k for ref in lif.bulk for k in lif.placement[ref.uid]]
     assert flat == brute_least_in_flight(n * g, 1, r)  # request by request
-    grp = PeerPolicy("openrlhf-group", rc, prompts=prompts)
+    grp = make_peer("openrlhf-group", rc, prompts=prompts)
     plan = grp.plan(grp.initial_state())
     assert [plan.placement[ref.uid][0] for ref in plan.bulk] == brute_least_in_flight(n, g, r)
     assert all(len(set(plan.placement[ref.uid])) == 1 for ref in plan.bulk)  # a group stays on one engine
@@ -171,7 +171,7 @@ def test_every_prompt_consumed_once_or_dropped(name: str) -> None:
 
 def test_observe_rejects_a_lost_group() -> None:
     rc = RouterConfig(groups=2, group_size=1, replicas=2, rho=0.5)
-    pol = PeerPolicy("april-partial", rc, prompts=("p0", "p1", "p2"))
+    pol = make_peer("april-partial", rc, prompts=("p0", "p1", "p2"))
     state = pol.initial_state()
     plan = pol.plan(state)
     result = SimExecutor(toy(ALTERNATING, 3), FLAT, rc).execute(plan)
@@ -182,7 +182,7 @@ def test_observe_rejects_a_lost_group() -> None:
 
 def test_resuming_a_group_that_was_not_cut_is_refused() -> None:
     rc = RouterConfig(groups=1, group_size=1, replicas=2, rho=1.0)
-    pol = PeerPolicy("april-partial", rc, prompts=("p0", "p1"))
+    pol = make_peer("april-partial", rc, prompts=("p0", "p1"))
     plan = pol.plan(pol.initial_state())
     bogus = type(plan)(**{f: getattr(plan, f) for f in plan.__slots__} | {"resume": {plan.bulk[0].uid: (5,)}})
     with pytest.raises(InvariantError, match="was not cut"):
@@ -207,11 +207,12 @@ def test_oversample_sets_e() -> None:
 
 
 def test_registry_lists_and_validates_the_peers() -> None:
-    assert policy_names()[-len(PEERS):] == PEERS
+    assert policy_names()[-len(PEERS):] == tuple(PEERS) == ("april-partial", "april-drop", "verl-lif", "rollpacker",
+                                                           "openrlhf-group")
     for name in PEERS:
         check_policy(name, 1)  # every replica bulk: one replica is enough
     with pytest.raises(ConfigError, match="unknown peer policy 'slime'"):
-        PeerPolicy("slime", RouterConfig())
+        make_peer("slime", RouterConfig())
     assert GroupRef(0, "p0").cuts == 0
 
 

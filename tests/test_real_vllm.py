@@ -1,5 +1,6 @@
 """Against two REAL vLLM CPU servers (tiny local Llama): a TailSieve step whose cutoff aborts on the server (seen on
-/metrics), many seeded requests, `profile`, save/restore, and a server killed mid-step. The kill test runs last."""
+/metrics), many seeded requests, `profile`, save/restore, peers interleaved with TailSieve, and a server killed
+mid-step. The kill test runs last."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tailsieve.cli import main
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
 from tailsieve.engines.rollout.prompts import PromptRecord
+from tailsieve.engines.rollout.runner import run_policies_real
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
@@ -171,6 +173,38 @@ def test_save_restore_against_real_servers(pair: LocalLauncher, workload, tmp_pa
     pending = [g.uid for g in (*final.router.candidates, *final.router.requeue)]
     assert final.router.stream is not None and len(consumed) == len(set(consumed)) == 12
     assert sorted(consumed + pending) == list(range(final.router.stream.position))
+
+
+def test_peers_and_tailsieve_interleave_on_real_replicas(pair: LocalLauncher, workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two peers and tailsieve, interleaved step by step on the same prompt stream (`run_policies_real`, what
+    `rollout --policy rollpacker,april-partial,tailsieve` runs): each consumes every draw at most once, N groups per
+    step, the report carries simulate's fidelity columns from the real outcomes, and april-partial's cut groups are
+    resumed on the servers from their text (progress never goes back, every consumed sample ends at its replayed
+    length)."""
+    names = ("rollpacker", "april-partial", "tailsieve")
+    configs = {n: cfg(workload, groups=4, group_size=2, rho=0.5, policy=n, length_scale=0.5) for n in names}
+    out = tmp_path / "run"
+    seen: dict[str, list[Batch]] = {n: [] for n in names}
+    runs = asyncio.run(run_policies_real(pair.endpoints, PROMPTS, configs, 2, out,
+                                         on_step=lambda n, b: seen[n].append(b)))
+    rep = json.loads((out / "report.json").read_text())
+    assert list(rep["policies"]) == list(names)
+    for n in names:
+        assert len(runs[n].steps) == 2 and len(set(runs[n].consumed_uids)) == len(runs[n].consumed_uids) == 8
+        assert set(rep["policies"][n]["fidelity"]) >= {"off_policy_token_share", "dropped_prompt_share",
+                                                       "delayed_prompt_share", "batch_length_cv"}
+        lines = [json.loads(x) for x in (out / n / "steps.jsonl").read_text().splitlines()]
+        assert all(len(x["delays"]) == len(x["uids"]) == 4 and x["dropped"] == 0 for x in lines)
+        assert all(s.tokens == (600 if g.prompt_id in LONG else round((120 + 5 * (int(g.prompt_id[1:]) % 5)) / 2))
+                   for b in seen[n] for g in b.groups for s in g.samples)
+    rp = [json.loads(x) for x in (out / "rollpacker" / "steps.jsonl").read_text().splitlines()]
+    assert rp[0]["wasted_tokens"] > 0 and rp[0]["candidates"] == 2  # E = 2 groups deferred at step 0
+    first, second = seen["april-partial"]
+    cut = {o.ref.uid: o.lengths for o in first.outcomes if o.status is GroupStatus.ABORTED}
+    assert len(cut) == 2 and first.record.wasted_tokens == 0
+    again = {o.ref.uid: o.lengths for o in second.outcomes if o.ref.uid in cut}
+    assert set(again) == set(cut) and all(b >= a for u in cut for a, b in zip(cut[u], again[u], strict=True))
+    assert sum(second.offpolicy) == sum(sum(cut[g.uid]) for g in second.groups if g.uid in cut)
 
 
 def test_server_killed_mid_step_still_delivers_n_groups(pair: LocalLauncher, workload) -> None:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.control_state import StepWork
 from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.peers import PeerPolicy, PeerState, PeerStep
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
 from tailsieve.policy.step import GroupOutcome, GroupStatus, InvariantError, StepPlan, StepResult
 
@@ -223,6 +224,54 @@ class StepLoop:
         return self.complete(state, plan, await executor.execute(plan), restart_s)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerOutput:
+    """One completed step of a peer: plan, result, the peer's state after it, what it observed, the record."""
+
+    plan: StepPlan
+    result: StepResult
+    state: PeerState
+    observed: PeerStep
+    record: StepRecord
+    restart_s: float = 0.0
+
+
+class PeerLoop:
+    """The step loop of a peer policy (`tailsieve.policy.peers`): plan → pool hook → execute → the peer's own
+    observe (its step check, carry and token ledger) → record. The simulator and real rollouts both drive it."""
+
+    def __init__(self, peer: PeerPolicy) -> None:
+        self.peer = peer
+
+    def initial(self) -> PeerState:
+        """State before the first step."""
+        return self.peer.initial_state()
+
+    def complete(self, state: PeerState, plan: StepPlan, result: StepResult, restart_s: float = 0.0) -> PeerOutput:
+        """Observe the step and record it (q = m = 0: every replica bulk)."""
+        new, got = self.peer.observe(state, plan, result)
+        g = self.peer.router.group_size
+        batch = np.array([o.lengths for o in got.consumed], dtype=np.int64).reshape(len(got.consumed), g)
+        note = "long round" if got.long_round else (f"resumed {len(plan.resume)}" if plan.resume else "")
+        record = StepRecord(step=plan.step, makespan_s=restart_s + result.makespan_s, tail_s=0.0, bulk_s=result.bulk_s,
+                            q=0, m=0, candidates=len(new.waiting), wasted_tokens=got.wasted_tokens,
+                            batch_mean_length=float(batch.mean()) if batch.size else 0.0, note=note,
+                            redraws_max=max((o.ref.cuts for o in got.consumed), default=0))
+        return PeerOutput(plan, result, new, got, record, restart_s)
+
+    def step(self, state: PeerState, executor: Executor, pools: PoolHook | None = None) -> PeerOutput:
+        """Plan, give the pool hook the plan's pools, execute, complete."""
+        plan = self.peer.plan(state)
+        restart_s = 0.0 if pools is None else float(pools(plan))
+        return self.complete(state, plan, executor.execute(plan), restart_s)
+
+    async def astep(self, state: PeerState, executor: AsyncExecutor, pools: AsyncPoolHook | None = None) -> PeerOutput:
+        """`step` for awaitable executors and pool hooks (real engines, launchers)."""
+        plan = self.peer.plan(state)
+        restart_s = 0.0 if pools is None else float(await pools(plan))
+        return self.complete(state, plan, await executor.execute(plan), restart_s)
+
+
 class RunLog:
     """Accumulates a run's records and consumed batches; holds exactly-once consumption across the whole run."""
 
@@ -276,6 +325,15 @@ class RunLog:
                  [o.ref.cuts for o in out.consumed], weights)
         ran = [ref.uid for ref in (*out.plan.tail, *out.plan.bulk)]
         self.fidelity(self.track(out.plan.step, ran, uids))
+
+    def add_peer(self, out: PeerOutput) -> None:
+        """`add` and `fidelity` for a step of a peer's loop (its delays, off-policy tokens and drops)."""
+        got = out.observed
+        g = len(out.plan.placement[got.consumed[0].ref.uid]) if got.consumed else 0
+        batch = np.array([o.lengths for o in got.consumed], dtype=np.int64).reshape(len(got.consumed), g)
+        self.add(out.record, batch, [o.ref.uid for o in got.consumed], tuple(o.ref.prompt_id for o in got.consumed),
+                 [o.ref.cuts for o in got.consumed])
+        self.fidelity(list(got.delays), list(got.offpolicy), got.dropped)
 
     def check_final(self, state: RouterState) -> None:
         """No draw lost or duplicated overall: consumed + waiting = drawn, and none both (InvariantError)."""

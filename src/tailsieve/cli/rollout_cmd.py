@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.analysis.report import fidelity_notes, summarize, summary_table
+from tailsieve.analysis.report import batch_columns, fidelity_notes, summarize, summary_table
 from tailsieve.cli._common import (
     add_trace_columns,
     console,
@@ -41,6 +41,7 @@ from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finit
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.peers import PEERS
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 from tailsieve.workloads import load_workload
@@ -66,7 +67,7 @@ def register(sub: Any) -> None:
     p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
     p.add_argument("--policy", default="tailsieve",
-                   help=f"one of {', '.join(CONTROLLERS)}; comma-separated runs them interleaved (A B A B …)")
+                   help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated: interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -179,11 +180,12 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
     check_flags(args)
     names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
+    valid = ', '.join([*CONTROLLERS, *PEERS])
     if not names:
-        raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS)}")
+        raise ConfigError(f"--policy is empty; valid: {valid}")
     for n in names:
-        if n not in CONTROLLERS:
-            raise ConfigError(f"unknown policy '{n}' (valid: {', '.join(CONTROLLERS)})")
+        if n not in CONTROLLERS and n not in PEERS:
+            raise ConfigError(f"unknown policy '{n}' (valid: {valid})")
     if (args.q is not None or args.m is not None) and "static" not in names:
         raise ConfigError("--q/--m set the static policy; add static to --policy")
     template = Template(args.template)
@@ -360,11 +362,12 @@ def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
     """`simulate`'s comparison table (`tailsieve.analysis.report`; speedup, bias: against uniform when it ran)."""
     con = console()
     summaries = summarize(runs)
-    con.print(summary_table(summaries, title=title))
+    con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))  # simulate's columns
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
               "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
-              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform. ±2σ: two "
+              "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform; "
+              "off-policy, dropped, delayed, batch CV: docs/peers.md. ±2σ: two "
               "standard errors of the speedup, steps paired with uniform; ~: within noise or never off the uniform "
               "boundary.")

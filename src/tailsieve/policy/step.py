@@ -3,7 +3,7 @@ references, the plan of one step, each group's outcome and the step's result. Fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -52,7 +52,7 @@ class StepPlan:
     pinned: frozenset[int] = frozenset()  # uids of bulk groups that run to completion (cut max_redraws times)
     # uid → tokens each member already generated when the group was cut last step: the executor continues that same
     # generation from its prefix (partial rollout, e.g. slime's APRIL) instead of drawing a new one. TailSieve never
-    # resumes (empty); only the peer policies of `tailsieve.simulation.peers` do.
+    # resumes (empty); only the peer policies of `tailsieve.policy.peers` do.
     resume: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
@@ -64,6 +64,42 @@ class StepPlan:
     def m(self) -> int:
         """Tail replicas this step."""
         return len(self.tail_replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class Cutoff:
+    """The one cutoff rule of a step (every executor and the verl session apply it; none writes its own): every tail
+    group and every pinned bulk group runs to completion (`spared`); the other bulk groups are cut once `need`
+    (= bulk quota − pinned, at least 0) of them are complete, and those first `need` are kept."""
+
+    tail: frozenset[int]
+    pinned: frozenset[int]  # the plan's pinned groups that are in its bulk pool
+    need: int
+
+    @classmethod
+    def of(cls, plan: StepPlan) -> Cutoff:
+        """The rule of `plan`."""
+        pinned = plan.pinned & {ref.uid for ref in plan.bulk}
+        return cls(frozenset(ref.uid for ref in plan.tail), pinned, max(plan.bulk_quota - len(pinned), 0))
+
+    def spared(self, uid: int) -> bool:
+        """Whether group `uid` runs to completion whatever the cutoff (a tail or a pinned bulk group)."""
+        return uid in self.tail or uid in self.pinned
+
+    def kept_bulk(self, completed: Iterable[int]) -> tuple[int, ...]:
+        """The non-pinned bulk groups kept, given groups in completion order (ties already broken): the first `need`
+        of them that are not spared."""
+        free = [uid for uid in completed if not self.spared(uid)]
+        return tuple(free[:self.need])
+
+    def bulk_cut(self, completed: Collection[int]) -> bool:
+        """Whether the bulk pool's free groups are cut once `completed` are complete: `need` of them are (the
+        spared groups run on)."""
+        return sum(not self.spared(uid) for uid in set(completed)) >= self.need
+
+    def ready(self, completed: Collection[int]) -> bool:
+        """Whether the whole step is done once `completed` are complete: every spared group and the bulk cut."""
+        return (self.tail | self.pinned) <= set(completed) and self.bulk_cut(completed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,12 @@
 
 It draws each group's lengths from the workload (generation a of prompt p: fresh draws every time a prompt is
 regenerated, common random numbers across policies), runs every replica with `replica.run_replica` (the plan's
-tail replicas on the tail curve, §3.4), completes the tail pool, cuts the bulk pool at its quota-th group
-completion (ties: earlier in the stream) and reports each aborted group's progress at the cutoff. Pinned bulk
-groups (`StepPlan.pinned`) run to completion: the others are cut at their (quota − pinned)-th completion, and the
-pinned requests then continue on their replicas without the aborted ones (`replica.resume_replica`); T_bulk is
-the last kept bulk group's finish. A group in `StepPlan.resume` (partial rollout: the peer policies) continues the
-generation it was cut in last step: the same lengths, only the tokens past its prefix are decoded, and the prefix
-is prefilled again with the prompt.
+tail replicas on the tail curve, §3.4) and applies the step contract's cutoff rule (`policy.step.Cutoff`: tail
+and pinned groups complete, the other bulk groups cut at their (quota − pinned)-th completion, ties: earlier in the
+stream), reporting each aborted group's progress at the cutoff; the pinned requests then continue on their
+replicas without the aborted ones (`replica.resume_replica`); T_bulk is the last kept bulk group's finish. A group
+in `StepPlan.resume` (partial rollout: the peer policies) continues the generation it was cut in last step: the
+same lengths, only the tokens past its prefix are decoded, and the prefix is prefilled again with the prompt.
 `SimRestarts` is the simulator's pool hook: a step whose pools differ from the last step's pays `restart_s`.
 """
 
@@ -24,7 +23,16 @@ from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.router import RouterConfig
-from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, InvariantError, Pool, StepPlan, StepResult
+from tailsieve.policy.step import (
+    Cutoff,
+    GroupOutcome,
+    GroupRef,
+    GroupStatus,
+    InvariantError,
+    Pool,
+    StepPlan,
+    StepResult,
+)
 from tailsieve.simulation.replica import ReplicaConfig, ReplicaRun, resume_replica, run_replica
 from tailsieve.workloads import Workload
 
@@ -90,16 +98,17 @@ class SimExecutor:
         fin, runs = self._run_replicas(plan, groups, lengths - prefix, turns, prefix)
         done_at = fin.max(axis=1)
         tail_s = float(done_at[:q].max()) if q else 0.0
+        rule = Cutoff.of(plan)  # the step contract's cutoff rule
         bulk_uid = np.array([ref.uid for ref in plan.bulk], dtype=np.int64)
-        pin = np.array([ref.uid in plan.pinned for ref in plan.bulk], dtype=bool)
-        free = np.flatnonzero(~pin)
-        order = free[np.lexsort((bulk_uid[free], done_at[q + free]))]  # completion order, ties by stream position
-        quota = max(min(plan.bulk_quota - int(pin.sum()), order.size), 0)
+        pin = np.array([rule.spared(ref.uid) for ref in plan.bulk], dtype=bool)
+        order = np.lexsort((bulk_uid, done_at[q:]))  # bulk completion order, ties by stream position
+        at = {int(u): i for i, u in enumerate(bulk_uid)}
+        keep = np.array([at[u] for u in rule.kept_bulk(bulk_uid[order].tolist())], dtype=np.intp)
         kept = np.zeros(len(groups), dtype=bool)
         kept[:q] = True
-        kept[q + order[:quota]] = True
+        kept[q + keep] = True
         kept[q + np.flatnonzero(pin)] = True
-        cut_s = float(done_at[q + order[quota - 1]]) if quota > 0 else 0.0
+        cut_s = float(done_at[q + keep[-1]]) if keep.size else 0.0
         if pin.any() and turns is None:  # multi-turn: pinned groups keep their full-run finish (pessimistic)
             fin = self._spare_pinned(fin, runs, kept, cut_s)
             done_at = np.where(kept, fin.max(axis=1), done_at)

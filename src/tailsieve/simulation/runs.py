@@ -16,12 +16,12 @@ import numpy as np
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.errors import ConfigError
-from tailsieve.loop import SKIP_STEPS, PolicyRun, RunLog, StepLoop, StepRecord, make_controller
+from tailsieve.loop import SKIP_STEPS, PeerLoop, PolicyRun, RunLog, StepLoop, StepRecord, make_controller
 from tailsieve.model.baselines import GroupBatch, get_policy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
-from tailsieve.policy.peers import PEERS, PeerConfig, PeerPolicy
+from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
 from tailsieve.policy.router import Router, RouterConfig, pool_split
 from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
@@ -186,24 +186,15 @@ def _run_controller(
 def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None) -> PolicyRun:
     """A peer policy (`tailsieve.policy.peers`) on `SimExecutor`, every replica on the bulk curve; exactly-once
     consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
-    policy = PeerPolicy(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle, seed=config.seed)
+    loop = PeerLoop(make_peer(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle,
+                              seed=config.seed))
     executor = SimExecutor(workload, config.spec.bulk.curve(curve), config.router, config.replica)
     log = RunLog(name)
-    state = policy.initial_state()
+    state = loop.initial()
     for i in range(config.steps):
-        plan = policy.plan(state)
-        result = executor.execute(plan)
-        state, got = policy.observe(state, plan, result)
-        g = config.router.group_size
-        batch = np.array([o.lengths for o in got.consumed], dtype=np.int64).reshape(len(got.consumed), g)
-        cuts = [o.ref.cuts for o in got.consumed]
-        note = "long round" if got.long_round else (f"resumed {len(plan.resume)}" if plan.resume else "")
-        record = StepRecord(step=plan.step, makespan_s=result.makespan_s, tail_s=0.0, bulk_s=result.bulk_s, q=0, m=0,
-                            candidates=len(state.waiting), wasted_tokens=got.wasted_tokens,
-                            batch_mean_length=float(batch.mean()) if batch.size else 0.0, note=note,
-                            redraws_max=max(cuts, default=0))
-        log.add(record, batch, [o.ref.uid for o in got.consumed], tuple(o.ref.prompt_id for o in got.consumed), cuts)
-        log.fidelity(list(got.delays), list(got.offpolicy), got.dropped)
+        out = loop.step(state, executor)
+        state = out.state
+        log.add_peer(out)
         if on_step is not None:
             on_step(name, i + 1)
     return replace(log.run(), length_cap=workload.max_length, own_routing=True)

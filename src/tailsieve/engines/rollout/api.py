@@ -54,6 +54,7 @@ from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.peers import PEERS, PeerConfig
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, Router, RouterConfig
 from tailsieve.policy.step import GroupRef, StepPlan
@@ -93,11 +94,18 @@ class RolloutConfig:
     kv_ms_per_1k: float | None = None  # the controller's KV-traffic term; None: the `curve` model file's (else 0)
     bias_correction: bool = False  # per-group weights (`analysis.weights`) in every batch; opt-in
     logprobs: bool = False  # every sample carries its tokens' log-probabilities (trainer-ready outputs)
+    peers: PeerConfig = field(default_factory=PeerConfig)  # a peer policy's knobs (default: over-sample by rho)
 
     def __post_init__(self) -> None:
-        if self.policy not in CONTROLLERS:
-            raise ConfigError(f"unknown real-run policy '{self.policy}' (valid: {', '.join(CONTROLLERS)}; "
+        if self.policy not in CONTROLLERS and self.policy not in PEERS:
+            raise ConfigError(f"unknown real-run policy '{self.policy}' (valid: {', '.join([*CONTROLLERS, *PEERS])}; "
                               "the oracles need known lengths and exist only in `simulate`)")
+        if self.policy in PEERS and PEERS[self.policy].resumes and not (
+                self.stream and self.api is Api.COMPLETIONS and self.request_mode is RequestMode.SPLIT):
+            raise ConfigError(f"peer {self.policy} resumes cut requests from their text, which needs streamed "
+                              "completions with one request per member (docs/peers.md)")
+        if self.policy in PEERS and self.bias_correction:
+            raise ConfigError(f"bias correction does not apply to peer {self.policy} (it carries no weights)")
         if not self.length_scale > 0:
             raise ConfigError(f"length_scale must be > 0, got {self.length_scale}")
         if self.kv_ms_per_1k is not None and not (math.isfinite(self.kv_ms_per_1k) and self.kv_ms_per_1k >= 0):
@@ -105,7 +113,7 @@ class RolloutConfig:
 
     def router(self, replicas: int) -> RouterConfig:
         """The router configuration for `replicas` endpoints."""
-        if self.policy != "uniform" and replicas < 2:
+        if self.policy != "uniform" and self.policy not in PEERS and replicas < 2:
             raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
         return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
                             dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
@@ -126,7 +134,15 @@ _FROZEN = False
 
 
 class Rollout:
-    """Drives real replicas step by step with the simulator's router and controller (see module docstring)."""
+    """Drives real replicas step by step with the simulator's router and controller (see module docstring); a peer
+    policy's config gives a `PeerRollout` (`engines/rollout/peer_rollout.py`: the peer's own loop, same executor)."""
+
+    def __new__(cls, endpoints: Sequence[str | Endpoint], config: RolloutConfig, *args: Any, **kw: Any) -> Rollout:
+        if cls is Rollout and config.policy in PEERS:
+            from tailsieve.engines.rollout.peer_rollout import PeerRollout
+
+            return super().__new__(PeerRollout)
+        return super().__new__(cls)
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
                  prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None,
@@ -152,7 +168,9 @@ class Rollout:
         self.pools = pools
         self.router = Router(self.rc, [p.prompt_id for p in self.prompts], shuffle=config.shuffle,
                              seed=config.seed or 0)
-        self.controller = make_controller(config.policy, self.rc, bulk_curve=self.curve, tail_curve=self.tail_curve,
+        # a peer (PeerRollout) plans with its own loop, every replica bulk: its controller state stays uniform's
+        name = config.policy if config.policy in CONTROLLERS else "uniform"
+        self.controller = make_controller(name, self.rc, bulk_curve=self.curve, tail_curve=self.tail_curve,
                                           config=config.controller, q=config.q, m=config.m,
                                           kv_s_per_token=(self.cost.kv_ms_per_1k if config.kv_ms_per_1k is None
                                                           else config.kv_ms_per_1k) / 1e6)
@@ -166,6 +184,7 @@ class Rollout:
         self.weigher = BiasWeights() if config.bias_correction else None
         self.wstate = WeightState()  # the weights' window (not saved: it refills after a resume)
         self.generation: dict[str, int] = {}
+        self._first: dict[int, int] = {}  # uid → step its draw was first dispatched (delays; not saved)
         self.reload = reload  # restart-on-checkpoint fallback of `update_weights` (a launcher's `reload`)
         self._version = 0
         self.weights: WeightSync | None = None  # set by `open`
@@ -364,18 +383,32 @@ class Rollout:
             for o, wt in zip(out.consumed, weights, strict=True)
         )
         down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
+        first = {r.uid: self._first.get(r.uid, out.plan.step) for r in (*out.plan.tail, *out.plan.bulk)}
         batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
                       out.restart_s, tuple(o.ref.cuts for o in out.consumed), self.truncated(groups),
-                      self.weight_version)
-        if batch.stale_samples:  # refused before the state moves: the next step runs these groups again
+                      self.weight_version, tuple(out.plan.step - first[o.ref.uid] for o in out.consumed))
+        self.refuse_stale(batch)
+        self.rstate, self.cstate, self.wstate = out.state.router, out.state.control, wstate
+        self.generation = self._generations(out.plan)[1]
+        eaten = {o.ref.uid for o in out.consumed}
+        self._first = {u: f for u, f in (self._first | first).items() if u not in eaten}
+        return batch
+
+    @property
+    def steps_done(self) -> int:
+        """Steps completed so far (the next step's index)."""
+        return self.rstate.step
+
+    @staticmethod
+    def refuse_stale(batch: Batch) -> None:
+        """StaleBatch when a consumed sample predates the weights (refused before the state moves: the next step
+        runs these groups again)."""
+        if batch.stale_samples:
             why = (f"{batch.served_stale} were served under another version than the run's (a replica's weights "
                    "changed outside update_weights)" if batch.served_stale else
                    "update_weights ran during the step")
             raise StaleBatch(f"step {batch.step}: {batch.stale_samples} consumed sample(s) predate weight version "
                              f"{batch.weight_version} ({why}); the step was not consumed, run it again")
-        self.rstate, self.cstate, self.wstate = out.state.router, out.state.control, wstate
-        self.generation = self._generations(out.plan)[1]
-        return batch
 
     def truncated(self, groups: Sequence[GroupResult]) -> tuple[tuple[bool, ...], ...] | None:
         """Which samples hit the length cap: finish_reason "length" when every sample has one (exact), else tokens

@@ -85,6 +85,11 @@ class Batch:
     redraws: tuple[int, ...] = ()  # per group: times its prompt draw was cut before this step (GroupRef.cuts)
     truncated: tuple[tuple[bool, ...], ...] | None = None  # per group and sample: hit the length cap; None: unknown
     weight_version: int = 0  # the weights the replicas served during the step (`Rollout.update_weights`)
+    # batch fidelity per consumed group (docs/peers.md): steps since its prompt was first dispatched, tokens made in
+    # earlier steps (resumed prefixes); and the prompts dropped unconsumed this step
+    delays: tuple[int, ...] = ()
+    offpolicy: tuple[int, ...] = ()
+    dropped: int = 0
 
     @property
     def weights(self) -> tuple[float, ...] | None:

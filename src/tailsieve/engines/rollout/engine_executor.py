@@ -14,6 +14,13 @@ backoff; nothing is lost or repeated. A replica whose in-flight requests made no
 `FaultPolicy.liveness_s` (at most half the stall timeout) is asked for its /health; one that does not answer (a
 server shutting down after SIGTERM keeps its streams open but stops serving /health) is a fault at once
 (`disconnect`), without waiting out the stall timeout.
+
+Partial rollout (`StepPlan.resume`, april-partial): with `partial` on, the executor keeps what every cut request had
+generated (its streamed text and token count); a later plan that resumes such a group keeps the members that had
+finished and sends each other member its prompt followed by its text so far, with max_tokens reduced by its tokens
+so far (completions API, one request per member). Any other resumed plan is refused with `PlanNotRunnable` before
+anything is sent. A resumed sample's text and tokens include its prefix; its token ids and logprobs are None (the
+prefix's are not kept).
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ from tailsieve.engines.transport.engine_client import (
     SamplingParams,
 )
 from tailsieve.engines.transport.health import Replicas
-from tailsieve.engines.transport.types import TopPTokens
-from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.engines.transport.types import Progress, TopPTokens
+from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+
+
+class PlanNotRunnable(EngineError):
+    """A plan this executor cannot run (refused before anything is sent)."""
 
 
 class RequestMode(StrEnum):
@@ -76,6 +87,15 @@ class Sample:
     top_p: TopPTokens | None = None  # top-p kept token ids per generated token (SGLang with slime's patch)
 
 
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """One member of a group cut last step: the text and tokens it had generated, its sample if it had finished."""
+
+    text: str
+    tokens: int
+    sample: Sample | None
+
+
 @dataclass(slots=True)
 class _Job:
     uid: int
@@ -87,6 +107,8 @@ class _Job:
     progress: list[int] = field(default_factory=list)
     end: float = 0.0
     version: int = 0  # the weight version its replica served when the job was sent
+    prefix_text: str = ""  # a resumed member (partial rollout): what it had generated when it was cut
+    prefix_tokens: int = 0
 
 
 GroupSpecFn = Callable[[GroupRef, StepPlan], GroupSpec]  # what to send for a group of a plan
@@ -117,13 +139,14 @@ class _Step:
         groups = (*plan.tail, *plan.bulk)
         self.samples: dict[int, list[Sample | None]] = {r.uid: [None] * g for r in groups}
         self.progress: dict[int, list[int]] = {r.uid: [0] * g for r in groups}
+        self.texts: dict[int, list[str]] = {r.uid: [""] * g for r in groups}  # partial text (`EngineExecutor.partial`)
         self.done_at: dict[int, float] = {}
         self.load = [0] * replicas
         self.pending: dict[asyncio.Task[Completion], _Job] = {}
         self.redispatched = 0
-        self.pinned = plan.pinned & {r.uid for r in plan.bulk}
-        self.need = plan.bulk_quota - len(self.pinned)  # non-pinned bulk completions before the cutoff
-        self.cut = self.need <= 0
+        self.rule = Cutoff.of(plan)  # the step contract's cutoff rule
+        self.pinned = self.rule.pinned
+        self.cut = self.rule.need == 0
         self.pin_left = set(self.pinned)
         self.bulk_done: list[int] = []
         self.bulk_s = 0.0
@@ -150,7 +173,9 @@ class _Step:
         """Copy a job's streamed progress into its group's members."""
         for k, j in enumerate(job.members):
             if k < len(job.progress):
-                self.progress[job.uid][j] = job.progress[k]
+                self.progress[job.uid][j] = job.prefix_tokens + job.progress[k]
+                if isinstance(job.progress, Progress):
+                    self.texts[job.uid][j] = job.prefix_text + "".join(job.progress.texts[k])
 
     def release(self, task: asyncio.Task[Completion]) -> _Job:
         """Forget a task (its replica's load drops by its members)."""
@@ -164,11 +189,11 @@ class _Step:
 
     def spared(self, job: _Job) -> bool:
         """Whether a job runs to completion whatever the cutoff: a tail or a pinned bulk group's."""
-        return job.pool is Pool.TAIL or job.uid in self.pinned
+        return self.rule.spared(job.uid)
 
     def outcomes(self, g: int) -> tuple[GroupOutcome, ...]:
         """Every planned group's outcome, plan order: tail, pinned and kept bulk groups DONE, the rest ABORTED."""
-        kept = set(self.bulk_done) | self.pinned
+        kept = set(self.rule.kept_bulk(self.bulk_done)) | self.pinned
         out: list[GroupOutcome] = []
         for ref in (*self.plan.tail, *self.plan.bulk):
             pool, got = self.pool_of[ref.uid], self.samples[ref.uid]
@@ -194,6 +219,8 @@ class EngineExecutor:
         self.mode = mode
         self.spec = spec
         self.weight_version = 0  # stamped on every sample sent from now on (`Rollout.update_weights` raises it)
+        self.partial = False  # keep what cut requests generated, so that a plan may resume them (`StepPlan.resume`)
+        self._carried: dict[int, tuple[Carried, ...]] = {}  # last step's cut groups, per member
 
     def _jobs(self, ref: GroupRef, pool: Pool, placement: tuple[int, ...], spec: GroupSpec) -> list[_Job]:
         if self.mode is RequestMode.SPLIT:
@@ -206,13 +233,17 @@ class EngineExecutor:
     def _request(self, job: _Job, spec: GroupSpec, step: int) -> Request:
         j0 = job.members[0]
         rid = f"ts-{step}-{job.uid}-{j0}-{job.attempt}"
-        return Request(rid, spec.prompt, n=len(job.members), seed=spec.seeds[j0], max_tokens=spec.max_tokens[j0])
+        if not job.prefix_tokens:
+            return Request(rid, spec.prompt, n=len(job.members), seed=spec.seeds[j0], max_tokens=spec.max_tokens[j0])
+        cap = spec.max_tokens[j0] or self.params.max_tokens  # a resumed member decodes only the rest of its budget
+        return Request(rid, f"{spec.prompt}{job.prefix_text}", n=1, seed=spec.seeds[j0],
+                       max_tokens=max(cap - job.prefix_tokens, 1))
 
     async def _run(self, job: _Job, req: Request) -> Completion:
         wait = self.replicas.policy.backoff(job.attempt)
         if wait > 0:  # a first attempt goes out at once (no extra turn of the event loop)
             await asyncio.sleep(wait)
-        job.progress = [0] * len(job.members)
+        job.progress = Progress(len(job.members)) if self.partial else [0] * len(job.members)
         try:
             return await self.client.complete(self.replicas.endpoints[job.replica], self.model, req, self.params,
                                               job.progress)
@@ -226,10 +257,13 @@ class EngineExecutor:
             raise EngineError("EngineExecutor needs a spec function (constructor `spec=` or `execute(plan, spec)`)")
         fn = spec if spec is not None else (lambda ref: cast(GroupSpecFn, self.spec)(ref, plan))
         st = _Step(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
+        self._check_resume(st)
         try:
             for ref in (*plan.tail, *plan.bulk):
                 if st.pool_of[ref.uid] is Pool.TAIL or ref.uid in st.pinned or not st.cut:
-                    for job in self._jobs(ref, st.pool_of[ref.uid], plan.placement[ref.uid], st.specs[ref.uid]):
+                    jobs = (self._resumed(st, ref) if ref.uid in plan.resume else
+                            self._jobs(ref, st.pool_of[ref.uid], plan.placement[ref.uid], st.specs[ref.uid]))
+                    for job in jobs:
                         await self._launch(st, job)
             await self._wait_all(st)
         finally:
@@ -240,8 +274,44 @@ class EngineExecutor:
                 await asyncio.gather(*st.pending, return_exceptions=True)
         tail_s = max((st.done_at[r.uid] for r in plan.tail), default=0.0)
         bulk_s = max([st.bulk_s, *(st.done_at[u] for u in st.pinned)])
-        return ExecutedStep(plan.step, st.outcomes(self.g), tail_s, bulk_s, max(tail_s, bulk_s),
+        outcomes = st.outcomes(self.g)
+        self._carried = {o.ref.uid: tuple(Carried(st.texts[o.ref.uid][j], n, st.samples[o.ref.uid][j])
+                                          for j, n in enumerate(o.lengths))
+                         for o in outcomes if o.status is GroupStatus.ABORTED} if self.partial else {}
+        return ExecutedStep(plan.step, outcomes, tail_s, bulk_s, max(tail_s, bulk_s),
                             {u: tuple(s) for u, s in st.samples.items()}, st.redispatched, st.started_at)
+
+    def _check_resume(self, st: _Step) -> None:
+        """PlanNotRunnable (before anything is sent) unless every resumed group is one this executor cut last step,
+        with exactly the tokens the plan names, and its requests can carry a text prefix."""
+        plan = st.plan
+        if not plan.resume:
+            return
+        why = ("the executor does not keep cut requests' output (EngineExecutor.partial)" if not self.partial else
+               "one request per group and replica (--request-mode n) cannot resume members one by one"
+               if self.mode is RequestMode.N else None)
+        for uid, prefix in plan.resume.items():
+            if why is not None:
+                break
+            had = self._carried.get(uid)
+            if had is None or tuple(c.tokens for c in had) != tuple(prefix):
+                why = f"group {uid} was not cut last step with the tokens the plan resumes"
+            elif not isinstance(st.specs[uid].prompt, str):
+                why = f"group {uid} has a chat prompt (only a text prompt can be continued)"
+        if why is not None:
+            raise PlanNotRunnable(f"step {plan.step}: the plan resumes {len(plan.resume)} cut group(s) from their "
+                                  f"tokens, which this executor cannot run ({why}); nothing was sent")
+
+    def _resumed(self, st: _Step, ref: GroupRef) -> list[_Job]:
+        """A resumed group: members that had finished keep their samples; the others continue from their text."""
+        jobs = []
+        for j, (c, rep) in enumerate(zip(self._carried[ref.uid], st.plan.placement[ref.uid], strict=True)):
+            if c.sample is not None:
+                st.samples[ref.uid][j] = c.sample
+                st.progress[ref.uid][j] = c.sample.tokens
+            else:
+                jobs.append(_Job(ref.uid, st.pool_of[ref.uid], (j,), rep, prefix_text=c.text, prefix_tokens=c.tokens))
+        return jobs
 
     async def _wait_all(self, st: _Step) -> None:
         """Settle requests as they finish until the step's work is done, checking quiet replicas' health."""
@@ -321,7 +391,8 @@ class EngineExecutor:
             if m.attempt >= self.replicas.policy.retries:
                 raise EngineError(f"prompt group {m.uid} failed {m.attempt + 1} times; last: {exc}")
             st.redispatched += 1
-            await self._launch(st, _Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1))
+            await self._launch(st, _Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1,
+                                        prefix_text=m.prefix_text, prefix_tokens=m.prefix_tokens))
 
     def _record(self, st: _Step, job: _Job, comp: Completion) -> None:
         """Store a completed request's samples; a group complete in the bulk pool may trigger the cutoff."""
@@ -331,10 +402,12 @@ class EngineExecutor:
             if ch is None:
                 raise EngineError(f"{self.replicas.endpoints[job.replica].url}: {len(comp.choices)} "
                                   f"choices returned, {len(job.members)} requested")
-            st.samples[job.uid][j] = Sample(ch.text, ch.tokens, ch.finish_reason, ch.token_ids, job.replica, now,
-                                            job.attempt + 1, ch.logprobs, ch.prompt_token_ids, job.version,
-                                            ch.served_version, ch.top_p)
-            st.progress[job.uid][j] = ch.tokens
+            resumed = job.prefix_tokens > 0  # text and tokens count the prefix; its token ids are not known
+            st.samples[job.uid][j] = Sample(job.prefix_text + ch.text, job.prefix_tokens + ch.tokens, ch.finish_reason,
+                                            None if resumed else ch.token_ids, job.replica, now, job.attempt + 1,
+                                            None if resumed else ch.logprobs, ch.prompt_token_ids, job.version,
+                                            ch.served_version, None if resumed else ch.top_p)
+            st.progress[job.uid][j] = job.prefix_tokens + ch.tokens
         if job.uid in st.done_at or any(s is None for s in st.samples[job.uid]):
             return
         st.done_at[job.uid] = now
@@ -344,7 +417,7 @@ class EngineExecutor:
             st.pin_left.discard(job.uid)
         elif not st.cut:
             st.bulk_done.append(job.uid)
-            if len(st.bulk_done) >= st.need:
+            if st.rule.bulk_cut(st.bulk_done):
                 st.cut, st.bulk_s = True, now
                 for other_task, other in st.pending.items():
                     if not st.spared(other):

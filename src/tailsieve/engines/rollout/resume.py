@@ -94,6 +94,9 @@ class SavedStep:
     truncated: NDArray[np.bool_] | None
     weights: NDArray[np.float64] | None
     restart_s: float
+    delays: tuple[int, ...] | None = None  # batch fidelity (absent in older folders: None)
+    offpolicy: tuple[int, ...] | None = None
+    dropped: int = 0
 
 
 def saved_step(where: str, row: Mapping[str, Any]) -> SavedStep:
@@ -108,10 +111,15 @@ def saved_step(where: str, row: Mapping[str, Any]) -> SavedStep:
         if not math.isfinite(restart):
             raise ValueError(f"restart_s is {restart}")
         trunc, weights = row.get("truncated"), row.get("weights")
+        delays, offpolicy = row.get("delays"), row.get("offpolicy")
+        if any(x is not None and len(x) != len(uids) for x in (delays, offpolicy)):
+            raise ValueError("delays or offpolicy do not match the uids")
         return SavedStep(where, step_record(row), lengths, uids, prompts,
                          np.asarray(row.get("redraws") or [0] * len(uids), dtype=np.int64),
                          None if trunc is None else np.asarray(trunc, dtype=bool),
-                         None if weights is None else np.asarray(weights, dtype=np.float64), restart)
+                         None if weights is None else np.asarray(weights, dtype=np.float64), restart,
+                         None if delays is None else tuple(int(x) for x in delays),
+                         None if offpolicy is None else tuple(int(x) for x in offpolicy), int(row.get("dropped", 0)))
     except KeyError as exc:
         raise ConfigError(f"{where}: missing key {exc}") from None
     except (TypeError, ValueError, OverflowError) as exc:

@@ -45,6 +45,7 @@ from tailsieve.engines.rollout.weight_sync import ReloadHook
 from tailsieve.engines.transport.engine_client import Endpoint
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
+from tailsieve.policy.peers import PEERS
 
 OnStep = Callable[[str, Batch], None]
 
@@ -87,6 +88,9 @@ class PolicyOutput:
         self.redraws: list[np.ndarray[Any, np.dtype[np.int64]]] = []
         self.truncated: list[np.ndarray[Any, np.dtype[np.bool_]] | None] = []
         self.weights: list[np.ndarray[Any, np.dtype[np.float64]]] = []
+        self.delays: list[list[int]] = []  # batch fidelity per step (docs/peers.md); complete only if every
+        self.offpolicy: list[list[int]] = []  # step line has it (older folders do not)
+        self.dropped: list[int] = []
         self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
         self._aside = False  # files of an uncommitted step wait in the folder (`load`)
 
@@ -101,6 +105,8 @@ class PolicyOutput:
         for s in steps:
             self._add(s.record, s.lengths, s.uids, s.prompts, s.redraws, s.truncated, s.weights)
             self.restart_s += s.restart_s
+            if s.delays is not None:
+                self._fidelity(s.delays, s.offpolicy or [0] * len(s.delays), s.dropped)
         self._aside = uncommitted
 
     def _add(self, rec: StepRecord, lengths: np.ndarray[Any, np.dtype[np.int64]], uids: Sequence[int],
@@ -138,16 +144,29 @@ class PolicyOutput:
                                        [list(t) for t in batch.truncated]}
         if batch.weights is not None:
             line["weights"] = list(batch.weights)
+        fid = (list(batch.delays) or [0] * len(uids), list(batch.offpolicy) or [0] * len(uids), batch.dropped)
+        line |= {"delays": fid[0], "offpolicy": fid[1], "dropped": fid[2]}
         write_line(self.dir / STEPS_FILE, line)
         self._add(batch.record, lengths, uids, pids, batch.redraws or [0] * len(uids), batch.truncated, batch.weights)
+        self._fidelity(*fid)
         self.restart_s += batch.restart_s
         rollout.save(self.state_path)
 
+    def _fidelity(self, delays: Sequence[int], offpolicy: Sequence[int], dropped: int) -> None:
+        self.delays.append([int(x) for x in delays])
+        self.offpolicy.append([int(x) for x in offpolicy])
+        self.dropped.append(int(dropped))
+
     def run(self) -> PolicyRun:
-        """The run so far as a `PolicyRun` (what `simulate` summarizes)."""
+        """The run so far as a `PolicyRun` (what `simulate` summarizes), with the batch fidelity (delays, off-policy
+        tokens, drops) when every step line has it."""
         weights = tuple(self.weights) if len(self.weights) == len(self.records) else ()
+        full = len(self.delays) == len(self.records)
         return PolicyRun(self.policy, tuple(self.records), tuple(self.lengths), tuple(self.uids), tuple(self.prompts),
-                         tuple(self.redraws), tuple(self.truncated), batch_weights=weights)
+                         tuple(self.redraws), tuple(self.truncated), batch_weights=weights,
+                         batch_delays=tuple(np.asarray(d, dtype=np.int64) for d in self.delays) if full else (),
+                         batch_offpolicy=tuple(np.asarray(o, dtype=np.int64) for o in self.offpolicy) if full else (),
+                         step_dropped=tuple(self.dropped) if full else (), own_routing=self.policy in PEERS)
 
 
 def report(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], skip: int = SKIP_STEPS,
@@ -171,6 +190,8 @@ def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRe
         folder = out / name
         if not resume and folder.is_dir() and any(folder.iterdir()):
             raise ConfigError(f"{folder} already holds a run; pass --resume to continue it or choose another --out")
+        if resume and name in PEERS and folder.is_dir() and any(folder.iterdir()):
+            raise ConfigError(f"{folder}: a run of peer {name} cannot be resumed yet; choose another --out")
         points[name] = read_folder(folder) if resume and folder.is_dir() else ResumePoint(None, ())
     prepared: dict[str, tuple[Rollout, PolicyOutput]] = {}
     for name, cfg in configs.items():
@@ -210,7 +231,7 @@ async def run_policies_real(
         rollouts = {name: await stack.enter_async_context(r) for name, (r, _) in prepared.items()}
         for _ in range(steps):
             for name, r in rollouts.items():
-                if r.rstate.step >= steps:
+                if r.steps_done >= steps:
                     continue
                 if weights_dir is not None:
                     ck = latest_checkpoint(weights_dir)

@@ -27,6 +27,7 @@ from tailsieve.engines.transport.types import (
     Choice,
     Completion,
     FaultKind,
+    Progress,
     ReplicaFault,
     Request,
     RequestRejected,
@@ -349,10 +350,11 @@ class _Acc:
 
 class StreamAcc:
     """Folds the validated chunks of one streamed request into its `Completion`; `progress[i]` mirrors choice i's
-    tokens so far."""
+    tokens so far (and, for a `Progress`, `progress.texts[i]` its text)."""
 
     def __init__(self, n: int, cap: int, progress: list[int]) -> None:
         self.n, self.cap, self.progress = n, cap, progress
+        self.texts = progress.texts if isinstance(progress, Progress) else None  # text so far per choice
         self.accs = [_Acc() for _ in range(n)]
         self.prompt_tokens = 0
         self.final_tokens: int | None = None  # completion tokens of the usage-only event (all choices)
@@ -375,6 +377,8 @@ class StreamAcc:
             a.top_p = c.top_p or a.top_p
             if c.text:
                 a.text.append(c.text)
+                if self.texts is not None:
+                    self.texts[c.index].append(c.text)
             if c.token_ids is not None:
                 if a.ids is None:
                     a.ids = []

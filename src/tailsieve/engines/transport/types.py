@@ -197,6 +197,16 @@ class Request:
     max_tokens: int | None = None
 
 
+class Progress(list[int]):
+    """A request's live progress: `progress[i]` is choice i's tokens so far (what every `progress` list holds), and
+    `texts[i]` its text pieces so far (streamed requests; what a cut request had generated, for a partial rollout
+    that continues it)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__([0] * n)
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+
+
 @dataclass(frozen=True, slots=True)
 class TopPTokens:
     """Per generated token, the token ids the sampler's top-p (with top-k) kept, in CSR form: token t's ids are

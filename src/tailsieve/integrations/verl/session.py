@@ -3,12 +3,12 @@
 `StepSession` wraps the shared step loop (`tailsieve.loop.StepLoop`): `begin()` asks the router for the next plan
 and turns every planned group into an `Assignment` (pool, replica per member, a group key and one stable request
 id per member); the framework reports each group's completion (`mark_done`); `cut_ready()` says when the step can
-be cut (every tail group and every pinned bulk group complete, and the bulk quota reached: the same rule as
-`tailsieve.engines.rollout.engine_executor`); `kept()` are the exactly N consumed groups and `leftovers()` the
-rest, whose requests are aborted and whose groups the router carries to the next step, where they are regenerated from
-scratch under new request ids (never resumed). `finish()` builds the `StepResult` and completes the step through
-the loop (contract check, controller update). Policy decides, the framework acts: nothing here re-implements the
-router or the controller.
+be cut (every tail group and every pinned bulk group complete, and the bulk quota reached: the step contract's
+`tailsieve.policy.step.Cutoff`, which every executor applies); `kept()` are the exactly N consumed groups and
+`leftovers()` the rest, whose requests are aborted and whose groups the router carries to the next step, where they
+are regenerated from scratch under new request ids (never resumed). `finish()` builds the `StepResult` and completes
+the step through the loop (contract check, controller update). Policy decides, the framework acts: nothing here
+re-implements the router or the controller.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Router, RouterConfig
-from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
+from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 ROUTE_FIELD = "tailsieve_route"  # per-prompt field: the group's route (`Assignment.route`)
 CUT_TAG = "tailsieve_cut"  # TransferQueue tag on a cut group's key: its unsent members are never sent
@@ -208,27 +208,22 @@ class StepSession:
         """Tokens generated so far by an unfinished group's members (for the cut groups' outcomes)."""
         self._progress[uid] = tuple(int(x) for x in lengths)
 
-    def _need(self) -> tuple[set[int], set[int], int]:
-        if self.plan is None:
-            raise RuntimeError("no open step: call begin() first")
-        tail = {r.uid for r in self.plan.tail}
-        pinned = set(self.plan.pinned) & {r.uid for r in self.plan.bulk}
-        return tail, pinned, self.plan.bulk_quota - len(pinned)
+    def _rule(self) -> Cutoff:
+        """The open step's cutoff rule (the step contract's `Cutoff`)."""
+        return Cutoff.of(self._plan())
 
-    def _kept_bulk(self) -> list[int]:
-        tail, pinned, need = self._need()
-        free = sorted((t, u) for u, (t, _) in self._done.items() if u not in tail and u not in pinned)
-        return [u for _, u in free[: max(need, 0)]]
+    def _kept_bulk(self) -> tuple[int, ...]:
+        by_time = [u for _, u in sorted((t, u) for u, (t, _) in self._done.items())]  # completion order
+        return self._rule().kept_bulk(by_time)
 
     def cut_ready(self) -> bool:
         """Whether the step can be cut now: tail and pinned groups complete, the bulk quota reached."""
-        tail, pinned, need = self._need()
-        return (tail | pinned) <= set(self._done) and len(self._kept_bulk()) >= need
+        return self._rule().ready(self._done)
 
     def kept(self) -> tuple[Assignment, ...]:
         """The consumed groups once `cut_ready()`: exactly N, tail pool first."""
-        tail, pinned, _ = self._need()
-        keep = tail | pinned | set(self._kept_bulk())
+        rule = self._rule()
+        keep = rule.tail | rule.pinned | set(self._kept_bulk())
         return tuple(a for u, a in self.assignments.items() if u in keep)
 
     def leftovers(self) -> tuple[Assignment, ...]:
