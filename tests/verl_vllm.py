@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from tailsieve.integrations.verl.loop_thread import LoopThread
-from verl_harness import verl_config, write_dataset
+from verl_harness import ray_running, verl_config, write_dataset
 
 CPU_OVERRIDES = ("actor_rollout_ref.rollout.tensor_model_parallel_size=1",
                  "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.rollout.load_format=auto",
@@ -97,6 +97,10 @@ class VerlVllmServer:
         pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$"
         return sum(float(m[1]) for m in re.finditer(pattern, text, re.M))
 
+    def held(self) -> set[str]:
+        """The client ids of the requests vLLM's output processor holds (its external → internal id map)."""
+        return set(self.server.engine.output_processor.external_req_ids)
+
     def engine_requests(self) -> int:
         """Requests vLLM's output processor still holds (its own table, keyed by internal ids)."""
         return int(self.server.engine.output_processor.get_num_unfinished_requests())
@@ -115,33 +119,26 @@ async def _launch(cls: type, config: Any) -> Any:
 @pytest.fixture(scope="module")
 def verl_vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerlVllmServer]:
     """One `TailSieveVLLMHttpServer` over the tiny model, started by verl's `launch_server`, stopped at the end."""
-    import ray
-
     tmp = tmp_path_factory.mktemp("verl-vllm")
     vllm_dist_alias(tmp / "alias")
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
-    from tailsieve.integrations.verl.vllm_server import TailSieveVLLMHttpServer
+    with ray_running():
+        from tailsieve.integrations.verl.vllm_server import TailSieveVLLMHttpServer
 
-    config = verl_config(tiny_model, write_dataset(tmp / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
-    loop = LoopThread("verl-vllm-server")
-    server = loop.run(_launch(TailSieveVLLMHttpServer, config), timeout_s=400)
-    loop_obj = loop.run(_running_loop())
-    try:
-        yield VerlVllmServer(server, loop, loop_obj)
-    finally:
-        server.engine.shutdown()
-        loop.close()
-        if started_ray:
-            ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        config = verl_config(tiny_model, write_dataset(tmp / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
+        loop = LoopThread("verl-vllm-server")
+        server = loop.run(_launch(TailSieveVLLMHttpServer, config), timeout_s=600)
+        try:
+            yield VerlVllmServer(server, loop, loop.run(_running_loop()))
+        finally:
+            server.engine.shutdown()
+            loop.close()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 async def _running_loop() -> asyncio.AbstractEventLoop:
