@@ -124,7 +124,7 @@ def verl_vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
     with ray_running():
-        from tailsieve.integrations.verl.vllm_server import TailSieveVLLMHttpServer
+        from tailsieve.integrations.verl.vllm_replica import TailSieveVLLMHttpServer
 
         config = verl_config(tiny_model, write_dataset(tmp / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
         loop = LoopThread("verl-vllm-server")

@@ -69,11 +69,11 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
 
     def _setup(self) -> None:
         """verl's setup; for `rollout.name=vllm` its `LLMServerManager` builds `TailSieveVLLMReplica`s, whose
-        servers abort a cut request for real (verl's own abort misses vLLM's internal ids, see `vllm_server`)."""
+        servers abort a cut request for real (verl's own abort misses vLLM's internal ids, see `vllm_replica`)."""
         if self.config.actor_rollout_ref.rollout.name != "vllm":
             super()._setup()
             return
-        from tailsieve.integrations.verl.vllm_server import tailsieve_vllm_replicas  # imports vLLM
+        from tailsieve.integrations.verl.vllm_replica import tailsieve_vllm_replicas  # imports vLLM
 
         with tailsieve_vllm_replicas():
             super()._setup()

@@ -86,7 +86,10 @@ class TailSieveVLLMHttpServer(vLLMHttpServer):  # type: ignore[misc]  # verl shi
             return {"aborted": False, "request_id": request_id}
         held, internal = engine_request_ids(self.engine, request_id)
         if held:
-            await self.engine.abort(request_id, internal=internal)
+            if internal:  # an engine-internal id (vLLM >= 0.1x keys its tables by them)
+                await self.engine.abort(request_id, internal=True)
+            else:  # the client's id: the engine aborts every internal request it maps to
+                await self.engine.abort(request_id)
             if reset_prefix_cache:
                 await self.clear_kv_cache()
             return {"aborted": True, "request_id": request_id, "engine_request_ids": held}

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tailsieve.integrations.verl.session import Routed, routed
-from verl_vllm import VerlVllmServer, verl_vllm_server  # noqa: F401
+from verl_harness import verl_config, write_dataset
+from verl_vllm import CPU_OVERRIDES, VerlVllmServer, verl_vllm_server, vllm_dist_alias  # noqa: F401
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.extra("verl"),
@@ -133,3 +135,28 @@ def test_abort_before_arrival_never_reaches_the_engine(verl_vllm_server: VerlVll
     assert reply == {"aborted": False, "request_id": rid, "error": f"Request {rid} not found"}
     assert out.stop_reason == "aborted" and out.token_ids == [] and after == before
     assert srv.engine_requests() == 0
+
+
+def test_tailsieve_replicas_only_inside_the_trainer_setup(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`TailSieveTrainer._setup` resolves `rollout.name=vllm` to `TailSieveVLLMReplica` (whose server actors are
+    `TailSieveVLLMHttpServer`s) inside `tailsieve_vllm_replicas()`; verl's own replica before and after."""
+    vllm_dist_alias(tmp_path / "alias")
+    from verl.workers.rollout.replica import get_rollout_replica_class
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMReplica
+
+    from tailsieve.integrations.verl.vllm_replica import (
+        TailSieveVLLMHttpServer,
+        TailSieveVLLMReplica,
+        tailsieve_vllm_replicas,
+    )
+
+    config = verl_config(tiny_model, write_dataset(tmp_path / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
+    assert get_rollout_replica_class("vllm") is vLLMReplica
+    with tailsieve_vllm_replicas():
+        inside = get_rollout_replica_class("vllm")
+        pd = get_rollout_replica_class("vllm", disaggregation_enabled=True)
+    assert inside is TailSieveVLLMReplica and pd.__name__ == "vLLMPDReplica"
+    assert get_rollout_replica_class("vllm") is vLLMReplica
+    replica = inside(replica_rank=0, config=config.actor_rollout_ref.rollout,
+                     model_config=config.actor_rollout_ref.model, gpus_per_node=1)
+    assert replica.server_class.__ray_metadata__.modified_class.__ray_actor_class__ is TailSieveVLLMHttpServer
