@@ -137,6 +137,40 @@ def test_abort_before_arrival_never_reaches_the_engine(verl_vllm_server: VerlVll
     assert srv.engine_requests() == 0
 
 
+async def _close_gate(server: Any) -> None:
+    server._submission_paused = True
+    server._resume_event.clear()
+
+
+def test_abort_of_a_request_parked_behind_a_weight_sync(verl_vllm_server: VerlVllmServer) -> None:  # noqa: F811
+    """verl's submission gate (what a weight sync closes) parks a new request before the engine sees it; aborting it
+    then cancels the parked call: it returns aborted and never reaches the engine. The gate is closed by setting
+    its two fields as verl's `abort_all_requests` does first (that method then fails on vLLM 0.32:
+    `pause_generation()` has no `wait_for_inflight_requests`), and opened by verl's `open_submission_gate`."""
+    srv, rid = verl_vllm_server, "ts-2-5-1-0"
+
+    async def run() -> tuple[dict[str, Any], Any, float, float]:
+        await _until(lambda: srv.metric(RUNNING) == 0, 60)
+        await srv.handle.__ray_call__.remote(_close_gate)
+        try:
+            call = asyncio.ensure_future(srv.handle.generate.remote(prompt_ids=[5, 6, 7],
+                                                                    sampling_params=dict(LONG), request_id=rid))
+            await _until(lambda: rid in srv.server._calls, 10)  # admitted by this server, parked by verl
+            await asyncio.sleep(0.2)
+            assert rid not in srv.held()
+            before = srv.metric(TOKENS)
+            reply = await srv.handle.abort_request.remote(rid, reset_prefix_cache=False)
+            out = await asyncio.wait_for(call, 10)
+        finally:
+            await srv.handle.open_submission_gate.remote()
+        await asyncio.sleep(0.5)
+        return reply, out, before, srv.metric(TOKENS)
+
+    reply, out, before, after = asyncio.run(run())
+    assert reply == {"aborted": True, "request_id": rid, "engine_request_ids": []}
+    assert out.stop_reason == "aborted" and out.token_ids == [] and after == before
+    assert srv.engine_requests() == 0 and rid not in srv.server._calls
+
 def test_tailsieve_replicas_only_inside_the_trainer_setup(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
     """`TailSieveTrainer._setup` resolves `rollout.name=vllm` to `TailSieveVLLMReplica` (whose server actors are
     `TailSieveVLLMHttpServer`s) inside `tailsieve_vllm_replicas()`; verl's own replica before and after."""

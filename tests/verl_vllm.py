@@ -79,6 +79,8 @@ class InProcessActor:
         self._server, self._loop = server, loop
 
     def __getattr__(self, name: str) -> _Method:
+        if name == "__ray_call__":  # Ray's `actor.__ray_call__.remote(fn)`: fn(actor) on the actor's loop
+            return _Method(lambda fn, *a, **kw: fn(self._server, *a, **kw), self._loop)
         return _Method(getattr(self._server, name), self._loop)
 
 
