@@ -125,22 +125,26 @@ def verl_vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
     vllm_dist_alias(tmp / "alias")
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
-    with ray_running():
-        from tailsieve.integrations.verl.vllm_replica import TailSieveVLLMHttpServer
+    try:
+        with ray_running():
+            from tailsieve.integrations.verl.vllm_replica import TailSieveVLLMHttpServer
 
-        config = verl_config(tiny_model, write_dataset(tmp / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
-        loop = LoopThread("verl-vllm-server")
-        server = loop.run(_launch(TailSieveVLLMHttpServer, config), timeout_s=600)
-        try:
-            yield VerlVllmServer(server, loop, loop.run(_running_loop()))
-        finally:
-            server.engine.shutdown()
-            loop.close()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            config = verl_config(tiny_model, write_dataset(tmp / "d.parquet", 8), 2, 2, CPU_OVERRIDES)
+            loop = LoopThread("verl-vllm-server")
+            try:
+                server = loop.run(_launch(TailSieveVLLMHttpServer, config), timeout_s=600)
+                try:
+                    yield VerlVllmServer(server, loop, loop.run(_running_loop()))
+                finally:
+                    server.engine.shutdown()
+            finally:
+                loop.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 async def _running_loop() -> asyncio.AbstractEventLoop:
