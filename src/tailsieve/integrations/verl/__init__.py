@@ -4,6 +4,8 @@
   its completions and cutoff, and the `StepResult` (no verl import).
 - `http_server`: a verl-style server handle (`generate.remote`, `abort_request.remote`) for a plain vLLM OpenAI
   server, used by the CPU tests and for external servers.
+- `vllm_replica`: `TailSieveVLLMHttpServer(vLLMHttpServer)`, verl's vLLM server whose `abort_request` stops the
+  request in the engine (verl's misses vLLM's internal ids), and the replica that builds it (imports vLLM).
 - `client`: `TailSieveLLMServerClient(LLMServerClient)`: acquires the server the router planned for a request.
 - `agent_loop`: `tailsieve_single_turn`, verl's single-turn agent loop with TailSieve request ids.
 - `buffer`: `TailSieveReplayBuffer(ReplayBuffer)`: returns exactly N complete groups, the rest are carried.

@@ -104,11 +104,12 @@ class TailSieveLLMServerClient(LLMServerClient):  # type: ignore[misc]  # verl s
 
     async def abort(self, request_ids: Iterable[str], replicas: dict[str, int] | None = None) -> int:
         """Abort these TailSieve requests on their servers (all servers when the replica is not known); returns
-        how many a server reported aborted."""
+        how many a server reported aborted. The weights did not change, so the servers keep their prefix caches
+        (`reset_prefix_cache=False`; verl's servers reset them by default)."""
         calls = []
         for rid in request_ids:
             i = (replicas or {}).get(rid, self._by_request.get(rid))
             targets = [self.servers[i]] if i is not None else self.servers
-            calls += [handle.abort_request.remote(rid) for _, handle in targets]
+            calls += [handle.abort_request.remote(rid, reset_prefix_cache=False) for _, handle in targets]
         replies = await asyncio.gather(*calls, return_exceptions=True)
         return sum(1 for r in replies if isinstance(r, dict) and r.get("aborted"))

@@ -67,6 +67,17 @@ class TailSieveTrainer(PPOTrainerSync):  # type: ignore[misc]  # verl ships no t
         self._loop = LoopThread("tailsieve-trainer")  # runs the aborts (see the module docstring)
         self.tailsieve_last: StepRecord | None = None  # the last completed step's record
 
+    def _setup(self) -> None:
+        """verl's setup; for `rollout.name=vllm` its `LLMServerManager` builds `TailSieveVLLMReplica`s, whose
+        servers abort a cut request for real (verl's own abort misses vLLM's internal ids, see `vllm_replica`)."""
+        if self.config.actor_rollout_ref.rollout.name != "vllm":
+            super()._setup()
+            return
+        from tailsieve.integrations.verl.vllm_replica import tailsieve_vllm_replicas  # imports vLLM
+
+        with tailsieve_vllm_replicas():
+            super()._setup()
+
     def get_llm_client(self) -> TailSieveLLMServerClient:
         """verl's hook: the TailSieve client over the manager's servers, replica i = server i."""
         manager = self.llm_server_manager
