@@ -168,3 +168,11 @@ def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
     if not any(type(value) is type(c) and value == c for c in choices):
         raise ConfigError(f"{flag} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value
+
+
+def check_replicas(policy: str, minimum: int, replicas: int) -> None:
+    """The one "needs ≥ k replicas" check of every policy (controllers, peers, the known-length baselines): an
+    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < minimum:
+        need = "a tail and a bulk pool" if minimum > 1 else "a replica"
+        raise ConfigError(f"policy {policy} needs at least {minimum} replicas ({need}), got R={replicas}")

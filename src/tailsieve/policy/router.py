@@ -74,8 +74,7 @@ class RouterConfig:
             raise ConfigError(f"rho must lie in [0, 1], got {self.rho}")
         if isinstance(self.max_redraws, bool) or not isinstance(self.max_redraws, int) or self.max_redraws < 1:
             raise ConfigError(f"max_redraws must be an integer >= 1, got {self.max_redraws!r}")
-        if self.ranking not in RANKINGS:
-            raise ConfigError(f"unknown candidate ranking '{self.ranking}' (valid: {', '.join(RANKINGS)})")
+        RANKINGS.check(self.ranking)
 
     def pinned(self, ref: GroupRef) -> bool:
         """Whether a group was cut `max_redraws` times: its next attempt must complete."""
@@ -281,7 +280,7 @@ class Router:
         if any(o.ref.cuts > cfg.max_redraws for o in done):
             raise InvariantError(f"step {plan.step}: a consumed group was cut more than {cfg.max_redraws} times")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
-        ranked = RANKINGS[cfg.ranking](cut)
+        ranked = RANKINGS.resolve(cfg.ranking)(cut)
         if sorted(o.ref.uid for o in ranked) != sorted(o.ref.uid for o in cut):
             raise InvariantError(f"step {plan.step}: ranking '{cfg.ranking}' did not return a permutation of the cut")
         cut = ranked
