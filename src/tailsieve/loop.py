@@ -144,7 +144,7 @@ def make_controller(
     """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
     prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
     build theirs here, so both give it the same cost model."""
-    return CONTROLLERS[name](router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
+    return CONTROLLERS.resolve(name)(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
                              kv_s_per_token=kv_s_per_token, prefill_s=prefill_s)
 
 

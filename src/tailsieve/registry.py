@@ -92,6 +92,17 @@ class Registry(dict[str, T], Generic[T]):
         """Registered names (registration order), then entry-point names not loaded yet."""
         return [*self, *(n for n in self.entry_point_names() if n not in self)]
 
+    def load_entry_points(self) -> list[str]:
+        """Load every entry point of the group (a name taken by another object: DuplicateName); their names."""
+        if self.group is None:
+            return []
+        eps = sorted(importlib.metadata.entry_points(group=self.group), key=lambda ep: ep.name)
+        for ep in eps:
+            obj = self._load(ep.load, f"entry point '{ep.name}' ({ep.value})")
+            if ep.name not in self or self[ep.name] is not obj:
+                self.add(ep.name, cast(T, obj))
+        return [ep.name for ep in eps]
+
     def resolve(self, name: str) -> T:
         """The object for `name`: registered, `pkg.module:Attr`, or an entry point (see the module docstring)."""
         name = str(name)
