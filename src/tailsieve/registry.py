@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar, cast
 
 from tailsieve.errors import ConfigError
@@ -113,7 +113,13 @@ class Registry(dict[str, T], Generic[T]):
         if self.group is not None:
             for ep in importlib.metadata.entry_points(group=self.group, name=name):
                 return self._adopt(name, self._load(ep.load, f"entry point '{name}' ({ep.value})"))
-        raise self.error(f"unknown {self.kind} '{name}' (valid: {', '.join(self.names())})")
+        raise self.unknown(name)
+
+    def unknown(self, name: str, valid: Sequence[str] | None = None) -> ConfigError:
+        """The one unknown-name error: `unknown KIND 'name' (valid: …)`, listing `valid` (default: `names()`) — a
+        caller whose namespace holds more than this registry (`simulate`: the oracles, the peers) lists them all."""
+        listed = self.names() if valid is None else valid
+        return self.error(f"unknown {self.kind} '{name}' (valid: {', '.join(listed)})")
 
     def check(self, name: str) -> str:
         """`name` once `resolve` finds it (the one known-name check of every caller)."""

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import check_replicas
+from tailsieve.inputs import check_replicas, check_tail_replicas
 from tailsieve.model.balancing import improve
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import dealt_makespans, lane_makespans, makespan
@@ -141,7 +141,7 @@ class Policy(ABC):
 
     def check_replicas(self, replicas: int) -> None:
         """ConfigError unless `replicas` is an integer ≥ this policy's minimum (`inputs.check_replicas`)."""
-        check_replicas(self.name, self.min_replicas, int(replicas) if isinstance(replicas, np.integer) else replicas)
+        check_replicas(self.name, self.min_replicas, replicas)
 
 
 def _policy_class(obj: object) -> str | None:
@@ -320,8 +320,7 @@ class TopQ(Policy):
         self.check_replicas(replicas)
         if self.q > batch.n_groups:
             raise ConfigError(f"topq: q must lie in 0..{batch.n_groups} (the number of groups), got q={self.q}")
-        if self.m >= replicas:
-            raise ConfigError(f"topq: m must lie in 0..{replicas - 1} (R={replicas} replicas), got m={self.m}")
+        check_tail_replicas(self.m, replicas)
         groups = topq_lanes(group_tail_rank(batch), np.array([self.q]), self.m, replicas)[0]
         return make_assignment(self.name, batch, groups, replicas, curve, q=self.q, m=self.m)
 

@@ -21,7 +21,7 @@ from typing import ClassVar, TypeVar
 
 import numpy as np
 
-from tailsieve.errors import ConfigError
+from tailsieve.inputs import check_tail_replicas
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.calibration import calibrate, ema, factors, forecast_noise, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
@@ -376,8 +376,8 @@ class StaticController(Controller):
         r = self.router.replicas
         q = self.fixed_q if self.fixed_q is not None else max(1, math.ceil(self.router.extra / 2))
         m = self.fixed_m if self.fixed_m is not None else max(1, r // 4)
-        if r >= 2 and not 0 <= m < r:
-            raise ConfigError(f"static m must lie in [0, {r - 1}], got {m}")
+        if r >= 2:
+            check_tail_replicas(m, r)
         return ControlState(q=q, m=m if r >= 2 else 0)
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:

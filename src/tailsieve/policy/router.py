@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, int_in, json_object
+from tailsieve.inputs import MAX_INT, check_tail_replicas, int_in, json_object
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.step import (
     GroupRef,
@@ -233,8 +233,7 @@ class Router:
         cfg = self.config
         n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
         disp = dispatch or cfg.dispatch
-        if not 0 <= m < max(r, 1) or (m > 0 and r < 2):
-            raise ConfigError(f"tail replicas m must lie in [0, {r - 1}], got {m}")
+        check_tail_replicas(m, r)
         if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
             bulk, stream, left = self._draw(state, state.candidates, n, n)
             reps = tuple(range(r))
