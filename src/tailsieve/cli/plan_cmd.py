@@ -21,12 +21,11 @@ from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
-from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS
-from tailsieve.simulation.runs import PEERS, run_policy, static_grid
+from tailsieve.simulation.runs import PEERS, check_policy, run_policy, static_grid
 from tailsieve.workloads import ReplayMode
 
 ADAPTIVE = "tailsieve"
@@ -67,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """Simulate the three arms and print the answer."""
     model = load_cost_model(args.curve)
     config = build_config(args, ["static", ADAPTIVE], model)
-    if args.replicas < 2:
-        raise ConfigError(f"--replicas must be >= 2 for a tail pool (R={args.replicas}): with one replica only "
-                          "uniform runs")
+    check_policy(ADAPTIVE, args.replicas)
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
     with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled()) as tick:

@@ -180,10 +180,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
     check_flags(args)
     names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
     if not names:
-        raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS)}")
-    for n in names:
-        if n not in CONTROLLERS:
-            raise ConfigError(f"unknown policy '{n}' (valid: {', '.join(CONTROLLERS)})")
+        raise ConfigError(f"--policy is empty; valid: {', '.join(CONTROLLERS.names())}")
     if (args.q is not None or args.m is not None) and "static" not in names:
         raise ConfigError("--q/--m set the static policy; add static to --policy")
     template = Template(args.template)
@@ -205,8 +202,6 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
     faults = fault_policy(args)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if args.max_redraws < 1:
-        raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
                              dispatch=Dispatch(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
                              policy=n, curve=args.curve, kv_ms_per_1k=args.kv_ms_per_1k,
@@ -240,16 +235,6 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.deadline is not None:
         finite(args.deadline, "--deadline", lo=0, lo_open=True, hi=MAX_WAIT_S)
     int_in(args.retries, "--retries", 0, MAX_RETRIES)
-    for flag, v in (("--q", args.q), ("--m", args.m), ("--q0", args.q0), ("--m0", args.m0)):
-        if v is not None and v < 0:
-            raise ConfigError(f"{flag} must be >= 0, got {v}")
-
-
-def check_replica_flags(args: argparse.Namespace, replicas: int) -> None:
-    """--m and --m0 name tail replicas: at most R − 1 of the R endpoints."""
-    for flag, m in (("--m", args.m), ("--m0", args.m0)):
-        if m is not None and not 0 <= m < replicas:
-            raise ConfigError(f"{flag} must lie in 0..{replicas - 1} (R={replicas} endpoints), got {m}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -276,9 +261,8 @@ def run(args: argparse.Namespace) -> int:
         if not endpoints:
             raise ConfigError("--endpoints is empty")
         replicas = len(endpoints)
-    check_replica_flags(args, replicas)
     for cfg in configs.values():
-        cfg.router(replicas)
+        cfg.policy_spec(replicas)  # every policy check once, before any replica starts (`PolicySpec`)
     prompts = load_prompts(args.prompts)
     if args.weights_dir and not Path(args.weights_dir).is_dir():
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")

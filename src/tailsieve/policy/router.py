@@ -40,6 +40,15 @@ class Dispatch(StrEnum):
     GROUP = "group"
 
 
+def dispatch_of(value: object) -> Dispatch:
+    """A `Dispatch` from itself or its text (the one check of a dispatch setting: flag, config key, argument)."""
+    if isinstance(value, Dispatch):
+        return value
+    if value not in ("request", "group"):
+        raise ConfigError(f"dispatch must be request or group, got {value!r}")
+    return Dispatch(str(value))
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Step shape: N groups of G on R replicas, over-provisioning ρ (E = ⌈ρN⌉), dispatch, redraw limit.
@@ -64,6 +73,7 @@ class RouterConfig:
             warnings.warn("RouterConfig(max_cuts=) is deprecated; use max_redraws=", DeprecationWarning, stacklevel=3)
             object.__setattr__(self, "max_redraws", self.max_cuts)
             object.__setattr__(self, "max_cuts", None)
+        object.__setattr__(self, "dispatch", dispatch_of(self.dispatch))
         if self.groups < 1:
             raise ConfigError(f"groups (N) must be >= 1, got {self.groups}")
         if self.group_size < 1:

@@ -77,8 +77,9 @@ class PolicySpec:
         cls = CONTROLLERS.resolve(self.policy)
         r = self.router.replicas
         check_replicas(self.policy, cls.min_replicas, r)
+        if cls.min_replicas < 2:  # a policy without a tail pool (uniform) never reads q, m or m0
+            return
         if self.q is not None and (isinstance(self.q, bool) or not isinstance(self.q, int) or self.q < 0):
             raise ConfigError(f"q must be an integer >= 0, got {self.q!r}")
         check_tail_replicas(self.m, r, "m")
-        if cls.min_replicas > 1:  # uniform never leaves m = 0, whatever m0 says
-            check_tail_replicas(self.controller.m0, r, "m0")
+        check_tail_replicas(self.controller.m0, r, "m0")

@@ -117,8 +117,10 @@ def run_policies(
 ) -> dict[str, PolicyRun]:
     """Several policies on the same prompt stream and draws; `uniform` always runs (first) as the reference."""
     names = list(dict.fromkeys(["uniform", *names]))
-    for name in names:
+    for name in names:  # every check before the first step: a loop policy's whole `PolicySpec`
         check_policy(name, config.router.replicas)
+        if name not in PEERS and name not in ORACLES:
+            policy_spec(name, workload, curve, config)
     uniform = run_policy("uniform", workload, curve, config, on_step=on_step)
     out = {"uniform": uniform}
     for name in names[1:]:
