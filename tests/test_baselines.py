@@ -176,7 +176,8 @@ def test_replica_and_registry_errors() -> None:
         StreamRLOracle(dedicated=2).assign(TINY, 2, HAND)
     with pytest.raises(ConfigError, match="fraction must lie strictly between 0 and 1, got 1.5"):
         StreamRLOracle(fraction=1.5)
-    with pytest.raises(ConfigError, match="unknown policy 'rr'; valid: uniform, uniform-oracle"):
+    valid = "uniform, uniform-oracle, streamrl-oracle, seer-oracle, topq, topq-best"
+    with pytest.raises(ConfigError, match=rf"^unknown policy 'rr' \(valid: {valid}\)$"):
         get_policy("rr")
     assert list(POLICIES) == ["uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq", "topq-best"]
     assert get_policy("uniform").assign(TINY, 1, HAND).makespan_s == pytest.approx(

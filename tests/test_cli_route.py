@@ -126,7 +126,7 @@ def test_trace_with_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--policy", "uniform,bogus"], "unknown policy 'bogus'; valid: uniform, uniform-oracle, streamrl-oracle"),
+        (["--policy", "uniform,bogus"], "unknown policy 'bogus' (valid: uniform, uniform-oracle, streamrl-oracle"),
         (["--replicas", "1"], "--replicas 1: streamrl-oracle, topq-best need at least 2 replicas"),
         (["--replicas", "0"], "--replicas must be a positive integer, got 0"),
         (["--group-size", "0"], "--group-size must be a positive integer, got 0"),

@@ -86,7 +86,7 @@ def test_rollout_error_keeps_partial_results_and_resume_continues(two: list[Fake
 def test_rollout_user_errors(two: list[FakeServer], prompts: Path, tmp_path: Path,
                              capsys: pytest.CaptureFixture[str]) -> None:
     assert rollout([two[0].url], prompts, tmp_path / "a", "--policy", "tailsieve") == 1
-    assert "needs at least 2 endpoints" in capsys.readouterr().err
+    assert "policy tailsieve needs at least 2 replicas (a tail and a bulk pool), got R=1" in capsys.readouterr().err
     assert rollout([s.url for s in two], prompts, tmp_path / "b", "--policy", "nope") == 1
     assert "unknown policy 'nope'" in capsys.readouterr().err
     for s in two:

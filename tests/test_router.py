@@ -43,7 +43,7 @@ def test_extra_and_config_errors() -> None:
         with pytest.raises(ConfigError):
             RouterConfig(**kw)  # type: ignore[arg-type]
     router = Router(RouterConfig(replicas=4), WL.prompts)
-    with pytest.raises(ConfigError, match="tail replicas m"):
+    with pytest.raises(ConfigError, match=r"^m must lie in 0..3 \(R=4 replicas\), got m=4$"):
         router.plan(router.initial_state(), 1, 4)
 
 

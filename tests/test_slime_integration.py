@@ -165,7 +165,8 @@ def test_router_answer_shapes_and_explicit_workers(tmp_path: Path, fleet: FakeFl
 @pytest.mark.parametrize(("change", "message"), [
     ({"sglang_router_port": 1}, "sglang-router http://127.0.0.1:1 unreachable"),
     ({"sglang_router_ip": None}, "no SGLang workers: set sglang_router_ip/port or TAILSIEVE_ENGINES"),
-    ({"tailsieve_engines": "http://127.0.0.1:1"}, "policy static needs at least 2 SGLang workers"),
+    ({"tailsieve_engines": "http://127.0.0.1:1"},
+     "policy static needs at least 2 replicas (a tail and a bulk pool), got R=1"),
     ({"tailsieve_engines": "http://127.0.0.1:1,http://127.0.0.1:2"}, "no SGLang worker answers /health"),
     ({"rollout_batch_size": None}, "slime args lack rollout_batch_size"),
     ({"tailsieve_rho": "lots"}, "bad TailSieve setting"),

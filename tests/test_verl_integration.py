@@ -27,6 +27,8 @@ from vllm_fixtures import requires_vllm, tiny_model, vllm_pair  # noqa: F401
 
 requires_verl = pytest.mark.extra("verl")
 
+ONE_REPLICA = r"^policy tailsieve needs at least 2 replicas \(a tail and a bulk pool\), got R=1$"
+
 
 def _session(n: int = 4, g: int = 2, r: int = 3) -> StepSession:
     return StepSession(TailSieveSettings(policy="static", q=1, m=1).loop(n, g, r, [str(i) for i in range(50)]))
@@ -84,7 +86,7 @@ def test_bad_settings_are_one_line_errors(raw: dict[str, Any], msg: str) -> None
 
 
 def test_one_replica_is_refused() -> None:
-    with pytest.raises(ConfigError, match="at least 2 rollout replicas"):
+    with pytest.raises(ConfigError, match=ONE_REPLICA):
         TailSieveSettings().loop(4, 2, 1, ["a"])
 
 

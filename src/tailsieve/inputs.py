@@ -15,6 +15,7 @@ import json
 import math
 import tomllib
 from collections.abc import Callable, Collection
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,20 @@ def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
     if not any(type(value) is type(c) and value == c for c in choices):
         raise ConfigError(f"{flag} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value
+
+
+def check_replicas(policy: str, minimum: int, replicas: int) -> None:
+    """The one "needs ≥ k replicas" check of every policy (controllers, peers, the known-length baselines): an
+    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError."""
+    if isinstance(replicas, bool) or not isinstance(replicas, Integral) or replicas < minimum:
+        need = "a tail and a bulk pool" if minimum > 1 else "a replica"
+        raise ConfigError(f"policy {policy} needs at least {minimum} replicas ({need}), got R={replicas}")
+
+
+def check_tail_replicas(m: int | None, replicas: int, what: str = "m") -> None:
+    """The one 0 ≤ m < R check of a tail-pool size (a static m, the controller's m0, a baseline's m, the router's
+    plan); None passes (the policy's default)."""
+    if m is None:
+        return
+    if isinstance(m, bool) or not isinstance(m, Integral) or not 0 <= m < max(replicas, 1):
+        raise ConfigError(f"{what} must lie in 0..{max(replicas - 1, 0)} (R={replicas} replicas), got {what}={m}")

@@ -17,7 +17,7 @@ price of a pool move.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +29,7 @@ from tailsieve.policy.control_state import StepWork
 from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.peers import PeerPolicy, PeerState, PeerStep
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
+from tailsieve.policy.spec import PolicySpec
 from tailsieve.policy.step import GroupOutcome, GroupStatus, InvariantError, StepPlan, StepResult
 
 SKIP_STEPS = 2  # summaries skip the warm-up and the first steady step (§4.2 evaluates the steady state)
@@ -145,8 +146,19 @@ def make_controller(
     """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
     prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
     build theirs here, so both give it the same cost model."""
-    return CONTROLLERS[name](router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
+    return CONTROLLERS.resolve(name)(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
                              kv_s_per_token=kv_s_per_token, prefill_s=prefill_s)
+
+
+def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
+    """The one assembly point: router + controller + step loop for a validated `PolicySpec`, drawing from `prompts`
+    (the prompt ids in stream order). `simulate`, `plan`, `rollout`, `Rollout` and the verl and slime adapters all
+    build their loop here, so every driver gives the controller the same curves, KV term and constants."""
+    c = spec.cost
+    controller = make_controller(spec.policy, spec.router, bulk_curve=c.bulk_curve, tail_curve=c.tail_curve,
+                                 config=spec.controller, q=spec.q, m=spec.m, kv_s_per_token=c.kv_s_per_token,
+                                 prefill_s=c.prefill_s)
+    return StepLoop(Router(spec.router, prompts, shuffle=spec.shuffle, seed=spec.seed), controller)
 
 
 def step_work(plan: StepPlan, result: StepResult) -> StepWork:

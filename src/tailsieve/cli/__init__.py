@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tailsieve import __version__
 from tailsieve.errors import TailSieveError
@@ -49,6 +49,10 @@ SUMMARIES: dict[str, str] = {
 class CliParser(argparse.ArgumentParser):
     """argparse with errors as exactly one line `tailsieve CMD: error: …` (no usage block) and exit status 2; every
     command's parser is one (`add_subparsers` makes the subparsers of the parser's own class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--m` is never `--model`, `--q` never `--q0` (cli/flags.py)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print one line and exit 2."""

@@ -20,13 +20,12 @@ from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
+from tailsieve.cli.flags import add
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
-from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS
-from tailsieve.simulation.runs import PEERS, run_policy, static_grid
+from tailsieve.simulation.runs import PEERS, check_policy, run_policy, static_grid
 from tailsieve.workloads import ReplayMode
 
 ADAPTIVE = "tailsieve"
@@ -40,24 +39,21 @@ def register(sub: Any) -> None:
                     "controller on your fleet's cost model (`tailsieve profile --out model.json`) and workload, and "
                     "report the best static (q, m), the controller's expected speedup and its length bias at the "
                     "redraw limit.")
-    p.add_argument("--curve", default="h100-llama3-8b",
-                   help="the fleet's cost model file (`tailsieve profile`), a curve file or a built-in curve name "
-                        "(default: %(default)s)")
+    add(p, "--curve")
     p.add_argument("--workload", help="bundled workload name or trace file (default: kodcode-r1)")
     add_trace_columns(p, "a --workload trace file")
     p.add_argument("--replay", default=ReplayMode.RESAMPLE.value, help="trace replay: recorded or resample (default)")
-    p.add_argument("--replicas", type=int, default=8, help="R replicas (default: %(default)s)")
-    p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=8, help="G responses per group (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=30, help="simulated steps per policy (default: %(default)s)")
-    p.add_argument("--rho", type=float, default=0.1, help="over-provisioning ρ, E = ⌈ρN⌉ (default: %(default)s)")
-    p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
-                   help="redraw limit the bias is reported at (default: %(default)s)")
-    p.add_argument("--max-num-seqs", type=int, help="replica admission cap (default: all admitted)")
-    p.add_argument("--kv-ms-per-1k", type=float, default=None, help="override the model file's kv term")
-    p.add_argument("--prefill-ms-per-token", type=float, default=None, help="override the model file's prefill term")
-    p.add_argument("--seed", type=int, default=0, help="seed of the resampled draws (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="machine-readable output (keys in docs/profile.md)")
+    add(p, "--replicas")
+    add(p, "--groups")
+    add(p, "--group-size")
+    add(p, "--steps")
+    add(p, "--rho")
+    add(p, "--max-redraws")
+    add(p, "--max-num-seqs")
+    add(p, "--kv-ms-per-1k")
+    add(p, "--prefill-ms-per-token")
+    add(p, "--seed")
+    add(p, "--json")
     plan_spec.add_arguments(p)
     p.set_defaults(func=run, q=None, m=None, q0=None, m0=None, dispatch="request", ranking=DEFAULT_RANKING,
                    shuffle=False, restart_s=0.0, config=None, tail_spec=None, bulk_spec=None)
@@ -67,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
     """Simulate the three arms and print the answer."""
     model = load_cost_model(args.curve)
     config = build_config(args, ["static", ADAPTIVE], model)
-    if args.replicas < 2:
-        raise ConfigError(f"--replicas must be >= 2 for a tail pool (R={args.replicas}): with one replica only "
-                          "uniform runs")
+    check_policy(ADAPTIVE, args.replicas)
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
     with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled()) as tick:

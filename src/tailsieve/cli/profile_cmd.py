@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import plot_path, print_json, print_table, progress_console, progress_enabled
+from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -28,7 +29,7 @@ from tailsieve.engines.measure.profile import (
 )
 from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
 from tailsieve.engines.rollout.state import write_json_atomic
-from tailsieve.engines.transport.backends import backend_names
+from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_TEMPERATURE, finite
@@ -69,17 +70,14 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="model (curve) JSON to write; `--curve` of simulate, rollout, plan")
     p.add_argument("--plot", help="also save the measured points against the fit (or τ(b) and throughput) to this "
                                   ".png/.pdf/.svg")
-    p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    p.add_argument("--kind", default="vllm", choices=backend_names(),
-                   help="server kind: a registered engine backend (default: %(default)s)")
-    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (τ then includes prefill)")
-    p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
-    p.add_argument("--stall-timeout", type=float, default=60.0,
-                   help="seconds without a new token before a request counts as stalled (default: %(default)s)")
-    p.add_argument("--deadline", type=float, default=None, help="total seconds one request may take (default: none)")
-    p.add_argument("--retries", type=int, default=4,
-                   help="measurements of a batch again after a 5xx, refused connection or stall (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the curve JSON instead of a table")
+    add_served_model_name(p)
+    add(p, "--kind")
+    add(p, "--no-stream")
+    add(p, "--api-key-env")
+    add(p, "--stall-timeout")
+    add(p, "--deadline")
+    add(p, "--retries")
+    add(p, "--json")
     p.set_defaults(func=run)
 
 
@@ -109,6 +107,7 @@ def _options(args: argparse.Namespace) -> ClientOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Profile the endpoint, write the curve (or the fitted model), print the table."""
+    get_backend(args.kind)  # the engine backend's one unknown-name check (a plugin loads here)
     out = _out_path(args.out)
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)

@@ -26,6 +26,7 @@ from tailsieve.cli._common import (
     progress_enabled,
     trace_columns,
 )
+from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import load_launch_config
@@ -33,7 +34,7 @@ from tailsieve.engines.rollout.api import Batch, RolloutConfig
 from tailsieve.engines.rollout.engine_executor import RequestMode
 from tailsieve.engines.rollout.prompts import END, PromptRecord, Template, load_prompts, paper_sampling
 from tailsieve.engines.rollout.runner import prepare_runs, run_policies_real
-from tailsieve.engines.transport.backends import backend_names
+from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import Api, Endpoint, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import ConfigError
@@ -42,8 +43,8 @@ from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.peers import PEERS
-from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
-from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
+from tailsieve.policy.router import dispatch_of
+from tailsieve.policy.spec import check_loop_policy
 from tailsieve.workloads import load_workload
 
 MAX_STEPS = 1_000_000
@@ -63,13 +64,13 @@ def register(sub: Any) -> None:
     p.add_argument("--prompts", required=True,
                    help="a bundled prompt set (math500) or a prompt JSONL(.gz); text from prompt/problem/question/"
                         "messages")
-    p.add_argument("--groups", type=int, default=64, help="N groups per step (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=8, help="G samples per group (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=10, help="steps per policy (default: %(default)s)")
+    add(p, "--groups")
+    add(p, "--group-size")
+    add(p, "--steps", default=10)
     p.add_argument("--policy", default="tailsieve",
                    help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated: interleaved (A B A B …)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--json", action="store_true", help="print report.json when the run ends, not the table")
+    add(p, "--json")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument("--template", default="none", choices=[t.value for t in Template],
                    help="prompt template of App. A.1 (math, code) or none (default)")
@@ -79,59 +80,46 @@ def register(sub: Any) -> None:
     add_trace_columns(p, "a --replay-lengths trace file")
     p.add_argument("--length-scale", type=float, default=1.0, help="multiply replayed lengths (e.g. 0.125)")
     add_model_args(p)
-    p.add_argument("--tail-spec", help="tail pool's speculation METHOD[:TOKENS][,acceptance=…] for the controller's "
-                                       "curve (default: the --launch config's [spec.tail])")
-    p.add_argument("--bulk-spec", help="bulk pool's speculation, likewise")
-    p.add_argument("--rho", type=float, default=0.1, help="over-provisioning ρ (default: %(default)s)")
-    p.add_argument("--q", type=int, help="static policy: isolated groups")
-    p.add_argument("--m", type=int, help="static policy: tail replicas")
-    p.add_argument("--q0", type=int, help="adaptive controllers: initial q")
-    p.add_argument("--m0", type=int, help="adaptive controllers: initial m")
-    p.add_argument("--dispatch", default="request", choices=[d.value for d in Dispatch], help="round-robin unit")
-    p.add_argument("--ranking", default=DEFAULT_RANKING, choices=list(RANKINGS),
-                   help="candidate ranking (default: %(default)s)")
-    p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
-                   help="times a group may be cut before its next attempt must complete (default: %(default)s); "
-                        "larger values trade length bias for speed")
-    p.add_argument("--bias-correction", action="store_true",
-                   help="a bias-correction weight per consumed group in every batch file (beyond the paper; "
-                        "docs/simulate.md) and bias.weighted_mean_ratio, bias.ess_ratio in report.json")
+    add(p, "--tail-spec")
+    add(p, "--bulk-spec")
+    add(p, "--rho")
+    add(p, "--q")
+    add(p, "--m")
+    add(p, "--q0")
+    add(p, "--m0")
+    add(p, "--dispatch")
+    add(p, "--ranking")
+    add(p, "--max-redraws")
+    add(p, "--bias-correction")
     add_training_args(p)
     add_sampling_args(p)
     p.add_argument("--api", default="auto", choices=["auto", *(a.value for a in Api)],
                    help="completions or chat (auto: chat for --template code, else completions)")
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
                    help="split: one request per sample; n: one request per group and replica with n samples")
-    p.add_argument("--kind", default="vllm", choices=backend_names(),
-                   help="server kind: a registered engine backend (default: %(default)s)")
-    p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
-    p.add_argument("--no-stream", action="store_true", help="non-streaming (aborted groups then report 0 tokens)")
-    p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")
+    add(p, "--kind")
+    add_served_model_name(p)
+    add(p, "--no-stream")
+    add(p, "--seed")
     p.add_argument("--no-seed", action="store_true", help="send no per-request seed")
-    p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
+    add(p, "--shuffle")
     add_fault_args(p)
     p.set_defaults(func=run)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The controller's cost model: curve or model file, its kv term, the tail pool's curve."""
-    p.add_argument("--curve", default="h100-llama3-8b",
-                   help="the controller's cost model: a built-in curve, a curve file, or best the model file "
-                        "`tailsieve profile` fitted on these servers (τ(b) and its kv term; docs/profile.md)")
-    p.add_argument("--kv-ms-per-1k", type=float, default=None,
-                   help="the controller's KV-traffic ms per 1k context tokens per iteration (default: the --curve "
-                        "model file's, else 0; the flag overrides the file)")
+    add(p, "--curve")
+    add(p, "--kv-ms-per-1k")
     p.add_argument("--tail-curve", help="the tail pool's own curve (profile of a tail-configured server)")
 
 
 def add_fault_args(p: argparse.ArgumentParser) -> None:
     """Transport and fault-handling flags."""
-    p.add_argument("--api-key-env", default="TAILSIEVE_API_KEY", help="env var holding the API key (never printed)")
-    p.add_argument("--stall-timeout", type=float, default=60.0,
-                   help="seconds without a new token that mark a replica down (keep-alive bytes do not count)")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="total seconds one request may take before its replica is marked down (default: no limit)")
-    p.add_argument("--retries", type=int, default=4, help="re-dispatches of one request before giving up")
+    add(p, "--api-key-env")
+    add(p, "--stall-timeout")
+    add(p, "--deadline")
+    add(p, "--retries")
     p.add_argument("--give-up-after", type=float, default=10.0,
                    help="seconds to wait for a replica to come back when none is healthy (default: %(default)s)")
 
@@ -180,12 +168,11 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
     check_flags(args)
     names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
-    valid = ', '.join([*CONTROLLERS, *PEERS])
+    valid = ', '.join([*CONTROLLERS.names(), *PEERS])
     if not names:
         raise ConfigError(f"--policy is empty; valid: {valid}")
     for n in names:
-        if n not in CONTROLLERS and n not in PEERS:
-            raise ConfigError(f"unknown policy '{n}' (valid: {valid})")
+        check_loop_policy(n)
     if (args.q is not None or args.m is not None) and "static" not in names:
         raise ConfigError("--q/--m set the static policy; add static to --policy")
     template = Template(args.template)
@@ -207,10 +194,8 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
     faults = fault_policy(args)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if args.max_redraws < 1:
-        raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
-                             dispatch=Dispatch(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
+                             dispatch=dispatch_of(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
                              policy=n, curve=args.curve, kv_ms_per_1k=args.kv_ms_per_1k,
                              tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
                              m=args.m, sampling=sampling, template=template, api=api,
@@ -242,21 +227,12 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.deadline is not None:
         finite(args.deadline, "--deadline", lo=0, lo_open=True, hi=MAX_WAIT_S)
     int_in(args.retries, "--retries", 0, MAX_RETRIES)
-    for flag, v in (("--q", args.q), ("--m", args.m), ("--q0", args.q0), ("--m0", args.m0)):
-        if v is not None and v < 0:
-            raise ConfigError(f"{flag} must be >= 0, got {v}")
-
-
-def check_replica_flags(args: argparse.Namespace, replicas: int) -> None:
-    """--m and --m0 name tail replicas: at most R − 1 of the R endpoints."""
-    for flag, m in (("--m", args.m), ("--m0", args.m0)):
-        if m is not None and not 0 <= m < replicas:
-            raise ConfigError(f"{flag} must lie in 0..{replicas - 1} (R={replicas} endpoints), got {m}")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
     kind = args.kind
+    get_backend(kind)  # the engine backend's one unknown-name check (a plugin loads here)
     launcher: ReplicaLauncher | None = None
     out = Path(args.out)
     if args.launch:
@@ -278,9 +254,8 @@ def run(args: argparse.Namespace) -> int:
         if not endpoints:
             raise ConfigError("--endpoints is empty")
         replicas = len(endpoints)
-    check_replica_flags(args, replicas)
     for cfg in configs.values():
-        cfg.router(replicas)
+        cfg.policy_spec(replicas)  # every policy check once, before any replica starts (`PolicySpec`)
     prompts = load_prompts(args.prompts)
     if args.weights_dir and not Path(args.weights_dir).is_dir():
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")

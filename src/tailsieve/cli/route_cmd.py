@@ -118,10 +118,9 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     else:
         names = [n.strip() for v in args.policy for n in v.split(",") if n.strip()]
         if not names:
-            raise ConfigError("--policy is empty; valid: " + ", ".join(POLICIES))
-        unknown = [n for n in names if n not in POLICIES]
-        if unknown:
-            raise ConfigError(f"unknown policy '{unknown[0]}'; valid: {', '.join(POLICIES)}")
+            raise ConfigError(f"--policy is empty; valid: {', '.join(POLICIES.names())}")
+        for n in names:
+            POLICIES.check(n)
     names = list(dict.fromkeys(["uniform", *names]))
     if topq_given and "topq" not in names:
         raise ConfigError("--q/--m apply to policy topq; add --policy topq")

@@ -20,7 +20,7 @@ from tailsieve.model.costmodel import CostModel
 from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.peers import PeerConfig
-from tailsieve.policy.router import Dispatch, RouterConfig
+from tailsieve.policy.router import RouterConfig, dispatch_of
 from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, check_policy, policy_names
 from tailsieve.workloads import ReplayMode, Workload, load_workload
@@ -72,21 +72,9 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     replica = replica_config(args, model)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
-    if args.q is not None and args.q < 0:
-        raise ConfigError(f"--q must be >= 0, got {args.q}")
-    for flag, m in (("--m", args.m), ("--m0", args.m0)):
-        if m is not None and not 0 <= m < args.replicas:
-            raise ConfigError(f"{flag} must lie in 0..{args.replicas - 1} (R={args.replicas}), got {m}")
-    if args.q0 is not None and args.q0 < 0:
-        raise ConfigError(f"--q0 must be >= 0, got {args.q0}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    if args.max_redraws < 1:
-        raise ConfigError(f"--max-redraws must be an integer >= 1, got {args.max_redraws}")
-    try:
-        dispatch = Dispatch(args.dispatch)
-    except ValueError:
-        raise ConfigError(f"--dispatch must be request or group, got '{args.dispatch}'") from None
+    dispatch = dispatch_of(args.dispatch)
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
                           dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})

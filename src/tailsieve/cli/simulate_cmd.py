@@ -18,13 +18,14 @@ from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
+from tailsieve.cli.flags import add
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
-from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
+from tailsieve.policy.ranking import DEFAULT_RANKING
+from tailsieve.policy.router import DEFAULT_REDRAWS
 from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
@@ -42,39 +43,27 @@ def register(sub: Any) -> None:
     add_trace_columns(p, "a --workload trace file")
     p.add_argument("--replay", default=DEFAULT_REPLAY.value,
                    help="trace replay mode: recorded (exact cyclic) or resample (i.i.d. per generation; default)")
-    p.add_argument("--curve", default="h100-llama3-8b",
-                   help="TPOT curve: built-in name, curve file, or the cost model file of `tailsieve profile` (its kv "
-                        "and prefill terms then set the replica model; docs/profile.md) (default: %(default)s)")
-    p.add_argument("--replicas", type=int, default=8, help="R replicas (default: %(default)s)")
-    p.add_argument("--groups", type=int, default=64, help="N prompt groups per step (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=8, help="G responses per group (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=30, help="rollout steps per policy (default: %(default)s)")
-    p.add_argument("--rho", type=float, default=0.1, help="over-provisioning ρ, E = ⌈ρN⌉ (default: %(default)s)")
+    add(p, "--curve")
+    add(p, "--replicas")
+    add(p, "--groups")
+    add(p, "--group-size")
+    add(p, "--steps")
+    add(p, "--rho")
     p.add_argument("--policy", action="append", metavar="NAME",
                    help=f"repeatable (or comma-separated); 'all' (default) = {', '.join(policy_names())}")
-    p.add_argument("--q", type=int, help="static: isolated groups q")
-    p.add_argument("--m", type=int, help="static: tail replicas m (0 = uniform)")
-    p.add_argument("--q0", type=int, help="adaptive controllers: initial q (default: ControllerConfig.q0)")
-    p.add_argument("--m0", type=int, help="adaptive controllers: initial m (default: ControllerConfig.m0)")
-    p.add_argument("--ranking", default=DEFAULT_RANKING,
-                   help=f"candidate ranking: {', '.join(RANKINGS)} (default: %(default)s; docs/architecture.md)")
-    p.add_argument("--max-redraws", type=int, default=DEFAULT_REDRAWS,
-                   help="times a prompt's group may be cut before its next attempt must complete (default: "
-                        "%(default)s: regenerated once, App. E); larger values trade length bias for speed")
-    p.add_argument("--dispatch", default=Dispatch.REQUEST.value,
-                   help="round-robin unit inside a pool: request (§3.1, default) or group")
-    p.add_argument("--seed", type=int, default=0, help="seed of resampling / synthetic draws and --shuffle")
-    p.add_argument("--shuffle", action="store_true", help="shuffle the prompt order each epoch (seeded)")
-    p.add_argument("--max-num-seqs", type=int, help="replica admission cap (FCFS queue); default: all admitted")
-    p.add_argument("--kv-ms-per-1k", type=float, default=None,
-                   help="KV-traffic ms per 1k context tokens per iteration (default: the --curve model file's, else 0; "
-                        "the flag overrides the file)")
-    p.add_argument("--prefill-ms-per-token", type=float, default=None,
-                   help="prefill stall per prompt token, ms (default: the --curve model file's, else 0; the flag "
-                        "overrides the file)")
-    p.add_argument("--bias-correction", action="store_true",
-                   help="per-group weights that undo the routing's length bias (beyond the paper; docs/simulate.md): "
-                        "adds bias.weighted_mean_ratio and bias.ess_ratio")
+    add(p, "--q")
+    add(p, "--m")
+    add(p, "--q0")
+    add(p, "--m0")
+    add(p, "--ranking")
+    add(p, "--max-redraws")
+    add(p, "--dispatch")
+    add(p, "--seed")
+    add(p, "--shuffle")
+    add(p, "--max-num-seqs")
+    add(p, "--kv-ms-per-1k")
+    add(p, "--prefill-ms-per-token")
+    add(p, "--bias-correction")
     p.add_argument("--oversample", type=float, metavar="RATIO",
                    help="peers april-partial, april-drop, rollpacker: extra groups started per step, ⌈RATIO·N⌉ "
                         "(slime's over-sampling, RollPacker's over-provisioning; default: --rho; docs/peers.md)")
@@ -92,15 +81,12 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
     """`simulate`'s per-pool speculation (§3.4, §4.3) and output flags."""
     p.add_argument("--config", metavar="FILE", help="TOML/JSON file with [spec.tail] and [spec.bulk] speculative "
                    "configurations (docs/speculative.md); --tail-spec/--bulk-spec override it")
-    p.add_argument("--tail-spec", metavar="SPEC", help="tail pool speculation METHOD[:TOKENS][,key=value…], "
-                   "METHOD in none, mtp, eagle3, dflash, ngram, suffix; keys acceptance, decay, draft_cost, "
-                   "verify_cost, draft_share")
-    p.add_argument("--bulk-spec", metavar="SPEC", help="bulk pool speculation (also every replica in uniform and "
-                   "warm-up steps), same form as --tail-spec")
+    add(p, "--tail-spec")
+    add(p, "--bulk-spec")
     p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
                    "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; METHOD[,key=value…]")
     p.add_argument("--spec-budgets", metavar="LIST", help="--spec: comma-separated budgets d (default: 0,1,…,6)")
-    p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/simulate.md)")
+    add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
 
 

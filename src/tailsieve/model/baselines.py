@@ -19,10 +19,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import check_replicas, check_tail_replicas
 from tailsieve.model.balancing import improve
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import dealt_makespans, lane_makespans, makespan
 from tailsieve.model.topq_search import search
+from tailsieve.registry import Registry
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -138,33 +140,31 @@ class Policy(ABC):
         """Route every request of `batch` onto `replicas` identical replicas."""
 
     def check_replicas(self, replicas: int) -> None:
-        """ConfigError unless `replicas` is an integer ≥ this policy's minimum."""
-        if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or replicas < self.min_replicas:
-            need = "a tail and a bulk replica" if self.min_replicas > 1 else "a replica"
-            raise ConfigError(f"policy {self.name} needs at least {self.min_replicas} replicas ({need}), "
-                              f"got {replicas}")
+        """ConfigError unless `replicas` is an integer ≥ this policy's minimum (`inputs.check_replicas`)."""
+        check_replicas(self.name, self.min_replicas, replicas)
 
 
-POLICIES: dict[str, type[Policy]] = {}
+def _policy_class(obj: object) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, Policy) else "not a subclass of Policy"
+
+
+def _named(name: str, cls: type[Policy]) -> None:
+    cls.name = name
+
+
+# the known-length baselines (`tailsieve.registry.Registry`; plugins: `pkg.module:Class`, group tailsieve.baselines)
+POLICIES: Registry[type[Policy]] = Registry("policy", "tailsieve.baselines", check=_policy_class, on_add=_named)
 P = TypeVar("P", bound=Policy)
 
 
 def register(name: str) -> Callable[[type[P]], type[P]]:
-    """Class decorator: add a policy to `POLICIES` under `name`."""
-
-    def deco(cls: type[P]) -> type[P]:
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: add a policy to `POLICIES` under `name` (a name taken by another class is refused)."""
+    return POLICIES.register(name)
 
 
 def get_policy(name: str, **params: int | float | None) -> Policy:
-    """A policy instance by registry name (ConfigError listing the valid names otherwise)."""
-    if name not in POLICIES:
-        raise ConfigError(f"unknown policy '{name}'; valid: {', '.join(POLICIES)}")
-    return POLICIES[name](**params)
+    """A policy instance by registry name (the registry's one-line error listing the valid names otherwise)."""
+    return POLICIES.resolve(name)(**params)
 
 
 def lpt(weights: ArrayLike, bins: int) -> IntArray:
@@ -320,8 +320,7 @@ class TopQ(Policy):
         self.check_replicas(replicas)
         if self.q > batch.n_groups:
             raise ConfigError(f"topq: q must lie in 0..{batch.n_groups} (the number of groups), got q={self.q}")
-        if self.m >= replicas:
-            raise ConfigError(f"topq: m must lie in 0..{replicas - 1} (R={replicas} replicas), got m={self.m}")
+        check_tail_replicas(self.m, replicas)
         groups = topq_lanes(group_tail_rank(batch), np.array([self.q]), self.m, replicas)[0]
         return make_assignment(self.name, batch, groups, replicas, curve, q=self.q, m=self.m)
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 
-from tailsieve.errors import ConfigError
+from tailsieve.inputs import check_tail_replicas
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.calibration import calibrate, ema, factors, forecast_noise, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
@@ -29,29 +29,36 @@ from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regener
 from tailsieve.policy.observed import observed_times, uniform_counterfactual
 from tailsieve.policy.predictor import Predictor, split_half_candidates
 from tailsieve.policy.router import RouterConfig
+from tailsieve.registry import Registry
 
 __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "StepObservation", "TailSieveController",
            "TailSieveFixedController", "TailSievePaperController", "register"]
 
 
-CONTROLLERS: dict[str, type[Controller]] = {}
+def _controller_class(obj: object) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, Controller) else "not a subclass of Controller"
 
 
-def register(name: str):  # type: ignore[no-untyped-def]
-    """Class decorator adding a controller to the registry."""
+def _named(name: str, cls: type[Controller]) -> None:
+    cls.name = name
 
-    def deco(cls: type[Controller]) -> type[Controller]:
-        cls.name = name
-        CONTROLLERS[name] = cls
-        return cls
 
-    return deco
+# the policies of the step loop (`tailsieve.registry.Registry`; plugins: `pkg.module:Class`, group tailsieve.policies)
+CONTROLLERS: Registry[type[Controller]] = Registry("policy", "tailsieve.policies", check=_controller_class,
+                                                   on_add=_named)
+C = TypeVar("C", bound="type[Controller]")
+
+
+def register(name: str) -> Callable[[C], C]:
+    """Class decorator adding a controller to `CONTROLLERS` under `name` (a name taken by another class is refused)."""
+    return CONTROLLERS.register(name)
 
 
 class Controller:
     """Base: decides (q, m) for the next step. Subclasses implement `update`."""
 
     name: ClassVar[str] = ""
+    min_replicas: ClassVar[int] = 2  # replicas a run needs: a tail and a bulk pool (uniform: 1)
     # outer-loop rules beyond C.2 (on for `tailsieve`, off for the literal `tailsieve-paper`): leave uniform straight
     # to the best split; no reversal of a move of m before `min_dwell` steps
     jump_from_uniform: ClassVar[bool] = False
@@ -355,6 +362,8 @@ class Controller:
 class UniformController(Controller):
     """Uniform group routing: (q, m) = (0, 0) forever."""
 
+    min_replicas: ClassVar[int] = 1
+
     def initial(self) -> ControlState:
         """Always the uniform boundary."""
         return ControlState(q=0, m=0)
@@ -373,8 +382,8 @@ class StaticController(Controller):
         r = self.router.replicas
         q = self.fixed_q if self.fixed_q is not None else max(1, math.ceil(self.router.extra / 2))
         m = self.fixed_m if self.fixed_m is not None else max(1, r // 4)
-        if r >= 2 and not 0 <= m < r:
-            raise ConfigError(f"static m must lie in [0, {r - 1}], got {m}")
+        if r >= 2:
+            check_tail_replicas(m, r)
         return ControlState(q=q, m=m if r >= 2 else 0)
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:

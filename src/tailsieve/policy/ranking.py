@@ -11,21 +11,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tailsieve.policy.step import GroupOutcome
+from tailsieve.registry import Registry
 
 Ranking = Callable[[Sequence[GroupOutcome]], list[GroupOutcome]]
 
-RANKINGS: dict[str, Ranking] = {}
+def _callable(obj: object) -> str | None:
+    return None if callable(obj) else "not a function of the cut outcomes"
+
+
+# candidate rankings (`tailsieve.registry.Registry`; plugins: `pkg.module:function`, group tailsieve.rankings)
+RANKINGS: Registry[Ranking] = Registry("candidate ranking", "tailsieve.rankings", check=_callable)
 DEFAULT_RANKING = "least-progress"
 
 
 def ranking(name: str) -> Callable[[Ranking], Ranking]:
-    """Function decorator adding a ranking to the registry under `name`."""
-
-    def deco(fn: Ranking) -> Ranking:
-        RANKINGS[name] = fn
-        return fn
-
-    return deco
+    """Function decorator adding a ranking to `RANKINGS` under `name` (a name taken by another function is refused)."""
+    return RANKINGS.register(name)
 
 
 @ranking("least-progress")

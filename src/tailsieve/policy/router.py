@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, int_in, json_object
+from tailsieve.inputs import MAX_INT, check_tail_replicas, int_in, json_object
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
 from tailsieve.policy.step import (
     GroupRef,
@@ -38,6 +38,15 @@ class Dispatch(StrEnum):
 
     REQUEST = "request"
     GROUP = "group"
+
+
+def dispatch_of(value: object) -> Dispatch:
+    """A `Dispatch` from itself or its text (the one check of a dispatch setting: flag, config key, argument)."""
+    if isinstance(value, Dispatch):
+        return value
+    if value not in ("request", "group"):
+        raise ConfigError(f"dispatch must be request or group, got {value!r}")
+    return Dispatch(str(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,7 @@ class RouterConfig:
             warnings.warn("RouterConfig(max_cuts=) is deprecated; use max_redraws=", DeprecationWarning, stacklevel=3)
             object.__setattr__(self, "max_redraws", self.max_cuts)
             object.__setattr__(self, "max_cuts", None)
+        object.__setattr__(self, "dispatch", dispatch_of(self.dispatch))
         if self.groups < 1:
             raise ConfigError(f"groups (N) must be >= 1, got {self.groups}")
         if self.group_size < 1:
@@ -74,8 +84,7 @@ class RouterConfig:
             raise ConfigError(f"rho must lie in [0, 1], got {self.rho}")
         if isinstance(self.max_redraws, bool) or not isinstance(self.max_redraws, int) or self.max_redraws < 1:
             raise ConfigError(f"max_redraws must be an integer >= 1, got {self.max_redraws!r}")
-        if self.ranking not in RANKINGS:
-            raise ConfigError(f"unknown candidate ranking '{self.ranking}' (valid: {', '.join(RANKINGS)})")
+        RANKINGS.check(self.ranking)
 
     def pinned(self, ref: GroupRef) -> bool:
         """Whether a group was cut `max_redraws` times: its next attempt must complete."""
@@ -234,8 +243,7 @@ class Router:
         cfg = self.config
         n, g, r, e = cfg.groups, cfg.group_size, cfg.replicas, cfg.extra
         disp = dispatch or cfg.dispatch
-        if not 0 <= m < max(r, 1) or (m > 0 and r < 2):
-            raise ConfigError(f"tail replicas m must lie in [0, {r - 1}], got {m}")
+        check_tail_replicas(m, r)
         if m == 0 or e == 0:  # uniform (group-atomic): waiting candidates rejoin the queue, all N run to the end
             bulk, stream, left = self._draw(state, state.candidates, n, n)
             reps = tuple(range(r))
@@ -281,7 +289,7 @@ class Router:
         if any(o.ref.cuts > cfg.max_redraws for o in done):
             raise InvariantError(f"step {plan.step}: a consumed group was cut more than {cfg.max_redraws} times")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
-        ranked = RANKINGS[cfg.ranking](cut)
+        ranked = RANKINGS.resolve(cfg.ranking)(cut)
         if sorted(o.ref.uid for o in ranked) != sorted(o.ref.uid for o in cut):
             raise InvariantError(f"step {plan.step}: ranking '{cfg.ranking}' did not return a permutation of the cut")
         cut = ranked

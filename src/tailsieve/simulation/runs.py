@@ -16,19 +16,21 @@ import numpy as np
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.errors import ConfigError
-from tailsieve.loop import SKIP_STEPS, PeerLoop, PolicyRun, RunLog, StepLoop, StepRecord, make_controller
+from tailsieve.inputs import check_replicas
+from tailsieve.loop import SKIP_STEPS, PeerLoop, PolicyRun, RunLog, StepRecord, build_loop
 from tailsieve.model.baselines import GroupBatch, get_policy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
-from tailsieve.policy.router import Router, RouterConfig, pool_split
+from tailsieve.policy.router import RouterConfig, pool_split
+from tailsieve.policy.spec import FleetCost, PolicySpec
 from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.workloads import Workload
 
 __all__ = ["ORACLES", "PEERS", "SKIP_STEPS", "PolicyRun", "SimConfig", "SimExecutor", "StaticGrid", "StepRecord",
-           "check_policy", "policy_names", "run_policies", "run_policy", "static_grid"]
+           "check_policy", "policy_names", "policy_spec", "run_policies", "run_policy", "static_grid"]
 
 ORACLES: tuple[str, ...] = ("uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")  # App. A.2, known lengths
 
@@ -68,14 +70,26 @@ def policy_names() -> tuple[str, ...]:
 
 
 def check_policy(name: str, replicas: int) -> None:
-    """ConfigError for an unknown policy (listing the valid ones) or one that needs a tail pool with R < 2."""
+    """The simulator's names beside the loop's policies: a peer runs on any R >= 1, an oracle needs its baseline's
+    `min_replicas`, anything else is a `PolicySpec`'s policy (`CONTROLLERS.check`, `inputs.check_replicas`)."""
     if name in PEERS:
-        return  # every replica bulk: any R >= 1
-    if name not in CONTROLLERS and name not in ORACLES:
-        raise ConfigError(f"unknown policy '{name}' (valid: {', '.join(policy_names())}, or all)")
-    needs_two = (name in CONTROLLERS and name != "uniform") or get_policy(name).min_replicas > 1
-    if needs_two and replicas < 2:
-        raise ConfigError(f"policy {name} needs at least 2 replicas (a tail and a bulk pool), got R={replicas}")
+        return
+    if name in ORACLES:
+        check_replicas(name, get_policy(name).min_replicas, replicas)
+        return
+    if name not in CONTROLLERS and ":" not in name and name not in CONTROLLERS.entry_point_names():
+        raise CONTROLLERS.unknown(name, [*policy_names(), "all"])
+    check_replicas(name, CONTROLLERS.resolve(name).min_replicas, replicas)
+
+
+def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConfig) -> PolicySpec:
+    """The `PolicySpec` of a simulated loop policy: the pools' curves (per-pool speculation), the replicas' KV and
+    prefill terms, the controller constants, the static (q, m), the prompt order."""
+    tail_curve, bulk_curve = config.spec.curves(curve)
+    cost = FleetCost(bulk_curve, tail_curve, config.replica.kv_ms_per_1k_tokens / 1e6,
+                     prompt_prefill_s(workload, config.replica))
+    return PolicySpec(name, config.router, cost, config.controller, q=config.q, m=config.m, shuffle=config.shuffle,
+                      seed=config.seed)
 
 
 def run_policy(
@@ -103,8 +117,10 @@ def run_policies(
 ) -> dict[str, PolicyRun]:
     """Several policies on the same prompt stream and draws; `uniform` always runs (first) as the reference."""
     names = list(dict.fromkeys(["uniform", *names]))
-    for name in names:
+    for name in names:  # every check before the first step: a loop policy's whole `PolicySpec`
         check_policy(name, config.router.replicas)
+        if name not in PEERS and name not in ORACLES:
+            policy_spec(name, workload, curve, config)
     uniform = run_policy("uniform", workload, curve, config, on_step=on_step)
     out = {"uniform": uniform}
     for name in names[1:]:
@@ -158,13 +174,9 @@ def _run_controller(
     name: str, workload: Workload, curve: TpotCurve, config: SimConfig, on_step: OnStep | None
 ) -> PolicyRun:
     """The step loop on `SimExecutor`; exactly-once consumption is checked every step and over the run."""
-    rc = config.router
-    tail_curve, bulk_curve = config.spec.curves(curve)
-    controller = make_controller(name, rc, bulk_curve=bulk_curve, tail_curve=tail_curve, config=config.controller,
-                                 q=config.q, m=config.m, kv_s_per_token=config.replica.kv_ms_per_1k_tokens / 1e6,
-                                 prefill_s=prompt_prefill_s(workload, config.replica))
-    loop = StepLoop(Router(rc, workload.prompts, shuffle=config.shuffle, seed=config.seed), controller)
-    executor = SimExecutor(workload, bulk_curve, rc, config.replica, tail_curve=tail_curve)
+    spec = policy_spec(name, workload, curve, config)
+    loop = build_loop(spec, workload.prompts)
+    executor = SimExecutor(workload, spec.cost.bulk_curve, spec.router, config.replica, tail_curve=spec.cost.tail_curve)
     restarts = SimRestarts(config.restart_s)
     log = RunLog(name)
     state = loop.initial()

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
 from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
-from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.errors import TailSieveError
 from tailsieve.policy.router import pool_split
 from tailsieve.policy.step import Pool, StepPlan
+from tailsieve.registry import Registry
 
 DEFAULT_LAUNCHER = "local"
 
@@ -214,21 +215,24 @@ class ReplicaLauncher(abc.ABC):
         self.stop()
 
 
+def _launcher_class(obj: object) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, ReplicaLauncher) else "not a subclass of ReplicaLauncher"
+
+
+def _named(name: str, cls: type[ReplicaLauncher]) -> None:
+    cls.name = name
+
+
 L = TypeVar("L", bound=ReplicaLauncher)
-LAUNCHERS: dict[str, type[ReplicaLauncher]] = {}
+# replica launchers (`tailsieve.registry.Registry`; plugins: `pkg.module:Class`, group tailsieve.launchers)
+LAUNCHERS: Registry[type[ReplicaLauncher]] = Registry("launcher", "tailsieve.launchers", check=_launcher_class,
+                                                      on_add=_named)
 
 
 def register_launcher(name: str) -> Callable[[type[L]], type[L]]:
-    """Class decorator: make a `ReplicaLauncher` subclass buildable by `make_launcher(name, ...)`."""
-
-    def deco(cls: type[L]) -> type[L]:
-        if name in LAUNCHERS and LAUNCHERS[name] is not cls:
-            raise ValueError(f"launcher name {name!r} is already registered by {LAUNCHERS[name].__name__}")
-        cls.name = name
-        LAUNCHERS[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: make a `ReplicaLauncher` subclass buildable by `make_launcher(name, ...)` (a name taken by
+    another class is refused)."""
+    return LAUNCHERS.register(name)
 
 
 def launcher_for(config: LaunchConfig) -> str:
@@ -238,7 +242,4 @@ def launcher_for(config: LaunchConfig) -> str:
 
 def make_launcher(name: str, config: LaunchConfig, log_dir: Path) -> ReplicaLauncher:
     """The launcher registered as `name` for `config`, logging under `log_dir` (not started)."""
-    cls = LAUNCHERS.get(name)
-    if cls is None:
-        raise ConfigError(f"unknown launcher '{name}' (valid: {', '.join(sorted(LAUNCHERS))})")
-    return cls(config, log_dir)
+    return LAUNCHERS.resolve(name)(config, log_dir)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -49,14 +48,15 @@ from tailsieve.engines.transport.engine_client import (
 from tailsieve.engines.transport.health import FaultPolicy, Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
-from tailsieve.loop import LoopState, PoolHook, StepLoop, make_controller
-from tailsieve.model.costmodel import CostModel, load_cost_model
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.loop import LoopState, PoolHook, build_loop
+from tailsieve.model.costmodel import CostModel
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.controller import ControllerConfig, ControlState
 from tailsieve.policy.peers import PEERS, PeerConfig
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, Router, RouterConfig
+from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, RouterConfig
+from tailsieve.policy.spec import FleetCost, PolicySpec, check_loop_policy
 from tailsieve.policy.step import GroupRef, StepPlan
 from tailsieve.workloads import Workload
 
@@ -97,9 +97,7 @@ class RolloutConfig:
     peers: PeerConfig = field(default_factory=PeerConfig)  # a peer policy's knobs (default: over-sample by rho)
 
     def __post_init__(self) -> None:
-        if self.policy not in CONTROLLERS and self.policy not in PEERS:
-            raise ConfigError(f"unknown real-run policy '{self.policy}' (valid: {', '.join([*CONTROLLERS, *PEERS])}; "
-                              "the oracles need known lengths and exist only in `simulate`)")
+        check_loop_policy(self.policy)  # a loop policy or a peer (the oracles need known lengths: `simulate`)
         if self.policy in PEERS and PEERS[self.policy].resumes and not (
                 self.stream and self.api is Api.COMPLETIONS and self.request_mode is RequestMode.SPLIT):
             raise ConfigError(f"peer {self.policy} resumes cut requests from their text, which needs streamed "
@@ -108,15 +106,19 @@ class RolloutConfig:
             raise ConfigError(f"bias correction does not apply to peer {self.policy} (it carries no weights)")
         if not self.length_scale > 0:
             raise ConfigError(f"length_scale must be > 0, got {self.length_scale}")
-        if self.kv_ms_per_1k is not None and not (math.isfinite(self.kv_ms_per_1k) and self.kv_ms_per_1k >= 0):
-            raise ConfigError(f"kv_ms_per_1k must be finite and >= 0, got {self.kv_ms_per_1k}")
 
     def router(self, replicas: int) -> RouterConfig:
         """The router configuration for `replicas` endpoints."""
-        if self.policy != "uniform" and self.policy not in PEERS and replicas < 2:
-            raise ConfigError(f"policy {self.policy} needs at least 2 endpoints (a tail and a bulk pool), got 1")
         return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
                             dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
+
+    def policy_spec(self, replicas: int) -> PolicySpec:
+        """The run's `PolicySpec` on `replicas` endpoints (every policy check, once; `tailsieve.loop.build_loop`)."""
+        cost = FleetCost.load(self.curve, tail_curve=self.tail_curve, pools=self.spec, kv_ms_per_1k=self.kv_ms_per_1k)
+        # a peer (PeerRollout) plans with its own loop, every replica bulk: its controller state stays uniform's
+        name = "uniform" if self.policy in PEERS else self.policy
+        return PolicySpec(name, self.router(replicas), cost, self.controller, q=self.q, m=self.m,
+                          shuffle=self.shuffle, seed=self.seed or 0)
 
 
 def freeze_startup_heap() -> None:
@@ -155,26 +157,17 @@ class Rollout:
         self.prompts = load_prompts(prompts) if isinstance(prompts, str | Path) else tuple(prompts)
         if not self.prompts:
             raise ConfigError("no prompts given")
-        self.rc = config.router(len(self.endpoints))
-        self.cost = load_cost_model(config.curve)  # τ(b) and the kv term the controller's predictor uses
-        self.tail_curve, self.curve = config.spec.curves(self.cost.curve)
-        if config.tail_curve is not None:
-            self.tail_curve = load_curve(config.tail_curve)
+        self.policy_spec = config.policy_spec(len(self.endpoints))
+        self.rc = self.policy_spec.router
+        self.tail_curve, self.curve = self.policy_spec.cost.tail_curve, self.policy_spec.cost.bulk_curve
         if assign is not None:
             warnings.warn("Rollout(assign=f(m)) is deprecated: pass pools=f(plan) (a launcher's pool_hook), which "
                           "receives the plan's tail and bulk replica ids", DeprecationWarning, stacklevel=2)
             if pools is None:
                 pools = pools_from_assign(assign)
         self.pools = pools
-        self.router = Router(self.rc, [p.prompt_id for p in self.prompts], shuffle=config.shuffle,
-                             seed=config.seed or 0)
-        # a peer (PeerRollout) plans with its own loop, every replica bulk: its controller state stays uniform's
-        name = config.policy if config.policy in CONTROLLERS else "uniform"
-        self.controller = make_controller(name, self.rc, bulk_curve=self.curve, tail_curve=self.tail_curve,
-                                          config=config.controller, q=config.q, m=config.m,
-                                          kv_s_per_token=(self.cost.kv_ms_per_1k if config.kv_ms_per_1k is None
-                                                          else config.kv_ms_per_1k) / 1e6)
-        self.loop = StepLoop(self.router, self.controller)
+        self.loop = build_loop(self.policy_spec, [p.prompt_id for p in self.prompts])
+        self.router, self.controller = self.loop.router, self.loop.controller
         self._drawn: tuple[int, dict[int, int], dict[str, int]] | None = None  # (step, uid → generation, counters)
         self._by_id = {p.prompt_id: p for p in self.prompts}
         self._rendered: dict[str, str | Messages] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 
@@ -25,6 +25,7 @@ from tailsieve.engines.transport.types import (
     WeightUpdateUnsupported,
 )
 from tailsieve.errors import ConfigError
+from tailsieve.registry import Registry
 
 __all__ = ["BACKENDS", "EngineBackend", "OpenAIBackend", "SGLangBackend", "UnknownBackend", "VLLMBackend",
            "backend_names", "get_backend", "register_backend"]
@@ -132,35 +133,37 @@ def _check(url: str, status: int, data: Any, what: str) -> None:
         raise EngineError(f"{url}: {what} failed: HTTP {status}: {' '.join(str(detail).split())[:200]}")
 
 
-BACKENDS: dict[str, type[EngineBackend]] = {}
-
-
 class UnknownBackend(ConfigError, EngineError):
     """An endpoint or `--kind` names no registered backend."""
 
 
-def register_backend(name: str) -> Callable[[type[EngineBackend]], type[EngineBackend]]:
-    """Class decorator adding a backend to `BACKENDS` under `name` (a later registration replaces an earlier one)."""
+def _backend_class(obj: object) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, EngineBackend) else "not a subclass of EngineBackend"
 
-    def deco(cls: type[EngineBackend]) -> type[EngineBackend]:
-        cls.name = name
-        BACKENDS[name] = cls
-        return cls
 
-    return deco
+def _named(name: str, cls: type[EngineBackend]) -> None:
+    cls.name = name
+
+
+# engine backends (`tailsieve.registry.Registry`; plugins: `pkg.module:Class`, group tailsieve.backends)
+BACKENDS: Registry[type[EngineBackend]] = Registry("engine backend", "tailsieve.backends", check=_backend_class,
+                                                   on_add=_named, error=UnknownBackend)
+B = TypeVar("B", bound=type[EngineBackend])
+
+
+def register_backend(name: str) -> Callable[[B], B]:
+    """Class decorator adding a backend to `BACKENDS` under `name` (a name taken by another class is refused)."""
+    return BACKENDS.register(name)
 
 
 def backend_names() -> list[str]:
-    """Registered backend names, sorted (the `--kind` choices)."""
-    return sorted(BACKENDS)
+    """Registered backend names, sorted (the `--kind` choices; a plugin is named `pkg.module:Class`)."""
+    return sorted(BACKENDS.names())
 
 
 def get_backend(name: str) -> EngineBackend:
     """A new instance of the backend registered as `name`; an unknown name is a one-line `UnknownBackend`."""
-    cls = BACKENDS.get(str(name))
-    if cls is None:
-        raise UnknownBackend(f"unknown engine backend {str(name)!r}; registered: {', '.join(backend_names())}")
-    return cls()
+    return BACKENDS.resolve(str(name))()
 
 
 @register_backend("openai")

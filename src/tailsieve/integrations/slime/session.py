@@ -25,14 +25,11 @@ from tailsieve.engines import TokenPrompt
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec, RequestMode, Sample
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, NoHealthyReplica
 from tailsieve.engines.transport.health import FaultPolicy, Replicas
-from tailsieve.errors import TailSieveError
 from tailsieve.hashing import stable_hash
 from tailsieve.integrations.slime.data_source import CarryState
 from tailsieve.integrations.slime.sample import status_for
 from tailsieve.integrations.slime.settings import SlimeIntegrationError, SlimeSettings, sampling_params
-from tailsieve.loop import LoopState, StepLoop, make_controller
-from tailsieve.model.curves import load_curve
-from tailsieve.policy.router import Router, RouterConfig
+from tailsieve.loop import LoopState, build_loop
 from tailsieve.policy.step import GroupOutcome, GroupRef, StepPlan
 
 __all__ = ["Session"]
@@ -47,20 +44,11 @@ class Session:
     """See the module docstring; `close()` ends the background loop and the HTTP session."""
 
     def __init__(self, args: Any, settings: SlimeSettings, endpoints: Sequence[Endpoint]) -> None:
-        if settings.policy != "uniform" and len(endpoints) < 2:
-            raise SlimeIntegrationError(f"policy {settings.policy} needs at least 2 SGLang workers (a tail and a "
-                                        f"bulk pool), got {len(endpoints)}")
         self.args, self.settings, self.endpoints = args, settings, tuple(endpoints)
-        try:
-            self.rc = RouterConfig(groups=settings.groups, group_size=settings.group_size, replicas=len(endpoints),
-                                   rho=settings.rho, max_redraws=settings.max_redraws)
-            curve = load_curve(settings.curve)
-        except TailSieveError as exc:
-            raise SlimeIntegrationError(str(exc)) from None
-        self.router = Router(self.rc, _STREAM)
-        self.controller = make_controller(settings.policy, self.rc, bulk_curve=curve, tail_curve=curve,
-                                          q=settings.q, m=settings.m)
-        self.steps = StepLoop(self.router, self.controller)
+        spec = settings.spec(len(endpoints))
+        self.rc = spec.router
+        self.steps = build_loop(spec, _STREAM)  # the same assembly as `simulate` and `Rollout`
+        self.router, self.controller = self.steps.router, self.steps.controller
         self.params = sampling_params(args)
         self.client = EngineClient(ClientOptions(stream=settings.stream, logprobs=True, api_key_env=None))
         self.executor: EngineExecutor | None = None

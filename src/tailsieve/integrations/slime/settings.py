@@ -18,6 +18,9 @@ from typing import Any
 from tailsieve.engines.transport.engine_client import Endpoint, SamplingParams
 from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS
+from tailsieve.policy.ranking import DEFAULT_RANKING
+from tailsieve.policy.router import RouterConfig, dispatch_of
+from tailsieve.policy.spec import FleetCost, PolicySpec
 
 __all__ = ["REFUSED", "STANDIN_REFUSED", "SlimeIntegrationError", "SlimeSettings", "check_flags", "discover_workers",
            "flag_name", "sampling_params", "setting"]
@@ -119,6 +122,8 @@ class SlimeSettings:
     load_dir: str | None  # args.load
     q: int | None = None  # the static policy's isolated groups and tail replicas (None: its defaults)
     m: int | None = None
+    ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`, or a plugin path)
+    dispatch: str = "request"  # round-robin unit inside a pool: request or group
 
     @classmethod
     def from_args(cls, args: Any) -> SlimeSettings:
@@ -133,16 +138,29 @@ class SlimeSettings:
                       redraws, _flag(setting(args, "stream", True)),
                       None if raw_seed in (None, "", "none") else int(raw_seed),
                       getattr(args, "save", None), getattr(args, "load", None),
-                      _opt_int(setting(args, "q", None)), _opt_int(setting(args, "m", None)))
+                      _opt_int(setting(args, "q", None)), _opt_int(setting(args, "m", None)),
+                      str(setting(args, "ranking", DEFAULT_RANKING)), str(setting(args, "dispatch", "request")))
         except (TypeError, ValueError) as exc:
             raise SlimeIntegrationError(f"bad TailSieve setting: {exc}") from None
         if out.groups < 1 or out.group_size < 1 or not (0.0 <= out.rho <= 1.0) or math.isnan(out.rho):
             raise SlimeIntegrationError(f"need rollout_batch_size >= 1, n_samples_per_prompt >= 1 and 0 <= rho <= 1, "
                                         f"got {out.groups}, {out.group_size}, {out.rho}")
-        if out.policy not in CONTROLLERS:
-            raise SlimeIntegrationError(f"unknown TailSieve policy {out.policy!r} (valid: {', '.join(CONTROLLERS)})")
+        try:
+            CONTROLLERS.check(out.policy)
+        except TailSieveError as exc:
+            raise SlimeIntegrationError(str(exc)) from None
         check_flags(args)
         return out
+
+    def spec(self, replicas: int) -> PolicySpec:
+        """The job's `PolicySpec` on `replicas` SGLang workers (every policy check once; a bad value is a one-line
+        `SlimeIntegrationError`)."""
+        try:
+            rc = RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
+                              dispatch=dispatch_of(self.dispatch), max_redraws=self.max_redraws, ranking=self.ranking)
+            return PolicySpec(self.policy, rc, FleetCost.load(self.curve), q=self.q, m=self.m)
+        except TailSieveError as exc:
+            raise SlimeIntegrationError(str(exc)) from None
 
 
 def sampling_params(args: Any, *, evaluation: bool = False) -> SamplingParams:

@@ -22,11 +22,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.loop import LoopState, StepLoop, StepOutput, make_controller
-from tailsieve.model.curves import load_curve
+from tailsieve.loop import LoopState, StepLoop, StepOutput, build_loop
+from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS, Router, RouterConfig
+from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig, dispatch_of
+from tailsieve.policy.spec import FleetCost, PolicySpec
 from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
 ROUTE_FIELD = "tailsieve_route"  # per-prompt field: the group's route (`Assignment.route`)
@@ -99,14 +100,17 @@ class TailSieveSettings:
     ranking: str = DEFAULT_RANKING
     q: int | None = None  # static policy only
     m: int | None = None
-    curve: str = "h100-llama3-8b"  # the TPOT curve the controller predicts with (`tailsieve profile` measures one)
+    q0: int | None = None  # adaptive controllers' initial q and m (None: `ControllerConfig`'s)
+    m0: int | None = None
+    dispatch: str = "request"  # round-robin unit inside a pool: request or group
+    curve: str = "h100-llama3-8b"  # the cost model: a curve or `tailsieve profile`'s model file (τ(b) and kv term)
+    tail_curve: str | None = None  # the tail pool's own measured curve (None: `curve`)
+    kv_ms_per_1k: float | None = None  # the controller's KV-traffic term (None: the `curve` model file's, else 0)
     poll_s: float = 0.2  # how often the replay buffer looks for completed groups
     abort_timeout_s: float = 60.0  # how long end of sampling waits for aborted leftovers to settle
 
     def __post_init__(self) -> None:
-        if self.policy not in CONTROLLERS:
-            raise ConfigError(f"trainer.v1.tailsieve.policy: unknown policy '{self.policy}' "
-                              f"(valid: {', '.join(CONTROLLERS)})")
+        CONTROLLERS.check(self.policy)
         if not self.poll_s > 0 or not self.abort_timeout_s > 0:
             raise ConfigError("trainer.v1.tailsieve.poll_s and abort_timeout_s must be > 0")
 
@@ -120,14 +124,20 @@ class TailSieveSettings:
             raise ConfigError(f"unknown trainer.v1.tailsieve key(s) {', '.join(unknown)} (valid: {', '.join(valid)})")
         return cls(**raw)
 
-    def loop(self, groups: int, group_size: int, replicas: int, prompts: Sequence[str]) -> StepLoop:
-        """The step loop (router + controller) for N groups of G on `replicas` servers drawing from `prompts`."""
-        if self.policy != "uniform" and replicas < 2:
-            raise ConfigError(f"TailSieve needs at least 2 rollout replicas (a tail and a bulk pool), got {replicas}")
+    def spec(self, groups: int, group_size: int, replicas: int) -> PolicySpec:
+        """The `PolicySpec` for N groups of G on `replicas` servers: every policy check, once."""
         rc = RouterConfig(groups=groups, group_size=group_size, replicas=replicas, rho=self.rho,
+                          dispatch=dispatch_of(self.dispatch),
                           max_redraws=self.max_redraws, ranking=self.ranking)
-        controller = make_controller(self.policy, rc, bulk_curve=load_curve(self.curve), q=self.q, m=self.m)
-        return StepLoop(Router(rc, prompts), controller)
+        base = ControllerConfig()
+        ctl = ControllerConfig(q0=base.q0 if self.q0 is None else self.q0, m0=base.m0 if self.m0 is None else self.m0)
+        cost = FleetCost.load(self.curve, tail_curve=self.tail_curve, kv_ms_per_1k=self.kv_ms_per_1k)
+        return PolicySpec(self.policy, rc, cost, ctl, q=self.q, m=self.m)
+
+    def loop(self, groups: int, group_size: int, replicas: int, prompts: Sequence[str]) -> StepLoop:
+        """The step loop (router + controller) for N groups of G on `replicas` servers drawing from `prompts`
+        (`tailsieve.loop.build_loop`: the same assembly as `simulate` and `Rollout`)."""
+        return build_loop(self.spec(groups, group_size, replicas), prompts)
 
 
 @dataclass(frozen=True, slots=True)

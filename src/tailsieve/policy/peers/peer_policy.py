@@ -29,6 +29,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.policy.router import Dispatch, RouterConfig, round_robin
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, InvariantError, StepPlan, StepResult
 from tailsieve.policy.stream import PromptStream, StreamState
+from tailsieve.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,26 +118,29 @@ class Carry:
     dropped: int = 0
 
 
-PEERS: dict[str, type[PeerPolicy]] = {}
+def _peer_class(obj: object) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, PeerPolicy) else "not a subclass of PeerPolicy"
+
+
+def _named(name: str, cls: type[PeerPolicy]) -> None:
+    cls.name = name
+
+
+# the peers (`tailsieve.registry.Registry`, as `CONTROLLERS`; plugins: `pkg.module:Class`, group tailsieve.peers)
+PEERS: Registry[type[PeerPolicy]] = Registry("peer policy", "tailsieve.peers", check=_peer_class, on_add=_named)
 
 
 def register_peer(name: str):  # type: ignore[no-untyped-def]
-    """Class decorator adding a peer to the registry (`simulate --policy NAME`)."""
-
-    def deco(cls: type[PeerPolicy]) -> type[PeerPolicy]:
-        cls.name = name
-        PEERS[name] = cls
-        return cls
-
-    return deco
+    """Class decorator adding a peer to `PEERS` (`simulate --policy NAME`; a name taken by another class is
+    refused)."""
+    return PEERS.register(name)
 
 
 def make_peer(name: str, router: RouterConfig, peer: PeerConfig | None = None, prompts: Sequence[str] = (), *,
               shuffle: bool = False, seed: int = 0) -> PeerPolicy:
-    """The peer `name` (registry `PEERS`) for one prompt list; a ConfigError naming the valid peers otherwise."""
-    if name not in PEERS:
-        raise ConfigError(f"unknown peer policy '{name}' (valid: {', '.join(PEERS)})")
-    return PEERS[name](router, peer, prompts, shuffle=shuffle, seed=seed)
+    """The peer `name` (registry `PEERS`) for one prompt list; the registry's one-line unknown-name error
+    otherwise."""
+    return PEERS.resolve(name)(router, peer, prompts, shuffle=shuffle, seed=seed)
 
 
 class PeerPolicy:

@@ -1,0 +1,100 @@
+"""Flags that several commands share, each defined once: its name, type, meaning and help (`add(p, name, …)`).
+
+A command passes only what differs (a default, `required`, a sentence of help naming its own use); the meaning
+stays the one written here. The policy flags (`--policy`, `--q`, `--m`, `--q0`, `--m0`, `--ranking`, `--max-redraws`,
+`--dispatch`) are checked once, by `PolicySpec` and `RouterConfig` (`tailsieve.policy.spec`), not by argparse:
+a plugin ranking (`pkg.module:function`) or an entry point is as valid as a built-in one.
+
+One name, one meaning: `--served-model-name` is the name a server serves (launch, profile, rollout), `--model`
+only a model folder or hub id (`launch`); `--model` of profile and rollout is a hidden deprecated alias. Every
+command's parser refuses abbreviations (`allow_abbrev=False`), so `--m` can never be read as `--model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+from tailsieve.policy.ranking import DEFAULT_RANKING
+from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
+
+__all__ = ["FLAGS", "add", "add_served_model_name"]
+
+FLAGS: dict[str, dict[str, Any]] = {
+    # the step shape and the prompt order
+    "--replicas": {"type": int, "default": 8, "help": "R replicas (default: %(default)s)"},
+    "--groups": {"type": int, "default": 64, "help": "N prompt groups per step (default: %(default)s)"},
+    "--group-size": {"type": int, "default": 8, "help": "G responses per group (default: %(default)s)"},
+    "--steps": {"type": int, "default": 30, "help": "rollout steps per policy (default: %(default)s)"},
+    "--rho": {"type": float, "default": 0.1, "help": "over-provisioning ρ, E = ⌈ρN⌉ (default: %(default)s)"},
+    "--seed": {"type": int, "default": 0, "help": "seed of resampled draws, --shuffle and per-request seeds "
+                                                   "(default: %(default)s)"},
+    "--shuffle": {"action": "store_true", "help": "shuffle the prompt order each epoch (seeded)"},
+    # the policy (checked by PolicySpec / RouterConfig)
+    "--q": {"type": int, "help": "static policy: isolated groups q"},
+    "--m": {"type": int, "help": "static policy: tail replicas m (0 = uniform)"},
+    "--q0": {"type": int, "help": "adaptive controllers: initial q (default: ControllerConfig.q0)"},
+    "--m0": {"type": int, "help": "adaptive controllers: initial m (default: ControllerConfig.m0)"},
+    "--ranking": {"default": DEFAULT_RANKING,
+                  "help": "candidate ranking: a registered name (least-progress, stream-order), a plugin "
+                          "pkg.module:function or an entry point of tailsieve.rankings (default: %(default)s; "
+                          "docs/architecture.md)"},
+    "--max-redraws": {"type": int, "default": DEFAULT_REDRAWS,
+                      "help": "times a prompt's group may be cut before its next attempt must complete (default: "
+                              "%(default)s: regenerated once, App. E); larger values trade length bias for speed"},
+    "--dispatch": {"default": Dispatch.REQUEST.value,
+                   "help": "round-robin unit inside a pool: request (§3.1, default) or group"},
+    # the cost model
+    "--curve": {"default": "h100-llama3-8b",
+                "help": "the cost model: a built-in curve, a curve file, or the model file `tailsieve profile` "
+                        "fitted (τ(b) and its kv and prefill terms; docs/profile.md) (default: %(default)s)"},
+    "--kv-ms-per-1k": {"type": float, "default": None,
+                       "help": "KV-traffic ms per 1k context tokens per iteration (default: the --curve model "
+                               "file's, else 0; the flag overrides the file)"},
+    "--prefill-ms-per-token": {"type": float, "default": None,
+                               "help": "prefill stall per prompt token, ms (default: the --curve model file's, else "
+                                       "0; the flag overrides the file)"},
+    "--max-num-seqs": {"type": int, "help": "replica admission cap (FCFS queue); default: all admitted"},
+    "--tail-spec": {"metavar": "SPEC",
+                    "help": "tail pool speculation METHOD[:TOKENS][,key=value…] (docs/speculative.md)"},
+    "--bulk-spec": {"metavar": "SPEC", "help": "bulk pool speculation, same form as --tail-spec"},
+    "--bias-correction": {"action": "store_true",
+                          "help": "per-group weights that undo the routing's length bias (beyond the paper; "
+                                  "docs/simulate.md): adds bias.weighted_mean_ratio and bias.ess_ratio"},
+    # the transport to a server (profile, rollout)
+    "--kind": {"default": "vllm", "help": "server kind: a registered engine backend (openai, vllm, sglang, "
+                                          "sglang-native), a plugin pkg.module:Class or an entry point of "
+                                          "tailsieve.backends (default: %(default)s)"},
+    "--api-key-env": {"default": "TAILSIEVE_API_KEY", "help": "env var holding the API key (never printed)"},
+    "--stall-timeout": {"type": float, "default": 60.0,
+                        "help": "seconds without a new token that mark a request stalled and its replica down "
+                                "(keep-alive bytes do not count; default: %(default)s)"},
+    "--deadline": {"type": float, "default": None,
+                   "help": "total seconds one request may take before its replica is marked down (default: none)"},
+    "--retries": {"type": int, "default": 4, "help": "re-sends of one request before giving up (default: %(default)s)"},
+    "--no-stream": {"action": "store_true", "help": "non-streaming requests"},
+    "--json": {"action": "store_true", "help": "machine-readable output"},
+}
+
+
+def add(p: argparse.ArgumentParser, name: str, **override: Any) -> None:
+    """Add the shared flag `name` to `p`; `override` replaces what differs in this command (a default, help)."""
+    p.add_argument(name, **{**FLAGS[name], **override})
+
+
+class _DeprecatedModel(argparse.Action):
+    """`--model NAME` of profile and rollout: the served name, now `--served-model-name` (warns once)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        warnings.warn(f"{parser.prog}: --model is deprecated here, use --served-model-name (in `launch`, --model "
+                      "is the model folder)", DeprecationWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
+def add_served_model_name(p: argparse.ArgumentParser) -> None:
+    """`--served-model-name` (the name /v1/models lists; default: its first), with `--model` as a hidden alias."""
+    p.add_argument("--served-model-name", dest="model", metavar="NAME",
+                   help="served model name (default: the first one /v1/models lists)")
+    p.add_argument("--model", dest="model", action=_DeprecatedModel, help=argparse.SUPPRESS)
