@@ -27,6 +27,7 @@ from tailsieve.cli._common import (
     trace_columns,
 )
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
+from tailsieve.engines.kinds import DEFAULT_KIND
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import load_launch_config
 from tailsieve.engines.rollout.api import Batch, RolloutConfig
@@ -101,8 +102,9 @@ def register(sub: Any) -> None:
                    help="completions or chat (auto: chat for --template code, else completions)")
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
                    help="split: one request per sample; n: one request per group and replica with n samples")
-    p.add_argument("--kind", default="vllm", choices=backend_names(),
-                   help="server kind: a registered engine backend (default: %(default)s)")
+    p.add_argument("--kind", choices=backend_names(),
+                   help="server kind: a registered engine backend (default: vllm; with --launch, the config's "
+                        "launch.kind)")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming (aborted groups then report 0 tokens)")
     p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")
@@ -254,7 +256,7 @@ def check_replica_flags(args: argparse.Namespace, replicas: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
-    kind = args.kind
+    kind = args.kind or DEFAULT_KIND
     launcher: ReplicaLauncher | None = None
     out = Path(args.out)
     if args.launch:
@@ -262,6 +264,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give --endpoints or --launch, not both")
         launch_path = Path(args.launch)
         lc = load_launch_config(launch_path)
+        if args.kind is not None and args.kind != lc.kind:
+            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {lc.kind!r} of {launch_path}: the "
+                              "launched servers' kind is their clients' kind")
+        kind = lc.kind
         if args.weights_dir:
             lc = replace(lc, weight_reload=True)
         launcher = make_launcher(launcher_for(lc), lc, out / "launch")
