@@ -308,3 +308,15 @@ def test_the_ray_launcher_composes_serving_and_does_not_inherit_the_local_one(tm
 def test_the_built_in_kinds_alone_outside_a_toy_test() -> None:
     """The toy fixture leaves the registries as it found them (the CLI's --kind choices, the docs' help blocks)."""
     assert sorted(KINDS) == ["sglang", "sglang-native", "vllm"] and "toy" not in BACKENDS
+
+
+def test_rollout_launch_gives_its_clients_the_launched_kind(toy: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "launch.toml"
+    cfg.write_text(f'[launch]\nmodel = "{tmp_path / "model"}"\nkind = "toy"\n', encoding="utf-8")
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "x"}\n', encoding="utf-8")
+    argv = ["rollout", "--launch", str(cfg), "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--kind", "vllm"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tailsieve rollout: error: --kind vllm contradicts launch.kind = 'toy' of {cfg}: the launched "
+                   "servers' kind is their clients' kind") and not (tmp_path / "o").exists()

@@ -103,8 +103,7 @@ def register(sub: Any) -> None:
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
                    help="split: one request per sample; n: one request per group and replica with n samples")
     p.add_argument("--kind", choices=backend_names(),
-                   help="server kind: a registered engine backend (default: vllm; with --launch, the config's "
-                        "launch.kind)")
+                   help="server kind: a registered engine backend (default: vllm; with --launch: launch.kind)")
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming (aborted groups then report 0 tokens)")
     p.add_argument("--seed", type=int, default=0, help="base of per-request seeds (default: %(default)s)")

@@ -18,50 +18,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from tailsieve.engines.launch.base import LaunchError, ReplicaLauncher, initial_pools, register_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model
-from tailsieve.engines.launch.process import exit_how, server_error
-from tailsieve.engines.launch.ray_server import ReplicaServer
+from tailsieve.engines.launch.ray_server import ACTOR_GONE, RayActors, RayReplica, ReplicaServer
 from tailsieve.engines.launch.restart import RestartPolicy
 from tailsieve.engines.launch.serving import Replica, Serving
 from tailsieve.policy.step import Pool
 
-__all__ = ["RayActors", "RayLauncher", "RayReplica", "bundle", "check_reachable", "ray_get", "tensor_parallel"]
-ACTOR_GONE = -1000  # `poll` of a replica whose actor died
-
-
-@dataclass(slots=True, kw_only=True)
-class RayReplica(Replica):
-    """One replica on the cluster: its node IP, actor and placement group on top of a local `Replica`."""
-
-    host: str = ""
-    actor: Any = None
-    pg: Any = None
-    pid: int | None = None
-    exit_code: int | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL on the replica's node."""
-        return f"http://{self.host or '127.0.0.1'}:{self.port}"
-
-    def describe(self) -> dict[str, Any]:
-        """JSON row for launch.json and tables."""
-        return {"index": self.index, "url": self.url, "host": self.host, "port": self.port, "place": self.place,
-                "pool": self.pool.value, "flags": list(self.engine.flags()), "pid": self.pid,
-                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
-
-
+__all__ = ["ACTOR_GONE", "RayActors", "RayLauncher", "RayReplica", "bundle", "check_reachable", "ray_get",
+           "tensor_parallel"]
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A `HOST:PORT` cluster address must accept a TCP connection (Ray itself retries for minutes); `auto` and
     `ray://` client addresses are left to Ray."""
@@ -93,57 +66,6 @@ def bundle(config: LaunchConfig, i: int) -> dict[str, float]:
     if config.device is Device.GPU:
         out["GPU"] = float(tensor_parallel(config))
     return out
-
-
-class RayActors:
-    """The `ServerSite` of Ray replicas: each server spawned, polled and read by its replica's actor."""
-
-    def __init__(self, launcher: RayLauncher) -> None:
-        self.launcher = launcher
-
-    def spawn(self, rep: Replica) -> None:
-        """Spawn the server through its actor, with the launcher's environment less the driver's own."""
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        sv = self.launcher.serving
-        with sv.lock:
-            if sv.stopping:
-                raise LaunchError("launcher is stopping")
-            if sv.tmp is None:
-                sv.tmp = Path("/tmp") / f"tailsieve-ray-{os.getpid()}-{id(self.launcher) % 100000}"
-        rep.exit_code = None
-        env = {k: v for k, v in self.launcher.env(rep).items() if os.environ.get(k) != v}
-        rep.pid = ray.get(rep.actor.spawn.remote(self.launcher.command(rep), env, str(rep.log)), timeout=60)
-
-    def poll(self, rep: Replica) -> int | None:
-        """The server's exit code (`ACTOR_GONE` when its actor is gone), None while it runs."""
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        try:
-            code = ray.get(rep.actor.poll.remote(), timeout=30)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return ACTOR_GONE
-        return None if code is None else int(code)
-
-    def error(self, rep: Replica, last_line: bool = True) -> str:
-        """The server's error line, read by its actor on its node (the driver's copy of the log when that fails)."""
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        try:
-            return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
-        except Exception:
-            return server_error(rep.log, last_line=last_line)
-
-    def where(self, rep: Replica) -> str:
-        """The replica's URL on its node."""
-        return rep.url
-
-    def how(self, code: int) -> str:
-        """`ACTOR_GONE`: the actor is gone; else the server's exit code or signal."""
-        return "lost its actor" if code == ACTOR_GONE else exit_how(code)
 
 
 @register_launcher("ray")
