@@ -112,7 +112,7 @@ class ToyServer(ServerHalf):
     def spec_flags(self, spec: SpecConfig, extra: Mapping[str, Any]) -> tuple[str, ...]:
         return ("--draft", f"{spec.method.value}x{spec.depth}") if spec.enabled else ()
 
-    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any]) -> None:
+    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any], kind: str) -> None:
         if extra:
             raise ConfigError(f"the toy takes no speculative keys, got {', '.join(sorted(extra))}")
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tailsieve.engines.transport.backends import BACKENDS, EngineBackend, register_backend
 from tailsieve.errors import ConfigError
-from tailsieve.model.speculative import SpecConfig
+from tailsieve.model.speculative import SpecConfig, SpecMethod
 
 DEFAULT_KIND = "vllm"
 
@@ -71,6 +71,9 @@ class ServerHalf:
     tokenizer_flag: ClassVar[str] = "--tokenizer"  # keeps the first model's tokenizer on a reload by restart
     tensor_parallel_flags: ClassVar[tuple[str, ...]] = ()  # flags whose value is the GPUs per replica
     cpu_default_args: ClassVar[tuple[tuple[str, str | None], ...]] = ()  # added on cpu unless the args set them
+    methods: ClassVar[frozenset[SpecMethod] | None] = None  # the speculative methods it runs (None: every one)
+    needs_draft_model: ClassVar[frozenset[SpecMethod]] = frozenset()  # methods that need `speculative.model`
+    own_keys: ClassVar[tuple[str, ...]] = ()  # speculative keys the spec table sets (refused in `speculative`)
 
     def default_command(self) -> tuple[str, ...]:
         """The server command before its flags, when `launch.command` is empty."""
@@ -88,11 +91,22 @@ class ServerHalf:
         """A pool's speculative decoding as server flags (() when the pool does not speculate)."""
         raise NotImplementedError
 
-    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any]) -> None:
-        """Refuse (`ConfigError`, one line) a pool this server cannot run; by default any pool runs."""
+    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any], kind: str) -> None:
+        """Refuse (`ConfigError`, one line) a pool the server of engine kind `kind` cannot run: a method outside
+        `methods`, a method of `needs_draft_model` without `speculative.model`, a key of `own_keys`."""
+        if spec.enabled and self.methods is not None and spec.method not in self.methods:
+            valid = ", ".join(sorted(m.value for m in self.methods))
+            raise ConfigError(f"engine kind {kind} cannot speculate with {spec.method.value} (valid: {valid})")
+        if spec.enabled and spec.method in self.needs_draft_model and "model" not in extra:
+            raise ConfigError(f"speculative method {spec.method.value} needs a draft model: set "
+                              "speculative.model (a folder or hub id) for this pool")
+        bad = next((k for k in self.own_keys if k in extra), None)
+        if bad is not None:
+            raise ConfigError(f"speculative.{bad} comes from the spec table; do not repeat it")
 
-    def check_memory(self, device: Device, memory: float | None) -> None:
-        """Refuse a memory setting this server cannot express; by default any passes."""
+    def check_memory(self, device: Device, memory: float) -> None:
+        """Refuse a memory setting this server cannot express (`launch.memory`, given and finite; on gpu already a
+        share in (0, 1]); by default any passes."""
 
     def cpu_defaults(self, launch: ServerLaunch) -> list[str]:
         """`cpu_default_args` not already set by the replica's flags (cpu only, when `cpu_defaults` is on)."""

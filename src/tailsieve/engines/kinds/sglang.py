@@ -45,6 +45,9 @@ class SGLangServer(ServerHalf):
     spec_counters = None
     tokenizer_flag = "--tokenizer-path"
     tensor_parallel_flags = ("--tp-size", "--tp")
+    methods = frozenset(ALGORITHMS)
+    needs_draft_model = frozenset({SpecMethod.EAGLE3})
+    own_keys = OWN_KEYS
 
     def default_command(self) -> tuple[str, ...]:
         """This Python running `sglang.launch_server`."""
@@ -89,25 +92,8 @@ class SGLangServer(ServerHalf):
             out += [_flag(k)] if v is True else [_flag(k), str(v)]
         return tuple(out)
 
-    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any]) -> None:
-        """Only EAGLE3, EAGLE (mtp) and NGRAM; eagle3 needs a draft model; the algorithm and depth come from the
-        spec table."""
-        if spec.enabled and spec.method not in ALGORITHMS:
-            raise ConfigError(f"engine kind sglang cannot speculate with {spec.method.value} (valid: "
-                              f"{', '.join(m.value for m in ALGORITHMS)})")
-        if spec.enabled and spec.method is SpecMethod.EAGLE3 and "model" not in extra:
-            raise ConfigError("speculative method eagle3 needs a draft model: set speculative.model (a folder or "
-                              "hub id) for this pool")
-        bad = next((k for k in OWN_KEYS if k in extra), None)
-        if bad is not None:
-            raise ConfigError(f"speculative.{bad} comes from the spec table; do not repeat it")
-
-    def check_memory(self, device: Device, memory: float | None) -> None:
-        """gpu: `--mem-fraction-static` in (0, 1); cpu has no memory setting here (pass SGLang's own flags)."""
-        if memory is None:
-            return
+    def check_memory(self, device: Device, memory: float) -> None:
+        """cpu has no memory setting here (pass SGLang's own flags); gpu: `--mem-fraction-static`."""
         if device is Device.CPU:
             raise ConfigError("launch.memory on cpu has no SGLang setting: leave it out and put "
                               "--max-total-tokens or --mem-fraction-static in launch.args")
-        if not 0 < memory <= 1:
-            raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {memory}")

@@ -48,6 +48,8 @@ class VLLMServer(ServerHalf):
     tokenizer_flag = "--tokenizer"
     tensor_parallel_flags = ("--tensor-parallel-size", "-tp")
     cpu_default_args = CPU_DEFAULT_ARGS
+    needs_draft_model = NEEDS_DRAFT_MODEL
+    own_keys = ("method", "num_speculative_tokens")
 
     def default_command(self) -> tuple[str, ...]:
         """This Python running `tailsieve.engines.launch.vllm_server`."""
@@ -82,20 +84,7 @@ class VLLMServer(ServerHalf):
         sc = speculative_config(spec, extra)
         return ("--speculative-config", json.dumps(sc, sort_keys=True)) if sc is not None else ()
 
-    def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any]) -> None:
-        """eagle3 and dflash need a draft model (`speculative.model`); method and depth come from the spec table."""
-        if spec.enabled and spec.method in NEEDS_DRAFT_MODEL and "model" not in extra:
-            raise ConfigError(f"speculative method {spec.method.value} needs a draft model: set "
-                              "speculative.model (a folder or hub id) for this pool")
-        for k in ("method", "num_speculative_tokens"):
-            if k in extra:
-                raise ConfigError(f"speculative.{k} comes from the spec table; do not repeat it")
-
-    def check_memory(self, device: Device, memory: float | None) -> None:
-        """cpu: whole GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`); gpu: a share in (0, 1]."""
-        if memory is None:
-            return
+    def check_memory(self, device: Device, memory: float) -> None:
+        """cpu: whole GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`)."""
         if device is Device.CPU and (memory < 1 or memory != int(memory)):
             raise ConfigError(f"launch.memory on cpu is the KV cache in whole GiB (>= 1), got {memory}")
-        if device is Device.GPU and not 0 < memory <= 1:
-            raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {memory}")

@@ -51,7 +51,7 @@ class PoolEngine:
         keys = dict(self.speculative)
         if keys and not self.spec.enabled:
             raise ConfigError(f"speculative options {', '.join(sorted(keys))} given for a pool without speculation")
-        get_kind(self.kind).server.check_pool(self.spec, keys)
+        get_kind(self.kind).server.check_pool(self.spec, keys, self.kind)
 
     def speculative_config(self) -> dict[str, Any] | None:
         """The pool's speculation as one object: `method`, `num_speculative_tokens` and the extra keys (None when the
@@ -148,6 +148,8 @@ class LaunchConfig:
         if self.memory is not None:
             if not math.isfinite(self.memory):
                 raise ConfigError(f"launch.memory must be a finite number, got {self.memory}")
+            if self.device is Device.GPU and not 0 < self.memory <= 1:
+                raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
             server.check_memory(self.device, self.memory)
         if not (0 < self.startup_timeout_s < math.inf and 0 < self.grace_s < math.inf):
             raise ConfigError("launch.startup_timeout_s and launch.grace_s must be finite and > 0, got "
