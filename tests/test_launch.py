@@ -379,10 +379,10 @@ def test_rollout_launch_reads_endpoints_after_the_launcher_started(model: Path, 
     are `http://127.0.0.1:0`); `rollout --launch` must read them after. The real local launcher, with its ports
     chosen in `start()` exactly like the Ray launcher's, shows the order."""
     from tailsieve.cli import rollout_cmd
-    from tailsieve.engines.launch import base, local
+    from tailsieve.engines.launch import base, local_launcher
     from tailsieve.engines.launch.process import pick_port
 
-    class LatePorts(local.LocalLauncher):
+    class LatePorts(local_launcher.LocalLauncher):
         def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
             super().__init__(config, log_dir)
             for rep in self.replicas:
