@@ -1,7 +1,8 @@
 """The layout's import rules (docs/architecture.md), read from the source as an allow-list per room: policy never
 imports the mechanisms, the engines never import the simulator, transport imports no other engine room, no two modules
 share a name, no function grows past 60 lines, and the 0.1 module
-paths still import (as the same module objects, with a DeprecationWarning)."""
+paths still import (as the same module objects, with a DeprecationWarning). `engines/kinds` (one module per engine
+flavour: client backend + server half) sits between transport and the launchers/measurement."""
 
 from __future__ import annotations
 
@@ -26,15 +27,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "analysis": (*BASE, "loop.py", "model", "policy", "workloads"),
     "simulation": (*BASE, "analysis", "loop.py", "model", "policy", "workloads"),
     "engines/transport": BASE,
-    "engines/launch": (*BASE, "model", "policy"),
-    "engines/measure": (*BASE, "engines/transport", "model"),
+    "engines/kinds": (*BASE, "engines/transport", "model"),
+    "engines/launch": (*BASE, "engines/kinds", "model", "policy"),
+    "engines/measure": (*BASE, "engines/kinds", "engines/transport", "model"),
     "engines/rollout": (*BASE, "analysis", "engines/transport", "loop.py", "model", "policy", "workloads"),
-    "engines": ("engines/rollout", "engines/transport", "engines/launch", "engines/measure"),
+    "engines": ("engines/rollout", "engines/transport", "engines/kinds", "engines/launch", "engines/measure"),
     "integrations/verl": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
     "integrations/slime": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
     "integrations/trl": (*BASE, "loop.py", "model", "policy", "engines", "engines/rollout", "engines/transport"),
-    "cli": (*BASE, "analysis", "engines", "engines/launch", "engines/measure", "engines/rollout", "engines/transport",
-            "loop.py", "model", "policy", "simulation", "workloads"),
+    "cli": (*BASE, "analysis", "engines", "engines/kinds", "engines/launch", "engines/measure", "engines/rollout",
+            "engines/transport", "loop.py", "model", "policy", "simulation", "workloads"),
 }
 SPLIT = ("engines", "integrations")
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
+from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, launch_from_mapping
 from tailsieve.engines.rollout.state import write_json_atomic
@@ -27,10 +28,12 @@ from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec, 
 
 def register(sub: Any) -> None:
     """Add the `launch` command."""
-    p = sub.add_parser("launch", help="start local vLLM replicas with per-pool flags; print their endpoints",
-                       description="Start R vLLM replicas (CPU cores via taskset, or GPU ids), each pool with its own "
-                                   "flags (e.g. --speculative-config from [spec.tail]), wait for /health, write the "
-                                   "endpoint list for `rollout --endpoints`, and stop them all on Ctrl-C or SIGTERM.")
+    p = sub.add_parser("launch", help="start local vLLM (or SGLang, --kind) replicas with per-pool flags; print "
+                                      "their endpoints",
+                       description="Start R vLLM replicas (or another engine kind's, --kind) on CPU cores via "
+                                   "taskset or GPU ids, each pool with its own flags (e.g. --speculative-config "
+                                   "from [spec.tail]), wait for /health, write the endpoint list for `rollout "
+                                   "--endpoints`, and stop them all on Ctrl-C or SIGTERM.")
     add_launch_args(p)
     p.add_argument("--out", default="tailsieve-launch", help="folder for endpoints.txt, launch.json and server logs")
     p.add_argument("--duration", type=float, help="stop after this many seconds of serving (default: until Ctrl-C)")
@@ -46,6 +49,8 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML/JSON with [launch], [launch.tail|bulk], [spec.tail|bulk] (docs/launch.md)")
     p.add_argument("--model", help="model folder or hub id")
     p.add_argument("--replicas", type=positive_int, help="R replicas (default: 2)")
+    p.add_argument("--kind", choices=kind_names(),
+                   help="engine kind: its server command, environment and pool flags (default: vllm; docs/engines.md)")
     p.add_argument("--device", choices=[d.value for d in Device], help="cpu (default) or gpu")
     p.add_argument("--cores", help="cpu: one taskset core list per replica, ';'-separated (e.g. '0;1' or '0-3;4-7')")
     p.add_argument("--gpus", help="gpu: CUDA_VISIBLE_DEVICES per replica, ';'-separated (e.g. '0;1' or '0,1;2,3')")
@@ -113,7 +118,7 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         tail = parse_spec(args.tail_spec, "--tail-spec")
     if args.bulk_spec:
         bulk = parse_spec(args.bulk_spec, "--bulk-spec")
-    for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device),
+    for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device), ("kind", args.kind),
                      ("base_port", args.base_port), ("memory", args.memory), ("tail_replicas", args.m),
                      ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout),
                      ("ray", getattr(args, "ray", None))):

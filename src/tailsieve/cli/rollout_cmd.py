@@ -28,6 +28,7 @@ from tailsieve.cli._common import (
 )
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
+from tailsieve.engines.kinds import DEFAULT_KIND
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import load_launch_config
 from tailsieve.engines.rollout.api import Batch, RolloutConfig
@@ -97,7 +98,9 @@ def register(sub: Any) -> None:
                    help="completions or chat (auto: chat for --template code, else completions)")
     p.add_argument("--request-mode", default="split", choices=[m.value for m in RequestMode],
                    help="split: one request per sample; n: one request per group and replica with n samples")
-    add(p, "--kind")
+    add(p, "--kind", default=None,
+        help="server kind: a registered engine backend, a plugin pkg.module:Class or an entry point of "
+             "tailsieve.backends (default: vllm; with --launch: launch.kind)")
     add_served_model_name(p)
     add(p, "--no-stream")
     add(p, "--seed")
@@ -231,7 +234,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
-    kind = args.kind
+    kind = args.kind or DEFAULT_KIND
     get_backend(kind)  # the engine backend's one unknown-name check (a plugin loads here)
     launcher: ReplicaLauncher | None = None
     out = Path(args.out)
@@ -240,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give --endpoints or --launch, not both")
         launch_path = Path(args.launch)
         lc = load_launch_config(launch_path)
+        if args.kind is not None and args.kind != lc.kind:
+            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {lc.kind!r} of {launch_path}: the "
+                              "launched servers' kind is their clients' kind")
+        kind = lc.kind
         if args.weights_dir:
             lc = replace(lc, weight_reload=True)
         launcher = make_launcher(launcher_for(lc), lc, out / "launch")

@@ -183,7 +183,8 @@ class ReplicaLauncher(abc.ABC):
         restart on it too; the weight-update fallback when a server cannot reload in place. Returns the wall seconds
         of the restarts."""
         c = self.config
-        args = c.args if "--tokenizer" in c.args else (*c.args, "--tokenizer", c.model)
+        flag = c.engine_kind.server.tokenizer_flag
+        args = c.args if flag in c.args else (*c.args, flag, c.model)
         self.config = replace(c, model=str(model), served_model_name=c.served_model_name or c.model, args=args)
         return self.restart(list(range(len(self.slots))) if indices is None else indices)
 

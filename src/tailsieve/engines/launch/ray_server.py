@@ -1,5 +1,7 @@
 """`ReplicaServer`: the body of a replica's Ray actor (`RayLauncher`). It runs on the replica's node, picks a free
-port there, and spawns, polls, stops and kills one engine server as its own process group."""
+port there, and spawns, polls, stops and kills one engine server as its own process group. On the driver,
+`RayReplica` is a replica with its node, actor and placement group, and `RayActors` is the `ServerSite` the Ray
+launcher's `Serving` starts servers through (each call goes to the replica's actor)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,13 @@ import os
 import shutil
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from tailsieve.engines.launch.base import LaunchError
 from tailsieve.engines.launch.process import (
+    exit_how,
     group_alive,
     kill_groups,
     pick_port,
@@ -19,6 +25,36 @@ from tailsieve.engines.launch.process import (
     terminate,
     wait_group_gone,
 )
+from tailsieve.engines.launch.serving import Replica
+
+if TYPE_CHECKING:
+    from tailsieve.engines.launch.ray_launcher import RayLauncher
+
+ACTOR_GONE = -1000  # `poll` of a replica whose actor died
+
+
+@dataclass(slots=True, kw_only=True)
+class RayReplica(Replica):
+    """One replica on the cluster: its node IP, actor and placement group on top of a local `Replica`."""
+
+    host: str = ""
+    actor: Any = None
+    pg: Any = None
+    pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL on the replica's node."""
+        return f"http://{self.host or '127.0.0.1'}:{self.port}"
+
+    def describe(self) -> dict[str, Any]:
+        """JSON row for launch.json and tables."""
+        return {"index": self.index, "url": self.url, "host": self.host, "port": self.port, "place": self.place,
+                "pool": self.pool.value, "flags": list(self.engine.flags()), "pid": self.pid,
+                "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
+
+
 
 
 class ReplicaServer:
@@ -81,3 +117,54 @@ class ReplicaServer:
     def error(self, log: str, last_line: bool = True) -> str:
         """The server's own error line from its log (see `server_error`)."""
         return server_error(Path(log), last_line=last_line)
+
+
+class RayActors:
+    """The `ServerSite` of Ray replicas: each server spawned, polled and read by its replica's actor."""
+
+    def __init__(self, launcher: RayLauncher) -> None:
+        self.launcher = launcher
+
+    def spawn(self, rep: Replica) -> None:
+        """Spawn the server through its actor, with the launcher's environment less the driver's own."""
+        import ray
+
+        assert isinstance(rep, RayReplica)
+        sv = self.launcher.serving
+        with sv.lock:
+            if sv.stopping:
+                raise LaunchError("launcher is stopping")
+            if sv.tmp is None:
+                sv.tmp = Path("/tmp") / f"tailsieve-ray-{os.getpid()}-{id(self.launcher) % 100000}"
+        rep.exit_code = None
+        env = {k: v for k, v in self.launcher.env(rep).items() if os.environ.get(k) != v}
+        rep.pid = ray.get(rep.actor.spawn.remote(self.launcher.command(rep), env, str(rep.log)), timeout=60)
+
+    def poll(self, rep: Replica) -> int | None:
+        """The server's exit code (`ACTOR_GONE` when its actor is gone), None while it runs."""
+        import ray
+
+        assert isinstance(rep, RayReplica)
+        try:
+            code = ray.get(rep.actor.poll.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return ACTOR_GONE
+        return None if code is None else int(code)
+
+    def error(self, rep: Replica, last_line: bool = True) -> str:
+        """The server's error line, read by its actor on its node (the driver's copy of the log when that fails)."""
+        import ray
+
+        assert isinstance(rep, RayReplica)
+        try:
+            return str(ray.get(rep.actor.error.remote(str(rep.log), last_line), timeout=30))
+        except Exception:
+            return server_error(rep.log, last_line=last_line)
+
+    def where(self, rep: Replica) -> str:
+        """The replica's URL on its node."""
+        return rep.url
+
+    def how(self, code: int) -> str:
+        """`ACTOR_GONE`: the actor is gone; else the server's exit code or signal."""
+        return "lost its actor" if code == ACTOR_GONE else exit_how(code)

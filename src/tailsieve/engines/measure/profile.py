@@ -3,7 +3,8 @@
 τ(b) is the median over the b requests of (latency − time to first token) / (tokens − 1) when streaming (the
 decode time per token while b requests decode together); without streaming, latency / tokens. The result is a
 `TpotCurve` whose JSON feeds `simulate`, `rollout` and the controller. On a speculative server (vLLM's
-`vllm:spec_decode_*` counters on /metrics) each batch also yields its acceptance (`SpecMeasure`, spec_measure.py).
+`vllm:spec_decode_*` counters on /metrics: the engine kind's counter names) each batch also yields its acceptance
+(`SpecMeasure`, spec_measure.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Acceptance of a speculative vLLM server from its `/metrics` counters, and the model constants it implies.
+"""Acceptance of a speculative server from its `/metrics` counters, and the model constants it implies.
 
-vLLM counts `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`
-and `..._num_accepted_tokens_per_pos_total{position=k}` (k = 0..d−1), beside `vllm:generation_tokens_total`.
+The counter names are the engine kind's (`ServerHalf.spec_counters`, engines/kinds/); a kind without draft counters
+(SGLang) yields no reading, and an endpoint of a client-only kind (`openai`) is read with vLLM's names. vLLM counts
+`vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total` and
+`..._num_accepted_tokens_per_pos_total{position=k}` (k = 0..d−1), beside `vllm:generation_tokens_total`.
 Every verification iteration of a request yields one target token plus its accepted drafts, so over a window
 
     iterations = generated − accepted,     ā = generated / iterations,     P(≥ k accepted) = accepted_at_k / iterations
@@ -24,16 +26,21 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from tailsieve.engines.kinds import KINDS, SpecCounterNames
+from tailsieve.engines.kinds.vllm import VLLM_COUNTERS
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import SpecPoint
 from tailsieve.model.speculative import Drafter, verify_points
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATED = "vllm:generation_tokens_total"
+DRAFTS, DRAFT_TOKENS, ACCEPTED = VLLM_COUNTERS.drafts, VLLM_COUNTERS.draft_tokens, VLLM_COUNTERS.accepted
+PER_POS, GENERATED = VLLM_COUNTERS.per_position, VLLM_COUNTERS.generated
+
+
+def counter_names(endpoint: Endpoint) -> SpecCounterNames | None:
+    """The speculative counters of the endpoint's engine kind (vLLM's for a client-only kind; None: it has none)."""
+    kind = KINDS.get(str(endpoint.kind))
+    return VLLM_COUNTERS if kind is None else kind.server.spec_counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +54,8 @@ class SpecCounters:
     per_position: tuple[float, ...]
 
     @classmethod
-    def parse(cls, text: str) -> SpecCounters | None:
-        """From Prometheus text; None when the server exposes no `spec_decode` counters (no speculation)."""
+    def parse(cls, text: str, names: SpecCounterNames = VLLM_COUNTERS) -> SpecCounters | None:
+        """From Prometheus text; None when the server exposes no draft counters (no speculation)."""
         sums: dict[str, float] = {}
         pos: dict[int, float] = {}
         try:
@@ -56,24 +63,29 @@ class SpecCounters:
         except (ValueError, TypeError, KeyError, IndexError):
             return None
         for sample in samples:
-            if sample.name == PER_POS and str(sample.labels.get("position", "")).isdigit():
+            if sample.name == names.per_position and str(sample.labels.get("position", "")).isdigit():
                 k = int(sample.labels["position"])
                 pos[k] = pos.get(k, 0.0) + float(sample.value)
-            elif sample.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATED):
+            elif sample.name in (names.drafts, names.draft_tokens, names.accepted, names.generated):
                 sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-        if DRAFTS not in sums:
+        if names.drafts not in sums:
             return None
         per = tuple(pos.get(k, 0.0) for k in range(max(pos) + 1)) if pos else ()
-        return cls(sums[DRAFTS], sums.get(DRAFT_TOKENS, 0.0), sums.get(ACCEPTED, 0.0), sums.get(GENERATED, 0.0), per)
+        return cls(sums[names.drafts], sums.get(names.draft_tokens, 0.0), sums.get(names.accepted, 0.0),
+                   sums.get(names.generated, 0.0), per)
 
 
 async def read_counters(client: EngineClient, endpoint: Endpoint) -> SpecCounters | None:
-    """GET /metrics and parse the speculative counters (None: no speculation, or no /metrics)."""
+    """GET /metrics and parse the speculative counters of the endpoint's kind (None: no speculation, no /metrics,
+    or a kind whose /metrics counts no drafts: then nothing is asked)."""
+    names = counter_names(endpoint)
+    if names is None:
+        return None
     try:
         async with client.session.get(endpoint.target("/metrics"), timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return None
-            return SpecCounters.parse(await r.text())
+            return SpecCounters.parse(await r.text(), names)
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None
 
