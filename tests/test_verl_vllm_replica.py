@@ -171,6 +171,45 @@ def test_abort_of_a_request_parked_behind_a_weight_sync(verl_vllm_server: VerlVl
     assert out.stop_reason == "aborted" and out.token_ids == [] and after == before
     assert srv.engine_requests() == 0 and rid not in srv.server._calls
 
+def test_abort_all_requests_of_a_weight_sync_stops_the_engine(verl_vllm_server: VerlVllmServer) -> None:  # noqa: F811
+    """verl's weight sync calls `abort_all_requests` first; verl 0.9.1's own fails on vLLM 0.32 (`pause_generation()`
+    has no `wait_for_inflight_requests`). Through `TailSieveVLLMHttpServer` it aborts the running request in the
+    engine, reports it, and `resume_generation` serves again."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    srv, rid = verl_vllm_server, "ts-3-2-0-0"
+
+    async def on_server(coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, srv.handle._loop))
+
+    async def run() -> tuple[str, dict[str, Any], Any, float, Any]:
+        await _until(lambda: srv.metric(RUNNING) == 0, 60)
+        try:
+            await on_server(vLLMHttpServer.abort_all_requests(srv.server))
+            verl_error = "none"
+        except TypeError as exc:
+            verl_error = str(exc)
+        finally:
+            await srv.handle.resume_generation.remote()
+        call = asyncio.ensure_future(srv.handle.generate.remote(prompt_ids=list(range(5, 30)),
+                                                                sampling_params=dict(LONG), request_id=rid))
+        await _generating(srv, 1)
+        reply = await srv.handle.abort_all_requests.remote()
+        out = await asyncio.wait_for(call, 30)
+        stopped = srv.metric(TOKENS)
+        await asyncio.sleep(1.0)
+        grown = srv.metric(TOKENS) - stopped
+        await srv.handle.resume_generation.remote()
+        again = await srv.handle.generate.remote(prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4},
+                                                 request_id="ts-3-2-0-1")
+        return verl_error, reply, out, grown, again
+
+    verl_error, reply, out, grown, again = asyncio.run(run())
+    assert "wait_for_inflight_requests" in verl_error  # why the override exists (obsolete if this fails)
+    assert reply["aborted_count"] == 1 and out.stop_reason == "aborted" and grown == 0
+    assert srv.engine_requests() == 0 and len(again.token_ids) == 4
+
+
 def test_tailsieve_replicas_only_inside_the_trainer_setup(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
     """`TailSieveTrainer._setup` resolves `rollout.name=vllm` to `TailSieveVLLMReplica` (whose server actors are
     `TailSieveVLLMHttpServer`s) inside `tailsieve_vllm_replicas()`; verl's own replica before and after."""

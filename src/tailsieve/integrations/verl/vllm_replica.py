@@ -17,12 +17,18 @@ cancelled before it reaches the engine; an abort that arrives before its request
 `TailSieveVLLMReplica` is verl's `vLLMReplica` with this server class; `TailSieveTrainer._setup` makes verl's
 `LLMServerManager` build it for `actor_rollout_ref.rollout.name=vllm` (`tailsieve_vllm_replicas`), only while the
 TailSieve trainer sets up (other trainers keep verl's replica). Importing this module imports vLLM.
+
+verl's `abort_all_requests` (what its weight sync calls before loading new weights) also fails on vLLM 0.32: it
+calls `AsyncLLM.pause_generation(wait_for_inflight_requests=False, clear_cache=...)`, and vLLM 0.32 takes
+`pause_generation(*, mode="abort" | "wait" | "keep", clear_cache=...)`. `PauseCompat` translates the old keyword
+for that one call (verl's gate logic around it runs unchanged).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +50,29 @@ def engine_request_ids(engine: Any, request_id: str) -> tuple[list[str], bool]:
     if request_id in processor.request_states:
         return [request_id], True
     return [], False
+
+
+class PauseCompat:
+    """The engine as verl's `abort_all_requests` calls it: `pause_generation(wait_for_inflight_requests=b)` becomes
+    vLLM 0.32's `pause_generation(mode="wait" if b else "abort")`; every other attribute is the engine's own."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def pause_generation(self, *, wait_for_inflight_requests: bool = False, clear_cache: bool = True) -> None:
+        """verl 0.9.1's keyword on vLLM 0.32's signature."""
+        await self._engine.pause_generation(mode="wait" if wait_for_inflight_requests else "abort",
+                                            clear_cache=clear_cache)
+
+
+def takes_pause_mode(engine: Any) -> bool:
+    """Whether the engine's `pause_generation` has vLLM 0.32's `mode` keyword instead of verl's
+    `wait_for_inflight_requests`."""
+    params = inspect.signature(engine.pause_generation).parameters
+    return "mode" in params and "wait_for_inflight_requests" not in params
 
 
 class TailSieveVLLMHttpServer(vLLMHttpServer):  # type: ignore[misc]  # verl ships no type information
@@ -77,6 +106,18 @@ class TailSieveVLLMHttpServer(vLLMHttpServer):  # type: ignore[misc]  # verl shi
         finally:
             self._calls.pop(request_id, None)
             self._cancelled.discard(request_id)
+
+    async def abort_all_requests(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """verl's `abort_all_requests` (its gate, its reply) with the engine's pause called by vLLM 0.32's keyword
+        (module docstring); on an engine that still takes verl's keyword, verl's method as it is."""
+        engine = self.engine
+        if engine is None or not takes_pause_mode(engine):
+            return dict(await super().abort_all_requests(*args, **kwargs))
+        self.engine = PauseCompat(engine)
+        try:
+            return dict(await super().abort_all_requests(*args, **kwargs))
+        finally:
+            self.engine = engine
 
     async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
         """Abort `request_id` (the id the client sent, or an engine-internal one): through the engine's own abort
