@@ -42,7 +42,7 @@ SUMMARIES: dict[str, str] = {
     "oracle": "exact two-lane routing optimum with known lengths vs best-k isolation and uniform (App. A.4)",
     "profile": "measure a live server's TPOT curve (feeds simulate, rollout, the controller)",
     "rollout": "run rollout steps on real vLLM/SGLang replicas with a routing policy",
-    "launch": "start local vLLM replicas with per-pool flags; print their endpoints",
+    "launch": "start local vLLM (or SGLang, --kind) replicas with per-pool flags; print their endpoints",
 }
 
 
