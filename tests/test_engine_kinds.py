@@ -32,6 +32,7 @@ from tailsieve.engines.transport.sglang_native import SGLangNativeBackend
 from tailsieve.errors import ConfigError
 from tailsieve.model.speculative import SpecConfig, SpecMethod
 from tailsieve.policy.step import Pool
+from tailsieve.registry import DuplicateName
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,8 +199,10 @@ def test_a_kind_registers_its_backend_and_names_are_refused_once_taken(toy: Path
     assert get_kind("toy").backend is ToyBackend and isinstance(get_kind("toy").server, ToyServer)
     assert isinstance(get_kind("sglang").server, SGLangServer) and get_kind("sglang").backend is SGLangBackend
     assert get_kind("sglang-native").backend is SGLangNativeBackend
-    with pytest.raises(ValueError, match="engine kind name 'toy' is already registered by ToyServer"):
+    with pytest.raises(DuplicateName, match=r"^engine kind 'toy' is already registered \(EngineKind\); choose another"):
         register_kind("toy", backend=ToyBackend)(SGLangServer)
+    assert isinstance(get_kind("toy").server, ToyServer)  # the refused kind changed nothing
+    register_kind("toy", backend=ToyBackend)(ToyServer)  # the same kind again: a no-op
     with pytest.raises(ConfigError) as err:
         LaunchConfig(model="m", kind="tgi")
     assert str(err.value) == "launch.kind: unknown engine kind 'tgi' (valid: sglang, sglang-native, toy, vllm)"

@@ -3,7 +3,8 @@
 Every extension point is one `Registry`: controllers (`policy.controller.CONTROLLERS`, entry-point group
 `tailsieve.policies`), candidate rankings (`policy.ranking.RANKINGS`, `tailsieve.rankings`), engine backends
 (`engines.transport.backends.BACKENDS`, `tailsieve.backends`), replica launchers (`engines.launch.base.LAUNCHERS`,
-`tailsieve.launchers`) and the known-length baselines (`model.baselines.POLICIES`, `tailsieve.baselines`).
+`tailsieve.launchers`), the known-length baselines (`model.baselines.POLICIES`, `tailsieve.baselines`), the peer
+policies (`policy.peers.PEERS`, `tailsieve.peers`) and the engine kinds (`engines.kinds.KINDS`, `tailsieve.kinds`).
 
 - `@REGISTRY.register("name")` (or `add(name, obj)`) adds an object; a name already taken by another object is a
   one-line `DuplicateName`, the same in every registry (registering the same object again is a no-op).

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from tailsieve.engines.transport.backends import BACKENDS, EngineBackend, register_backend
 from tailsieve.errors import ConfigError
 from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.registry import Registry
 
 DEFAULT_KIND = "vllm"
 
@@ -138,21 +139,26 @@ class EngineKind:
     server: ServerHalf
 
 
-KINDS: dict[str, EngineKind] = {}
+def _a_kind(obj: object) -> str | None:
+    return None if isinstance(obj, EngineKind) else "not an EngineKind"
+
+
+# the engine kinds (`tailsieve.registry.Registry`; plugins: `pkg.module:KIND`, entry-point group tailsieve.kinds)
+KINDS: Registry[EngineKind] = Registry("engine kind", "tailsieve.kinds", check=_a_kind)
 S = TypeVar("S", bound=ServerHalf)
 
 
 def register_kind(name: str, *, backend: type[EngineBackend]) -> Callable[[type[S]], type[S]]:
     """Class decorator on a `ServerHalf`: register `EngineKind(name, backend, cls())` in `KINDS` and `backend` in
-    `BACKENDS` under `name`; a second kind under a taken name is refused."""
+    `BACKENDS` under `name`; a name taken by another kind is the registries' one-line `DuplicateName`."""
 
     def deco(cls: type[S]) -> type[S]:
         old = KINDS.get(name)
-        if old is not None and (type(old.server) is not cls or old.backend is not backend):
-            raise ValueError(f"engine kind name {name!r} is already registered by {type(old.server).__name__}")
-        if BACKENDS.get(name) is not backend:
+        if old is not None and type(old.server) is cls and old.backend is backend:
+            return cls  # the same kind again (a module imported twice): a no-op
+        if BACKENDS.get(name) is not backend:  # first: a name another backend holds is refused before any kind moves
             register_backend(name)(backend)
-        KINDS[name] = EngineKind(name, backend, cls())
+        KINDS.add(name, EngineKind(name, backend, cls()))
         return cls
 
     return deco
@@ -165,7 +171,6 @@ def kind_names() -> list[str]:
 
 def get_kind(name: str) -> EngineKind:
     """The engine kind registered as `name`; an unknown name is a one-line `ConfigError` listing the valid ones."""
-    kind = KINDS.get(str(name))
-    if kind is None:
-        raise ConfigError(f"unknown engine kind {str(name)!r} (valid: {', '.join(kind_names())})")
-    return kind
+    if str(name) not in KINDS and ":" not in str(name) and str(name) not in KINDS.entry_point_names():
+        raise KINDS.unknown(str(name), kind_names())
+    return KINDS.resolve(str(name))
