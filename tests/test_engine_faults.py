@@ -18,7 +18,8 @@ from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.policy.step import GroupStatus
 
 PROMPTS = tuple(PromptRecord(f"p{i}", f"prompt number {i}") for i in range(60))
-FAST = FaultPolicy(stall_timeout_s=0.4, backoff_s=0.01, probe_interval_s=0.1, probe_max_s=0.2, no_healthy_wait_s=0.3)
+# stall timer 1.5 s: a healthy fake replica on a machine loaded by other jobs can pause 0.4 s between tokens
+FAST = FaultPolicy(stall_timeout_s=1.5, backoff_s=0.01, probe_interval_s=0.1, probe_max_s=0.2, no_healthy_wait_s=0.3)
 
 
 @pytest.fixture

@@ -110,7 +110,7 @@ class TailSieveVLLMHttpServer(vLLMHttpServer):  # type: ignore[misc]  # verl shi
     async def abort_all_requests(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """verl's `abort_all_requests` (its gate, its reply) with the engine's pause called by vLLM 0.32's keyword
         (module docstring); on an engine that still takes verl's keyword, verl's method as it is."""
-        engine = self.engine
+        engine: Any = getattr(self, "engine", None)
         if engine is None or not takes_pause_mode(engine):
             return dict(await super().abort_all_requests(*args, **kwargs))
         self.engine = PauseCompat(engine)
