@@ -26,6 +26,7 @@ from tailsieve.cli._common import (
     progress_enabled,
     trace_columns,
 )
+from tailsieve.cli.flags import add
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
@@ -92,9 +93,9 @@ def register(sub: Any) -> None:
     add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve: built-in name or file (default: %(default)s)")
-    p.add_argument("--replicas", type=int, default=8, help="R identical replicas (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=8, help="G responses per prompt group (default: %(default)s)")
-    p.add_argument("--groups", type=int, default=64, help="N prompt groups per step (default: %(default)s)")
+    add(p, "--replicas")
+    add(p, "--group-size")
+    add(p, "--groups")
     p.add_argument("--policy", action="append", metavar="NAME",
                    help=f"repeatable (or comma-separated) subset of: {', '.join(POLICIES)} "
                         f"(default: {','.join(DEFAULT_POLICIES)}, plus topq when --q/--m are given)")
