@@ -249,7 +249,7 @@ def test_cut_group_members_are_never_sent(how: str, real_tq: TransferQueueStore)
     outs = asyncio.run(main())
     assert [o.stop_reason for o in outs] == ["aborted", "aborted", "completed"]
     assert outs[0].token_ids == [] and outs[0].extra_fields[CUT_TAG] is True
-    assert client.unsent == ["ts-3-7-0-1", "ts-3-7-1-1"]
+    assert sorted(client.unsent) == ["ts-3-7-0-1", "ts-3-7-1-1"]  # both members; their order is the lookups'
     assert handles[0].seen == [] and handles[1].seen == ["ts-3-8-0-0"]  # only the live member reached a server
 
 
