@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -81,6 +82,7 @@ class Case:
     policies: tuple[str, ...]
     controller: str  # JSON of ControllerConfig overrides
     capped: str
+    cache: str = ""  # --static-cache folder ("" none)
 
 
 def uniform_runs(run: PolicyRun, skip: int = SKIP_STEPS) -> tuple[int, int]:
@@ -92,6 +94,25 @@ def uniform_runs(run: PolicyRun, skip: int = SKIP_STEPS) -> tuple[int, int]:
         cur_steady = cur_steady + 1 if s.m == 0 and not s.warmup else 0
         best, best_steady = max(best, cur), max(best_steady, cur_steady)
     return best, best_steady
+
+
+def static_grid(c: Case, wl: Any, curve: Any, cfg: Any, base: float) -> tuple[dict[str, float], float]:
+    """The 49 static splits' and verl-lif's speedups over uniform (mean step `base`). They do not depend on the
+    controller, so with `--static-cache` they are read from, or written to, one JSON file per case (keyed by
+    workload, curve, seed, steps and redraw limit; uniform's mean step is stored and must match)."""
+    path = Path(c.cache) / f"{c.workload}_{c.curve}_{c.seed}_s{c.steps}_r{c.max_redraws}.json" if c.cache else None
+    if path is not None and path.exists():
+        d = json.loads(path.read_text())
+        if math.isclose(d["base"], base, rel_tol=1e-12):
+            return d["static"], d["verl"]
+    rc = RouterConfig(max_redraws=c.max_redraws)
+    static = {f"{q},{m}": base / run_policy("static", wl, curve, cfg(q=q, m=m)).mean_step_s()
+              for q in range(1, rc.extra + 1) for m in range(1, rc.replicas)}
+    verl = base / run_policy("verl-lif", wl, curve, cfg()).mean_step_s()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"base": base, "static": static, "verl": verl}))
+    return static, verl
 
 
 def run_case(c: Case) -> dict[str, Any]:
@@ -106,10 +127,8 @@ def run_case(c: Case) -> dict[str, Any]:
 
     uniform = run_policy("uniform", wl, curve, cfg())
     base = uniform.mean_step_s()
-    static = {f"{q},{m}": base / run_policy("static", wl, curve, cfg(q=q, m=m)).mean_step_s()
-              for q in range(1, rc.extra + 1) for m in range(1, rc.replicas)}
+    static, verl = static_grid(c, wl, curve, cfg, base)
     best_key = max(static, key=lambda k: static[k])
-    verl = base / run_policy("verl-lif", wl, curve, cfg()).mean_step_s()
     row: dict[str, Any] = {"workload": c.workload, "curve": c.curve, "seed": c.seed, "best": static[best_key],
                            "best_qm": [int(x) for x in best_key.split(",")], "static": static, "verl": verl,
                            "reference": max(static[best_key], verl), "policies": {}}
@@ -355,6 +374,8 @@ def main() -> None:
     ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--static-cache", type=Path, help="folder of the static grids and verl-lif per case: they do not "
+                    "depend on the controller, so a rerun after a controller change reuses them")
     ap.add_argument("--drift", action="store_true", help="run only the math-drift ramp section (--seeds, --curves)")
     ap.add_argument("--drift-steps", type=_count(1), default=200, help="steps of the math-drift ramp section")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
@@ -370,7 +391,8 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         capped = str(capped_trace(Path(tmp)))
-        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped)
+        cache = str(args.static_cache or "")
+        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped, cache)
                  for w in args.workloads.split(",") for cv in curves for sd in seeds]
         # the slow (multi-turn) cases first, so two workers stay busy
         order = sorted(range(len(cases)), key=lambda i: cases[i].workload != "agent-search")

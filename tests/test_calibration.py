@@ -14,10 +14,13 @@ from tailsieve.model.curves import load_curve
 from tailsieve.policy.calibration import (
     BIAS_CLIP,
     COUNTERFACTUAL_CLIP,
+    PRIOR_STEPS,
     calibrate,
     factors,
     forecast_noise,
+    history_variance,
     learn_uniform,
+    step_weight,
 )
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.router import Router, RouterConfig
@@ -41,9 +44,34 @@ def test_an_outlier_step_moves_the_bias_by_at_most_the_clip_and_leaves_the_model
     assert out.calib_tail == pytest.approx(1.0) and out.calib_bulk == pytest.approx(1.0)
     assert out.bias_tail == pytest.approx(CFG.bias_ema * BIAS_CLIP)
     assert out.bias_bulk == pytest.approx(0.0)
-    assert out.bias_step == pytest.approx(CFG.bias_ema * BIAS_CLIP)  # 200 / 100, clipped
+    # the spread bias: 200 / 100, clipped; the first two-pool step enters a running mean where the zero prior counts
+    # as PRIOR_STEPS steps, a later one (once 1/(n + PRIOR_STEPS) < bias_ema) at the bias_ema rate
+    assert out.bias_step == pytest.approx(BIAS_CLIP / (1 + PRIOR_STEPS)) and out.seen_step == 1
+    late = calibrate(replace(s, seen_step=10), observation(q=2, m=1, tail_s=200.0, bulk_s=90.0), CFG,
+                     modelled=(200.0, 90.0), forecast=(100.0, 90.0), forecast_step=100.0)
+    assert late.bias_step == pytest.approx(CFG.bias_ema * BIAS_CLIP) and late.seen_step == 11
     ct, cb, _ = factors(out)
     assert ct == pytest.approx(math.exp(0.02)) and cb == pytest.approx(1.0)
+
+
+def test_the_spread_bias_is_the_running_mean_of_its_first_steps() -> None:
+    """Log-ratios 0.1, −0.05, 0.15 (within the clip) on the first three two-pool steps: bias_step is their mean with
+    the zero prior counted as PRIOR_STEPS steps, var_step the same mean of each one's squared deviation from the
+    bias before it (the first one alone: nothing was measured before); `step_weight` is 1/(n + PRIOR_STEPS) down to
+    bias_ema."""
+    s = ControlState(q=2, m=1)
+    xs = (0.1, -0.05, 0.15)
+    prev, devs = 0.0, []
+    for x in xs:
+        span = 100.0 * math.exp(x)
+        s = calibrate(s, observation(q=2, m=1, tail_s=span, bulk_s=span), CFG, modelled=(span, span),
+                      forecast=(span, span), forecast_step=100.0)
+        devs.append((x - prev) ** 2)
+        prev = s.bias_step
+    assert s.bias_step == pytest.approx(sum(xs) / (len(xs) + PRIOR_STEPS)) and s.seen_step == 3
+    w2, w3 = 1 / (2 + PRIOR_STEPS), 1 / (3 + PRIOR_STEPS)
+    assert s.var_step == pytest.approx((devs[0] * (1 - w2) + w2 * devs[1]) * (1 - w3) + w3 * devs[2])
+    assert [step_weight(n, 0.1) for n in (1, 2, 8, 9, 50)] == pytest.approx([1 / 3, 1 / 4, 0.1, 0.1, 0.1])
 
 
 def test_model_error_is_measured_against_the_models_own_forecast_of_the_step() -> None:
@@ -112,14 +140,43 @@ def test_the_uniform_counterfactual_moves_the_uniform_bias_by_its_clipped_log_ra
 
 
 def test_forecast_noise_is_the_standard_error_of_the_two_bias_emas_and_the_history() -> None:
-    """Spreads σ_u² = 0.09, σ_s² = 0.01 of the per-step log-ratios, EMA weight a = 0.1, a history of 4 steps:
-    √((0.09 + 0.01)·a/(2 − a) + BIAS_CLIP²/4); unmeasured spreads count as BIAS_CLIP², no history as one step."""
+    """Spreads σ_u² = 0.09, σ_s² = 0.01 of the per-step log-ratios, EMA weight a = 0.1, a history of 4 steps, the
+    spread bias learnt from 40 steps: √((0.09 + 0.01)·a/(2 − a) + BIAS_CLIP²/4); from 4 steps (a running mean) its
+    share is σ_s²/(4 + PRIOR_STEPS); unmeasured spreads count as BIAS_CLIP², no history as one step."""
     a = 0.1
     hist = tuple(np.ones((2, 2), np.int64) for _ in range(4))
-    s = ControlState(q=0, m=0, var_uniform=0.09, var_step=0.01, history=hist)
+    s = ControlState(q=0, m=0, var_uniform=0.09, var_step=0.01, seen_step=40, history=hist)
     assert forecast_noise(s, a) == pytest.approx(math.sqrt(0.10 * a / (2 - a) + BIAS_CLIP**2 / 4))
+    few = replace(s, seen_step=4)
+    assert forecast_noise(few, a) == pytest.approx(math.sqrt(0.09 * a / (2 - a) + 0.01 / (4 + PRIOR_STEPS)
+                                                             + BIAS_CLIP**2 / 4))
     assert forecast_noise(ControlState(q=0, m=0), a) == pytest.approx(
         math.sqrt(2 * BIAS_CLIP**2 * a / (2 - a) + BIAS_CLIP**2))
+
+
+def test_history_variance_is_the_shrunk_jackknife_of_the_log_gain_over_steps() -> None:
+    """Pools k of step k mod H: the jackknife variance of log(ΣU/ΣS) leaving one step out, brute force, shrunk toward
+    BIAS_CLIP²/H with one step's weight; identical steps leave only the prior's share; no per-step pools: the prior."""
+    rng = np.random.default_rng(3)
+    h, k = 4, 12
+    split, uniform = rng.uniform(5, 15, k), rng.uniform(5, 15, k)
+    step = np.arange(k) % h
+    loo = [math.log(uniform[step != i].sum() / split[step != i].sum()) for i in range(h)]
+    jack = (h - 1) / h * sum((g - np.mean(loo)) ** 2 for g in loo)
+    prior = BIAS_CLIP**2 / h
+    assert history_variance(split, uniform, h) == pytest.approx((prior + (h - 1) * jack) / h)
+    same = np.tile([10.0, 12.0, 9.0], h)  # k = 12 pools, 3 per step, every step alike
+    assert history_variance(same * 0.9, same, h) == pytest.approx(prior / h)
+    assert history_variance(split, uniform, 1) == BIAS_CLIP**2  # one step: nothing to compare
+    assert history_variance(split, uniform, 5) == BIAS_CLIP**2 / 5  # pools not whole rounds of the steps
+    assert history_variance(split, uniform, 0) == BIAS_CLIP**2  # pooled draws
+
+
+def test_forecast_noise_takes_a_measured_history_term() -> None:
+    """With `history` given, it replaces BIAS_CLIP²/H: √((σ_u² + σ_s²)·a/(2 − a) + history)."""
+    a = 0.1
+    s = ControlState(q=0, m=0, var_uniform=0.01, var_step=0.03, seen_step=30, history=(np.ones((2, 2), np.int64),) * 8)
+    assert forecast_noise(s, a, 0.0004) == pytest.approx(math.sqrt(0.04 * a / (2 - a) + 0.0004))
 
 
 def test_the_spreads_are_learnt_where_their_biases_are() -> None:

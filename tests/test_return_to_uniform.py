@@ -4,6 +4,8 @@ forecast gain repays that within `move_horizon` steps (`Controller.return_cost`)
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -74,5 +76,13 @@ def test_leaving_uniform_needs_a_gain_beyond_the_forecasts_noise() -> None:
     ts, paper = make("tailsieve"), make("tailsieve-paper")
     assert ts.leave_gain(s) == pytest.approx(forecast_noise(s, ts.config.bias_ema)) and ts.leave_gain(s) > 0.2
     assert paper.leave_gain(s) == paper.config.m_gain
-    quiet = ControlState(q=0, m=0, var_uniform=1e-6, var_step=1e-6, history=(flat(n=4),) * 8)
+    quiet = ControlState(q=0, m=0, var_uniform=1e-6, var_step=1e-6, seen_step=40, history=(flat(n=4),) * 8)
     assert ts.leave_gain(quiet) == pytest.approx(0.2 / 8**0.5, rel=1e-3)  # the history's own error remains
+    # with the predictor the history term is measured on its pools: eight identical steps leave the prior's share,
+    # 0.2²/8/8, so the noise is 2.5% and m_gain (3%) is the gate
+    pred = ts.predictor(quiet)
+    qc, _ = ts.split_q(quiet, pred, 2)
+    a = ts.config.bias_ema
+    noise = math.sqrt(2e-6 * a / (2 - a) + 0.2**2 / 8 / 8)
+    assert forecast_noise(quiet, a, 0.2**2 / 8 / 8) == pytest.approx(noise) and noise < ts.config.m_gain
+    assert ts.leave_gain(quiet, pred, qc, 2) == ts.config.m_gain

@@ -11,7 +11,8 @@ Two factors per forecast class (tail pool, bulk pool, uniform boundary), both EM
   ±`BIAS_CLIP` and enters a slow EMA (weight `bias_ema`): one outlier moves a forecast by 2%, a lasting bias is
   learnt in about ten steps (issue 22: a single 2× step used to hold the controller at uniform for 10–14 steps).
 A pool's forecast is multiplied by their product (`factors`). A two-pool split has one more, on the step:
-- **spread bias** (`ControlState.bias_step`, a log-EMA clipped the same way): measured makespan / the calibrated
+- **spread bias** (`ControlState.bias_step`, a log-EMA clipped the same way, its first 1/`bias_ema` steps averaged:
+  `step_weight`): measured makespan / the calibrated
   E[max(c_tail·T_tail, c_bulk·T_bulk)] at the executed split. The bootstrap pools can have each pool's mean right
   and still under-state the step-to-step spread (kodcode-r1, (7, 4): T_bulk's spread 36.6 s measured against
   10.4 s across the resampled pools), which makes E[max] and so every split look faster than it is, by 6–7%
@@ -33,6 +34,7 @@ import numpy as np
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 
 BIAS_CLIP = 0.2  # most one step moves the log forecast bias before the EMA (±22%)
+PRIOR_STEPS = 2  # weight of the spread bias's zero prior in the running mean of its first steps (`step_weight`)
 COUNTERFACTUAL_CLIP = 0.5  # the same for a split step's uniform counterfactual (`learn_uniform`): a lasting bias
 # of the uniform forecast is 10–25% (pooled bootstrap, censored imputation), and ±0.2 would learn at most 18% of it
 
@@ -70,15 +72,47 @@ def _spread(var: float, prev: float, observed: float, forecast: float, a: float,
     return var if x is None else ema(var, (x - prev) ** 2, a)
 
 
-def forecast_noise(state: ControlState, a: float) -> float:
-    """Standard error of the log gap between the uniform and the two-pool forecasts: each calibration bias is an EMA
-    of weight a over per-step log-ratios of spread σ (unmeasured: BIAS_CLIP), so it wanders by σ·√(a/(2 − a)); and
-    the forecasts rest on the H steps of the history, each off by up to BIAS_CLIP, which averages to
-    BIAS_CLIP/√H. A forecast gain smaller than this is noise, not the workload."""
+def history_variance(split: np.ndarray, uniform: np.ndarray, steps: int) -> float:
+    """Variance of the log forecast gain log(T̂(0, 0) / T̂(q, m)) from the H history steps the bootstrap pools are
+    drawn from (pool k from step k mod H, `Predictor(blocks=)`): the jackknife over steps, on the paired per-pool
+    makespans (a split's bulk pool and the uniform step share their fresh groups), shrunk toward the prior
+    BIAS_CLIP²/H with the weight of one step. Without per-step pools (pooled draws, H < 2): the prior."""
+    prior = BIAS_CLIP ** 2 / max(steps, 1)
+    k = len(split)
+    if steps < 2 or k % steps or k != len(uniform):
+        return prior
+    by_step = np.arange(k) % steps
+    s = np.bincount(by_step, weights=split, minlength=steps)
+    u = np.bincount(by_step, weights=uniform, minlength=steps)
+    if np.any(s.sum() - s <= 0) or np.any(u.sum() - u <= 0):
+        return prior
+    g = np.log((u.sum() - u) / (s.sum() - s))  # the gain without step h
+    jack = (steps - 1) / steps * float(np.sum((g - g.mean()) ** 2))
+    return (prior + (steps - 1) * jack) / steps
+
+
+def step_weight(n: int, a: float) -> float:
+    """Weight of the n-th two-pool step in the spread bias: 1/(n + PRIOR_STEPS) until that is below a, then a. The
+    first steps make a running mean in which the zero prior counts as PRIOR_STEPS steps: an EMA of weight a from 0
+    would keep 1 − (1 − a)^n of the prior after n steps (66% after four), so a split tried for three steps that
+    did not pay had learnt a third of it; a plain mean (no prior) lets one noisy first step decide."""
+    return max(a, 1.0 / (max(n, 0) + PRIOR_STEPS))
+
+
+def forecast_noise(state: ControlState, a: float, history: float | None = None) -> float:
+    """Standard error of the log gap between the uniform and the two-pool forecasts. The uniform bias is an EMA of
+    weight a over per-step log-ratios of spread σ_u (unmeasured: BIAS_CLIP), so it wanders by σ_u·√(a/(2 − a)); the
+    spread bias is the running mean of its first n steps (`step_weight`), off by σ_s/√(n + PRIOR_STEPS), then an EMA
+    like the uniform one (unmeasured: BIAS_CLIP·√(a/(2 − a))); and the forecasts rest on the H steps of the history:
+    `history` is the gain's variance over them (`history_variance`; None: each step off by up to BIAS_CLIP,
+    BIAS_CLIP²/H). A forecast gain smaller than this is noise, not the workload."""
     prior = BIAS_CLIP ** 2
+    ema_share = a / (2 - a)
     vu = prior if math.isnan(state.var_uniform) else state.var_uniform
-    vs = prior if math.isnan(state.var_step) else state.var_step
-    return math.sqrt((vu + vs) * a / (2 - a) + prior / max(len(state.history), 1))
+    vs = prior * ema_share if math.isnan(state.var_step) else \
+        state.var_step * max(1 / (state.seen_step + PRIOR_STEPS), ema_share)
+    h = prior / max(len(state.history), 1) if history is None else history
+    return math.sqrt(vu * ema_share + vs + h)
 
 
 def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfig, *,
@@ -92,8 +126,10 @@ def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfi
     b = config.bias_ema
     if obs.m > 0 and obs.q > 0 and modelled is not None and forecast_step > 0:
         span = max(obs.tail_s, obs.bulk_s)
-        state = replace(state, bias_step=_log_step(state.bias_step, span, forecast_step, b),
-                        var_step=_spread(state.var_step, state.bias_step, span, forecast_step, b))
+        w = step_weight(state.seen_step + 1, b)
+        state = replace(state, bias_step=_log_step(state.bias_step, span, forecast_step, w),
+                        var_step=_spread(state.var_step, state.bias_step, span, forecast_step, w),
+                        seen_step=state.seen_step + 1)
     lo, hi = config.calib_bounds
     a = config.ema
     ft, fb = modelled if modelled is not None else forecast

@@ -100,6 +100,7 @@ class ControlState:
     bias_step: float = 0.0  # log spread bias of a two-pool step's E[max] (`policy.calibration`)
     var_uniform: float = math.nan  # step-to-step spread of the uniform bias's log-ratios (NaN: none seen yet)
     var_step: float = math.nan  # the same for the two-pool step's spread bias (`calibration.forecast_noise`)
+    seen_step: int = 0  # two-pool steps the spread bias has learnt from (its first ones are averaged, not EMA'd)
     settled: int = 0
     dwell: int = 0  # steps since the last switch between uniform and isolation
     move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
@@ -162,7 +163,7 @@ class ControlState:
         return cls(**kw)
 
 
-_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns")
+_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns", "seen_step")
 _MEASURED = ("rate_tail", "rate_bulk", "move_cost_s", "var_uniform", "var_step")  # NaN until the first measurement
 _HISTORIES = ("history", "tail_history")
 

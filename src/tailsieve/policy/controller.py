@@ -23,7 +23,7 @@ import numpy as np
 
 from tailsieve.inputs import check_tail_replicas
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.calibration import calibrate, ema, factors, forecast_noise, learn_uniform
+from tailsieve.policy.calibration import calibrate, ema, factors, forecast_noise, history_variance, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regenerations
 from tailsieve.policy.observed import observed_times, uniform_counterfactual
@@ -277,7 +277,8 @@ class Controller:
                 continue
             options.append((tc, qc, mc))
         best_t, best_q, best_m = min(options)
-        if best_m == m or best_t > current * (1 - (self.leave_gain(state) if m == 0 else self.config.m_gain)):
+        need = self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain
+        if best_m == m or best_t > current * (1 - need):
             return state
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
@@ -307,13 +308,22 @@ class Controller:
             note=f"m {m}->{new_m}",
         )
 
-    def leave_gain(self, state: ControlState) -> float:
-        """Least forecast gain for leaving the uniform boundary: `m_gain` and, with `noise_gate`, the calibrations'
-        noise (`calibration.forecast_noise`). Uniform with dealt requests is what a user runs already; a split
-        whose forecast gain is within the noise of the forecasts' corrections is a coin toss that costs a warm-up
-        and, when it loses, a return (kodcode-tests: two round trips in 30 steps, 4.5% of the run)."""
+    def leave_gain(self, state: ControlState, pred: Predictor | None = None, q: int = 0, m: int = 0) -> float:
+        """Least forecast gain for leaving the uniform boundary for (q, m): `m_gain` and, with `noise_gate`, the
+        forecasts' noise (`calibration.forecast_noise`, its history term measured on the predictor's pools by
+        `history_variance` when `pred` is given). Uniform with dealt requests is what a user runs already; a split
+        whose forecast gain is within the noise of the forecasts is a coin toss that costs a warm-up and, when it
+        loses, a return (kodcode-tests: two round trips in 30 steps, 4.5% of the run)."""
         gain = self.config.m_gain
-        return max(gain, forecast_noise(state, self.config.bias_ema)) if self.noise_gate else gain
+        if not self.noise_gate:
+            return gain
+        history = None
+        if pred is not None and m > 0:
+            ct, cb, cu = factors(state)
+            split = np.maximum(pred.tail_times(q, m) * ct, pred.bulk_times(q, m) * cb) * math.exp(state.bias_step)
+            uniform = pred.uniform_times(state.uniform_dispatch == "request") * cu
+            history = history_variance(split, uniform, len(state.history) if self.by_step else 0)
+        return max(gain, forecast_noise(state, self.config.bias_ema, history))
 
     def return_cost(self, state: ControlState, pred: Predictor) -> float:
         """One-time seconds of returning to uniform from a split: the first uniform step also runs the E waiting
