@@ -277,8 +277,9 @@ class Controller:
                 continue
             options.append((tc, qc, mc))
         best_t, best_q, best_m = min(options)
-        need = self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain
-        if best_m == m or best_t > current * (1 - need):
+        if best_m == m:
+            return state
+        if best_t > current * (1 - (self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain)):
             return state
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
@@ -320,7 +321,7 @@ class Controller:
         history = None
         if pred is not None and m > 0:
             ct, cb, cu = factors(state)
-            split = np.maximum(pred.tail_times(q, m) * ct, pred.bulk_times(q, m) * cb) * math.exp(state.bias_step)
+            split = pred.split_times(q, m, ct, cb) * math.exp(state.bias_step)
             uniform = pred.uniform_times(state.uniform_dispatch == "request") * cu
             history = history_variance(split, uniform, len(state.history) if self.by_step else 0)
         return max(gain, forecast_noise(state, self.config.bias_ema, history))

@@ -344,11 +344,16 @@ class Predictor:
             self._return[dealt] = self._uniform_makespan(pools, dealt)
         return self._return[dealt]
 
+    def split_times(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> FloatArray:
+        """(K,) makespan of a two-pool step (m > 0) per resampled pool: max(c_tail·T_tail, c_bulk·T_bulk)."""
+        out: FloatArray = np.maximum(self.tail_times(q, m) * calib_tail, self.bulk_times(q, m) * calib_bulk)
+        return out
+
     def makespan(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> float:
         """T̂(q, m) = E[max(c_tail·T_tail, c_bulk·T_bulk)] over the resampled pools (§3.2)."""
         if m == 0:
             return float(np.mean(self.bulk_times(0, 0))) * calib_bulk
-        return float(np.mean(np.maximum(self.tail_times(q, m) * calib_tail, self.bulk_times(q, m) * calib_bulk)))
+        return float(np.mean(self.split_times(q, m, calib_tail, calib_bulk)))
 
     def tail_capacity(self, deadline: float, m: int, q_max: int) -> int:
         """G_tail of C.2: the largest q ≤ q_max whose tail pool on m replicas finishes by `deadline` (mean pool).
