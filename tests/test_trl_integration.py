@@ -45,8 +45,10 @@ def test_grpo_trainer_on_tailsieve_rollouts(tmp_path: Path) -> None:
     assert [p["version"] for p in res["pushes"]] == list(range(1, steps + 1))
     for p in res["pushes"]:
         assert p["methods"] == ["in-place", "in-place"]
-        for replica in p["probe"]:  # the replicas' greedy tokens are the trainer's own argmax, every position
-            assert replica["exact"] == replica["tokens"] == 8 and replica["max_gap"] <= DEFAULT_TOL
+        for replica in p["probe"]:  # the replicas' greedy tokens are the trainer's own argmax up to fp32 noise
+            # (the probe's criterion: a near-tie, two logits within 1e-5, may pick either token; a CI run once
+            # had 7 of 8 outright argmax matches with every gap <= tol, so the exact count is not asserted)
+            assert replica["tokens"] == 8 and replica["max_gap"] <= DEFAULT_TOL
     assert res["stale_probe_max_gap"] > 10 * DEFAULT_TOL  # the step-0 weights' answers: what a stale replica says
     assert res["reward_checked"] == steps * groups * g and res["row_mismatches"] == 0
     assert sum(r["carried_in"] for r in rows) >= 1  # carried groups were scored on their own rows too
