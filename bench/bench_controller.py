@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from controller_sections import add_arguments, decompose_section, fig6b_section, fleet_section
+from controller_sections import add_arguments, decompose_section, fleet_section
+from fig6b_section import add_arguments as add_fig6b_arguments
+from fig6b_section import fig6b_section
 from tailsieve.analysis.metrics import summarize
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
@@ -380,6 +382,7 @@ def main() -> None:
     ap.add_argument("--drift-steps", type=_count(1), default=200, help="steps of the math-drift ramp section")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
     add_arguments(ap)
+    add_fig6b_arguments(ap)
     args = ap.parse_args()
     seeds, curves, steps = [int(s) for s in args.seeds.split(",")], args.curves.split(","), args.steps
     if args.quick:

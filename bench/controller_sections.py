@@ -1,4 +1,5 @@
-"""The issue-22 sections of `bench_controller.py`: `--fleet`, `--decompose` and `--fig6b` (bench/README.md).
+"""The issue-22 sections of `bench_controller.py`: `--fleet` and `--decompose` (bench/README.md; `--fig6b`:
+`fig6b_section.py`).
 
 Only public APIs: `run_policy` / `SimConfig` for the policies, and for the perfect-ranking ablation of `--decompose`
 the step loop driven here exactly as `run_policy` drives it (`StepLoop`, `Router`, `SimExecutor`, `RunLog`,
@@ -18,7 +19,6 @@ import numpy as np
 
 from tailsieve.loop import SKIP_STEPS, PolicyRun, RunLog, StepLoop, make_controller
 from tailsieve.model.curves import load_curve
-from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.ranking import ranking
 from tailsieve.policy.router import Router, RouterConfig
 from tailsieve.policy.step import GroupOutcome, StepPlan
@@ -371,85 +371,6 @@ def decompose_section(args: argparse.Namespace, capped: str) -> list[dict[str, A
     return rows
 
 
-# --fig6b --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fig6bTask:
-    workload: str
-    policy: str  # "uniform" (the reference) or an adaptive policy
-    q0: int
-    m0: int
-    steps: int
-    curve: str
-    rho: float
-    seed: int
-
-
-def run_fig6b_task(t: Fig6bTask) -> dict[str, Any]:
-    """One run's per-step (q, m, warm-up) and mean step seconds."""
-    wl = load_workload(t.workload, mode="resample", seed=t.seed)
-    cfg = SimConfig(router=RouterConfig(rho=t.rho), steps=t.steps, seed=t.seed,
-                    controller=ControllerConfig(q0=t.q0, m0=t.m0))
-    run = run_policy(t.policy, wl, load_curve(t.curve), cfg)
-    return {"path": [(s.q, s.m, s.warmup) for s in run.steps], "mean_s": run.mean_step_s()}
-
-
-def _settled(path: list[tuple[int, int, bool]], last: int) -> tuple[float, float]:
-    """Mean (q, m) over the last `last` steps that are not warm-ups."""
-    tail = [(q, m) for q, m, w in path[-last:] if not w] or [(q, m) for q, m, _ in path[-last:]]
-    return float(np.mean([x[0] for x in tail])), float(np.mean([x[1] for x in tail]))
-
-
-def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """`--fig6b`: (q, m) trajectories of tailsieve-fixed and tailsieve from different starts (paper Fig. 6b)."""
-    t0 = time.perf_counter()
-    r = RouterConfig().replicas
-    rc = RouterConfig(rho=args.fig6b_rho)
-    starts = [(q0, m0) for q0 in (1, rc.extra) for m0 in (0, r // 2)]
-    workloads = args.fig6b_workloads.split(",")
-    tasks = [Fig6bTask(w, p, q0, m0, args.fig6b_steps, args.fig6b_curve, args.fig6b_rho, args.fig6b_seed)
-             for w in workloads for p in ("tailsieve-fixed", "tailsieve") for q0, m0 in starts]
-    tasks += [Fig6bTask(w, "uniform", 1, 0, args.fig6b_steps, args.fig6b_curve, args.fig6b_rho, args.fig6b_seed)
-              for w in workloads]
-    res = dict(zip(tasks, _pool_map(run_fig6b_task, tasks, args.workers), strict=True))
-    every, last = args.fig6b_every, args.fig6b_last
-    print(f"fig6b: {args.fig6b_curve}, seed {args.fig6b_seed}, R={r}, N={rc.groups}, rho {args.fig6b_rho} (E = "
-          f"{rc.extra}), {args.fig6b_steps} steps; (q,m) every {every}th step from step 0, 'w' = warm-up step "
-          f"(recorded at (0,0)); settled = mean (q, m) over the last {last} non-warm-up steps; speedup over uniform "
-          "at the same rho")
-    for w in workloads:
-        u = res[next(t for t in tasks if t.workload == w and t.policy == "uniform")]["mean_s"]
-        for p in ("tailsieve-fixed", "tailsieve"):
-            runs = [t for t in tasks if t.workload == w and t.policy == p]
-            print(f"{w} / {p}:")
-            for t in runs:
-                path = res[t]["path"]
-                traj = " ".join("w" if path[i][2] else f"{path[i][0]},{path[i][1]}" for i in range(0, len(path), every))
-                sq, sm = _settled(path, last)
-                print(f"  q0={t.q0:<2d} m0={t.m0}: {traj} | final ({path[-1][0]},{path[-1][1]}) settled "
-                      f"({sq:.1f},{sm:.1f}) speedup {u / res[t]['mean_s']:.3f}")
-            print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
-    print(f"fig6b section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
-    return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
-
-
-def fig6b_verdict(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], last: int, tol_q: float,
-                  tol_m: float) -> str:
-    """Whether the runs from different starts settle within (tol_q, tol_m) of each other; which starts gave
-    identical runs (a start the policy does not represent: tailsieve-fixed holds m = R/2 whatever m0, and at m0 = 0
-    the controller starts at (0, 0) whatever q0)."""
-    settled = [_settled(res[t]["path"], last) for t in runs]
-    dq = max(s[0] for s in settled) - min(s[0] for s in settled)
-    dm = max(s[1] for s in settled) - min(s[1] for s in settled)
-    same = [f"(q0={a.q0},m0={a.m0})=(q0={b.q0},m0={b.m0})" for i, a in enumerate(runs) for b in runs[i + 1:]
-            if res[a]["path"] == res[b]["path"]]
-    verdict = "converge" if dq <= tol_q and dm <= tol_m else "do NOT converge"
-    ident = f"; identical runs: {' '.join(same)}" if same else ""
-    return (f"spread of settled (q, m) across starts: dq {dq:.1f}, dm {dm:.1f} -> {verdict} (tolerance dq <= "
-            f"{tol_q:g}, dm <= {tol_m:g}){ident}")
-
-
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The sections' flags."""
     g = ap.add_argument_group("--fleet (large fleets)")
@@ -471,14 +392,3 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--decompose-steps", type=int, default=30)
     g.add_argument("--decompose-seed", type=int, default=0)
     g.add_argument("--decompose-window", type=int, default=5, help="window of the switching oracle (steps)")
-    g = ap.add_argument_group("--fig6b (convergence of q from different starts)")
-    g.add_argument("--fig6b", action="store_true", help="run only the Fig. 6b section")
-    g.add_argument("--fig6b-workloads", default="kodcode-r1,synthetic-math")
-    g.add_argument("--fig6b-curve", default="h100-llama3-8b")
-    g.add_argument("--fig6b-steps", type=int, default=60)
-    g.add_argument("--fig6b-seed", type=int, default=0)
-    g.add_argument("--fig6b-rho", type=float, default=0.5, help="over-provisioning; E = ceil(rho N) = 32 at 0.5")
-    g.add_argument("--fig6b-every", type=int, default=5, help="print (q, m) every this many steps")
-    g.add_argument("--fig6b-last", type=int, default=10, help="settled (q, m) = mean over this many last steps")
-    g.add_argument("--fig6b-tol-q", type=float, default=3.0)
-    g.add_argument("--fig6b-tol-m", type=float, default=1.0)
