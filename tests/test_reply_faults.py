@@ -40,6 +40,7 @@ never shown, refused with an API key) and a replica shutting down (down after `l
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -327,11 +328,18 @@ def ids_stream(chunks: list[tuple[str, list[int] | None]], usage: int | None) ->
     return make
 
 
-def _huge(choice: dict[str, Any]) -> str:
-    """A document of 32 MB claiming one finished token (built once: dumping it per request would hold the GIL that
-    the client's loop shares with the fake's thread for longer than the stall timeout)."""
-    text = json.dumps({"choices": [choice], "pad": ""})
+def _huge(*choices: dict[str, Any]) -> str:
+    """A document of 32 MB claiming one finished token per choice (built once per shape: dumping it per request
+    would hold the GIL that the client's loop shares with the fake's thread for longer than the stall timeout)."""
+    text = json.dumps({"choices": list(choices), "pad": ""})
     return text[:-2] + " " * HUGE + '"}'
+
+
+@functools.cache
+def _huge_n(n: int) -> str:
+    """`_huge` with n choices (`--request-mode n`), cached: a CI run once failed when it was dumped per request
+    (the healthy replica's stall timer fired while the fake's thread held the GIL)."""
+    return _huge(*(_choice(i, "x", [1], "stop") for i in range(n)))
 
 
 HUGE_FULL = _huge(_choice(0, "x", [1], "stop"))
@@ -344,8 +352,7 @@ def _padded(i: int, finish: str | None) -> str:
 
 
 def huge_full(b: dict[str, Any]) -> str:
-    return HUGE_FULL if _n(b) == 1 else json.dumps({"choices": [_choice(i, "x", [1], "stop") for i in range(_n(b))],
-                                                    "pad": " " * HUGE})
+    return HUGE_FULL if _n(b) == 1 else _huge_n(_n(b))
 
 
 def huge_line(b: dict[str, Any]) -> list[str]:
