@@ -35,9 +35,11 @@ class OuterLoop:
     by_step: ClassVar[bool]
 
     def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+        """The calibrated forecast T̂(q, m) (`Controller._calibrated`)."""
         raise NotImplementedError
 
     def best_q(self, state: ControlState, pred: Predictor, m: int, *, coarse: bool = False) -> tuple[int, float]:
+        """argmin_q T̂(q, m) and its value (`Controller.best_q`, the inner loop's target)."""
         raise NotImplementedError
 
     def move_cost(self, state: ControlState) -> float:
