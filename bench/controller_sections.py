@@ -32,7 +32,7 @@ def _workload(name: str, seed: int, capped: str) -> Workload:
     return load_workload(capped if name == "capped" else name, mode="resample", seed=seed)
 
 
-def _pool_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
+def pool_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
               cost: Callable[[Any], float] | None = None) -> list[Any]:
     """`fn` over `tasks` on `workers` processes, the costliest first (so both workers stay busy); input order out."""
     order = sorted(range(len(tasks)), key=lambda i: -cost(tasks[i])) if cost else list(range(len(tasks)))
@@ -41,7 +41,7 @@ def _pool_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
     return [done[i] for i in range(len(tasks))]
 
 
-def _spaced(top: int, count: int, *, interior: bool) -> list[int]:
+def spaced(top: int, count: int, *, interior: bool) -> list[int]:
     """`count` integers spread over 1..top: k·top/count (k = 1..count, `top` included) or, `interior`, the points
     k·(top+1)/(count+1) strictly inside (for m: m = R−1 leaves one bulk replica, m = 1 one tail replica)."""
     pts = [k * (top + 1) / (count + 1) for k in range(1, count + 1)] if interior else \
@@ -49,7 +49,7 @@ def _spaced(top: int, count: int, *, interior: bool) -> list[int]:
     return sorted({min(max(round(x), 1), top) for x in pts})
 
 
-def _grid_spec(text: str) -> tuple[int, int]:
+def grid_spec(text: str) -> tuple[int, int]:
     """argparse type: 'QxM' (counts of q and m values of a coarse static grid)."""
     try:
         nq, nm = (int(x) for x in text.lower().split("x"))
@@ -123,7 +123,7 @@ def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
         extra = RouterConfig(groups=n, replicas=r).extra
         for w in workloads:
             nq, nm = args.fleet_grid_slow if _multi_turn(w) else args.fleet_grid
-            qs, ms = _spaced(extra, nq, interior=False), _spaced(r - 1, nm, interior=True)
+            qs, ms = spaced(extra, nq, interior=False), spaced(r - 1, nm, interior=True)
             grids[(w, r)] = (qs, ms)
             base = FleetTask(w, r, n, args.fleet_curve, args.fleet_steps, args.fleet_seed, "uniform")
             tasks += [base] + [replace(base, policy=p) for p in ("verl-lif", "tailsieve", "tailsieve-fixed")]
@@ -131,7 +131,7 @@ def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
             chunk = max(1, len(cells) // 4)  # four static tasks per row, so the two workers share a slow row
             tasks += [replace(base, policy="static", cells=tuple(cells[i:i + chunk]))
                       for i in range(0, len(cells), chunk)]
-    results = _pool_map(run_fleet_task, tasks, args.workers, _fleet_cost)
+    results = pool_map(run_fleet_task, tasks, args.workers, _fleet_cost)
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for t, res in zip(tasks, results, strict=True):
         m = merged.setdefault((t.workload, t.replicas), {"static": {}, "seconds": 0.0})
@@ -346,7 +346,7 @@ def decompose_section(args: argparse.Namespace, capped: str) -> list[dict[str, A
     tasks = [DecomposeTask(w, args.decompose_curve, args.decompose_steps, args.decompose_seed, part, capped)
              for w in workloads for part in ("policies", "static", "static*")]
     cost = {"policies": 1.0, "static": 3.0, "static*": 3.0}
-    results = _pool_map(run_decompose_task, tasks, args.workers,
+    results = pool_map(run_decompose_task, tasks, args.workers,
                         lambda t: cost[t.part] * (20.0 if _multi_turn(t.workload) else 1.0))
     rows = []
     for w in workloads:
@@ -381,8 +381,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fleet-curve", default="h100-llama3-8b")
     g.add_argument("--fleet-steps", type=int, default=20)
     g.add_argument("--fleet-seed", type=int, default=0)
-    g.add_argument("--fleet-grid", type=_grid_spec, default=(6, 8), help="QxM coarse static grid (default 6x8)")
-    g.add_argument("--fleet-grid-slow", type=_grid_spec, default=(2, 4),
+    g.add_argument("--fleet-grid", type=grid_spec, default=(6, 8), help="QxM coarse static grid (default 6x8)")
+    g.add_argument("--fleet-grid-slow", type=grid_spec, default=(2, 4),
                    help="QxM grid for multi-turn workloads (agent-search: 10-60 s per run at R >= 32; default 2x4)")
     g = ap.add_argument_group("--decompose (where the time goes)")
     g.add_argument("--decompose", action="store_true", help="run only the decomposition section")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from controller_sections import _grid_spec, _pool_map, _spaced
+from controller_sections import grid_spec, pool_map, spaced
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
@@ -67,7 +67,7 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
     starts = [(q0, m0) for q0 in (1, rc.extra) for m0 in (0, r // 2)]
     workloads = args.fig6b_workloads.split(",")
     nq, nm = args.fig6b_grid
-    grid = [(q, m) for q in _spaced(rc.extra, nq, interior=False) for m in _spaced(r - 1, nm, interior=True)]
+    grid = [(q, m) for q in spaced(rc.extra, nq, interior=False) for m in spaced(r - 1, nm, interior=True)]
 
     def task(w: str, policy: str, q0: int, m0: int) -> Fig6bTask:
         return Fig6bTask(w, policy, q0, m0, args.fig6b_steps, args.fig6b_curve, args.fig6b_rho, args.fig6b_seed)
@@ -75,7 +75,7 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
     tasks = [task(w, p, q0, m0) for w in workloads for p in ("tailsieve-fixed", "tailsieve") for q0, m0 in starts]
     tasks += [task(w, p, 1, 0) for w in workloads for p in ("uniform", "verl-lif")]
     tasks += [task(w, "static", q, m) for w in workloads for q, m in grid]
-    res = dict(zip(tasks, _pool_map(run_fig6b_task, tasks, args.workers), strict=True))
+    res = dict(zip(tasks, pool_map(run_fig6b_task, tasks, args.workers), strict=True))
     every, last = args.fig6b_every, args.fig6b_last
     print(f"fig6b: {args.fig6b_curve}, seed {args.fig6b_seed}, R={r}, N={rc.groups}, rho {args.fig6b_rho} (E = "
           f"{rc.extra}), {args.fig6b_steps} steps; (q,m) every {every}th step from step 0, 'w' = warm-up step "
@@ -137,5 +137,5 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fig6b-last", type=int, default=10, help="settled (q, m) = mean over this many last steps")
     g.add_argument("--fig6b-tol-q", type=float, default=3.0)
     g.add_argument("--fig6b-tol-m", type=float, default=1.0)
-    g.add_argument("--fig6b-grid", type=_grid_spec, default=(4, 7),
+    g.add_argument("--fig6b-grid", type=grid_spec, default=(4, 7),
                    help="QxM static reference grid at the section's rho (default 4x7: q = E/4..E, m = 1..R-1)")
