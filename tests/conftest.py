@@ -97,3 +97,10 @@ def fixed_forecast(name: str, like: Controller, cost: Callable[[int, int], float
             return True
 
     return Fixed(like.router, like.curve, like.config)
+
+
+def all_text(tmp_path: Path, captured: tuple[str, str]) -> str:
+    """Everything a run showed or wrote: the captured (stdout, stderr) and every file under `tmp_path` (a secret
+    must appear in none of them)."""
+    files = [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+    return "\n".join([*captured, *files])
