@@ -15,6 +15,7 @@ from tailsieve.policy.calibration import (
     BIAS_CLIP,
     COUNTERFACTUAL_CLIP,
     PRIOR_STEPS,
+    age_spread,
     calibrate,
     factors,
     forecast_noise,
@@ -100,6 +101,33 @@ def test_uniform_steps_learn_the_uniform_pair_and_age_the_two_pool_biases() -> N
     assert out.bias_uniform == 0.0
     assert factors(out)[2] == pytest.approx(1.1)
     assert factors(replace(out, calib_uniform=math.nan, calib_bulk=0.9))[2] == pytest.approx(0.9 * math.exp(-0.09))
+
+
+def test_uniform_steps_age_the_measured_spread_back_to_its_prior() -> None:
+    """k uniform steps after a split stint: var_step = B² + (v0 − B²)·(1 − a)^k (B = BIAS_CLIP), the closed form of
+    the decay the spread bias itself follows; never measured (NaN) stays NaN. So the gate's spread share returns to
+    what an untried split has: a split measured once and left long ago is no better known than one never tried."""
+    a, v0 = CFG.bias_ema, 0.0025
+    s = ControlState(q=0, m=0, bias_step=0.05, var_step=v0, seen_step=30)
+    for k in range(1, 41):
+        s = calibrate(s, observation(q=0, m=0, tail_s=0.0, bulk_s=100.0), CFG, modelled=(0.0, 100.0),
+                      forecast=(0.0, 100.0))
+        assert s.var_step == pytest.approx(BIAS_CLIP**2 + (v0 - BIAS_CLIP**2) * (1 - a) ** k)
+        assert s.bias_step == pytest.approx(0.05 * (1 - a) ** k)
+    share, hist = a / (2 - a), 1e-4
+    untried = forecast_noise(ControlState(q=0, m=0, var_uniform=0.01), a, hist)
+    assert untried == pytest.approx(math.sqrt((0.01 + BIAS_CLIP**2) * share + hist))
+    assert forecast_noise(replace(s, var_uniform=0.01), a, hist) == pytest.approx(untried, rel=0.01)
+    fresh = forecast_noise(replace(s, var_uniform=0.01, var_step=v0), a, hist)  # right after the stint: well known
+    assert fresh == pytest.approx(math.sqrt((0.01 + v0) * share + hist)) and fresh < 0.6 * untried
+    assert math.isnan(age_spread(math.nan, a))
+    after_split = calibrate(s, observation(q=2, m=1, tail_s=100.0, bulk_s=90.0), CFG, modelled=(100.0, 90.0),
+                            forecast=(100.0, 90.0), forecast_step=100.0)
+    assert after_split.var_step == pytest.approx(ema_of(s.var_step, (0.0 - s.bias_step) ** 2, step_weight(31, a)))
+
+
+def ema_of(prev: float, x: float, w: float) -> float:
+    return (1 - w) * prev + w * x
 
 
 def test_warmup_steps_teach_nothing() -> None:

@@ -151,8 +151,16 @@ def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfi
                             var_uniform=_spread(s.var_uniform, s.bias_uniform, fb, forecast[1], b))
     if obs.m == 0:  # the two-pool biases age while no split runs: their evidence is from an older history
         s = replace(s, bias_tail=(1 - b) * s.bias_tail, bias_bulk=(1 - b) * s.bias_bulk,
-                    bias_step=(1 - b) * s.bias_step)
+                    bias_step=(1 - b) * s.bias_step, var_step=age_spread(s.var_step, b))
     return s
+
+
+def age_spread(var: float, a: float) -> float:
+    """The spread bias's measured step-to-step variance one uniform step later: it returns toward the unmeasured
+    prior BIAS_CLIP² at the rate the bias itself decays toward 0 (NaN: never measured, stays NaN). The estimate
+    ages, so the confidence in it must age too: a split measured once and left long ago is no better known than
+    one never tried."""
+    return var if math.isnan(var) else (1 - a) * var + a * BIAS_CLIP ** 2
 
 
 def learn_uniform(state: ControlState, counterfactual: float, forecast: float,

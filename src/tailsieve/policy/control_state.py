@@ -28,7 +28,7 @@ class ControllerConfig:
     m_gain: float = 0.03  # switching threshold of the outer loop
     m_radius: int = 2  # C.2's radius: splits this near m are always scored (the outer loop scans the whole range)
     min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
-    history_steps: int = 8  # consumed batches kept as response-work history
+    history_steps: int = 16  # consumed batches kept as response-work history
     calib_bounds: tuple[float, float] = (0.5, 2.0)
     move_cost_s: float = 0.0  # prior restart seconds of a pool move (learnt from StepObservation.restart_s)
     move_horizon: int = 8  # steps in which a pool move's predicted gain must repay its restart
