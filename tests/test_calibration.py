@@ -17,6 +17,7 @@ from tailsieve.policy.calibration import (
     PRIOR_STEPS,
     age_spread,
     calibrate,
+    ema,
     factors,
     forecast_noise,
     history_variance,
@@ -123,11 +124,7 @@ def test_uniform_steps_age_the_measured_spread_back_to_its_prior() -> None:
     assert math.isnan(age_spread(math.nan, a))
     after_split = calibrate(s, observation(q=2, m=1, tail_s=100.0, bulk_s=90.0), CFG, modelled=(100.0, 90.0),
                             forecast=(100.0, 90.0), forecast_step=100.0)
-    assert after_split.var_step == pytest.approx(ema_of(s.var_step, (0.0 - s.bias_step) ** 2, step_weight(31, a)))
-
-
-def ema_of(prev: float, x: float, w: float) -> float:
-    return (1 - w) * prev + w * x
+    assert after_split.var_step == pytest.approx(ema(s.var_step, (0.0 - s.bias_step) ** 2, step_weight(31, a)))
 
 
 def test_warmup_steps_teach_nothing() -> None:

@@ -160,7 +160,7 @@ def age_spread(var: float, a: float) -> float:
     prior BIAS_CLIP² at the rate the bias itself decays toward 0 (NaN: never measured, stays NaN). The estimate
     ages, so the confidence in it must age too: a split measured once and left long ago is no better known than
     one never tried."""
-    return var if math.isnan(var) else (1 - a) * var + a * BIAS_CLIP ** 2
+    return var if math.isnan(var) else ema(var, BIAS_CLIP ** 2, a)
 
 
 def learn_uniform(state: ControlState, counterfactual: float, forecast: float,
