@@ -123,10 +123,26 @@ def test_prefetch_gives_the_same_forecasts_as_one_at_a_time() -> None:
     one, many = Predictor(h, **kw), Predictor(h, **kw)  # type: ignore[arg-type]
     qs = [1, 7, 50, 120, 205]
     many.prefetch(qs, 3)
-    assert all((q, 3) in many._tail and (q, 3) in many._bulk_t for q in qs)
+    assert all((q, 3) in many._tail and (q, 3) in many._bulk_f for q in qs)
     for q in qs:
         assert many.tail_times(q, 3) == pytest.approx(one.tail_times(q, 3), rel=1e-12)
         assert many.bulk_times(q, 3) == pytest.approx(one.bulk_times(q, 3), rel=1e-12)
     small = Predictor(history(64, 8), groups=64, extra=7, replicas=8, curve=CURVE)
     small.prefetch(qs, 3)  # exact forecasts: nothing to batch
-    assert not small._tail and not small._bulk_t
+    assert not small._tail and not small._bulk_f and not small._bulk_t
+
+
+def test_cached_counts_and_grid_lookups_equal_the_completions_they_replace() -> None:
+    h = history(2048, 16, seed=7)
+    p = Predictor(h, groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
+    mf = p.mean_field
+    for q in [0, 1, 50, 205, 300, 450, 37]:  # past the width W = 205 the candidates cycle; then a q below a cached one
+        assert (mf.prefix_counts(q) == mf.cand_counts([p._cand_idx(0, q)])[0]).all()
+    for q, m in [(1, 3), (50, 7), (204, 2)]:
+        raw = mf.completions(p._cand_idx(q, 205), True, 256 - m, CURVE, 0.0)  # (K, P): pinned candidates, then fresh
+        pins, rest = 205 - q, 2048 - 205
+        last_pin = raw[:, :pins].max(axis=1)
+        cut = np.partition(raw[:, pins:], rest - 1, axis=1)[:, rest - 1]
+        assert (p.bulk_times(q, m) == np.maximum(last_pin, cut)).all()
+        assert (p.bulk_completions(q, m) == np.sort(raw, axis=1)).all()
+        assert (p.tail_times(q, m) == mf.completions(p._cand_idx(0, q), False, m, CURVE, 0.0).max(axis=1)).all()

@@ -82,18 +82,27 @@ def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], 
     rank = np.argsort(np.argsort(block, axis=1, kind="stable"), axis=1, kind="stable")
     censored = rank >= rec[rows, 2][:, None]
     draw = rng.random(block.shape)
-    for j, i in enumerate(rows):
-        own = np.sort((regen or {}).get(int(rec[i, 0]), np.zeros(0, np.int64)))
-        for k in np.flatnonzero(censored[j]):
-            block[j, k] = _at_least(own, block[j, k], draw[j, k], pool)
+    # every censored member from the population at once, then the ones whose prompt's regeneration has a member
+    # that long (a few rows) from that regeneration instead
+    j, k = np.nonzero(censored)
+    p = block[j, k]
+    block[j, k] = _at_least(pool, p, draw[j, k], p)
+    for row in np.flatnonzero(censored.any(axis=1)) if regen else ():
+        own = regen.get(int(rec[rows[row], 0]))
+        if own is not None and own.size:
+            cols = np.flatnonzero(censored[row])
+            p = out[rows[row], cols]
+            block[row, cols] = _at_least(np.sort(np.asarray(own, np.int64)), p, draw[row, cols], block[row, cols])
     out[rows] = block
     return out
 
 
-def _at_least(own: NDArray[np.int64], p: int, u: float, pool: NDArray[np.int64]) -> int:
-    """A length of at least p: from `own` when it has one, else from `pool`, else p (u: the uniform draw)."""
-    for source in (own, pool):
-        lo = int(np.searchsorted(source, p, side="left"))
-        if lo < source.size:
-            return int(source[lo + min(int(u * (source.size - lo)), source.size - lo - 1)])
-    return int(p)
+def _at_least(source: NDArray[np.int64], p: NDArray[np.int64], u: NDArray[np.float64],
+              fallback: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Per element: a length of at least p drawn from the sorted `source` (u: its uniform draw), else `fallback`."""
+    lo = np.searchsorted(source, p, side="left")
+    span = source.size - lo
+    ok = span > 0
+    pick = lo + np.minimum(np.floor(u * span).astype(np.int64), span - 1)
+    out: NDArray[np.int64] = np.where(ok, source[np.where(ok, pick, 0)] if source.size else fallback, fallback)
+    return out

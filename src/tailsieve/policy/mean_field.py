@@ -81,6 +81,15 @@ class MeanFieldPools:
         self.fresh_counts = np.bincount((f_idx.reshape(self.k, -1) + offs).ravel(),
                                         minlength=self.k * u).reshape(self.k, u)
         self._offs = offs
+        w = c_idx.shape[1]
+        self.width = w
+        # the longest member of candidates 0..r (prefix) and r..W−1 (suffix), and the fresh groups' longest members
+        # in order: F is non-decreasing, so a pool's last completion and its k-th are F at these grid indices
+        self.cand_prefix_max = np.maximum.accumulate(self.cand_gmax, axis=1) if w else self.cand_gmax
+        self.cand_suffix_max = (np.maximum.accumulate(self.cand_gmax[:, ::-1], axis=1)[:, ::-1] if w
+                                else self.cand_gmax)
+        self.fresh_sorted = np.sort(self.fresh_gmax, axis=1)
+        self._prefix: dict[int, IntArray] = {0: np.zeros((self.k, u), np.int64)}
 
     def cand_counts(self, idxs: list[IntArray]) -> IntArray:
         """(Q, K, U): for each candidate list in `idxs` (positions in the candidate list), how many of its members
@@ -90,6 +99,21 @@ class MeanFieldPools:
         flat = np.concatenate([x.ravel() for x in sel]) if sel else np.zeros(0, np.int64)
         out: IntArray = np.bincount(flat, minlength=len(idxs) * k * u).reshape(len(idxs), k, u)
         return out
+
+    def prefix_counts(self, q: int) -> IntArray:
+        """(K, U) member length counts of candidates 0..q − 1 (cycling past the width W, as `Predictor._cand_idx`),
+        cached: a new q only counts the candidates past the nearest cached one below it."""
+        w = self.width
+        if w == 0:
+            return self._prefix[0]
+        full, part = divmod(q, w)
+        return full * self._at(w) + self._at(part) if full else self._at(part)
+
+    def _at(self, r: int) -> IntArray:
+        if r not in self._prefix:
+            base = max(c for c in self._prefix if c < r)
+            self._prefix[r] = self._prefix[base] + self.cand_counts([np.arange(base, r)])[0]
+        return self._prefix[r]
 
     def finish(self, counts: IntArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float) -> FloatArray:
         """F(ℓ) for every grid length ℓ (last axis) of each pool of length counts (any leading shape) on `n_lanes`

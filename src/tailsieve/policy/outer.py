@@ -92,10 +92,11 @@ class OuterLoop:
                     and state.since_move < self.reversal_dwell(state):
                 continue  # no reversal of the last move before its dwell: its forecast is not yet calibrated
             qc, tc = self.split_q(state, pred, mc)
-            if m > 0 and not self.feasible(state, pred, q, m, mc, current):
-                continue
             options.append((tc, qc, mc))
-        best_t, best_q, best_m = min(options)
+        # the fastest option that is feasible; C.2's feasibility (a bisection per split) is tested in that order,
+        # only until one passes: the same choice as testing every split first
+        best_t, best_q, best_m = next(o for o in sorted(options)
+                                      if o[2] in (m, 0) or m == 0 or self.feasible(state, pred, q, m, o[2], current))
         if best_m == m:
             return state
         if best_t > current * (1 - (self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain)):

@@ -219,6 +219,7 @@ class Predictor:
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
         self._bulk_t: dict[tuple[int, int], FloatArray] = {}
+        self._bulk_f: dict[tuple[int, int], FloatArray] = {}  # mean field: the bulk pool's F (K, U), prefill included
 
     def _cands(self, lo: int, hi: int) -> FloatArray:
         """Candidates lo..hi−1 of every pool (cycling when q exceeds the candidate width)."""
@@ -241,15 +242,39 @@ class Predictor:
         for all of them); later `tail_times` / `bulk_times` calls find them cached. Exact forecasts: nothing."""
         if not (self.use_mean_field and m > 0):
             return
-        tail = sorted({q for q in qs if q > 0 and (q, m) not in self._tail})
-        bulk = sorted({q for q in qs if (q, m) not in self._bulk_t})
+        qs = set(qs)
+        self._mf_tail(sorted(q for q in qs if q > 0 and (q, m) not in self._tail), m)
+        self._mf_bulk(sorted(q for q in qs if (q, m) not in self._bulk_f), m)
+
+    def _mf_tail(self, qs: list[int], m: int) -> None:
+        """Mean-field T_tail of q candidates on m replicas for every q in `qs`: F at the longest member of candidates
+        0..q − 1 (F is non-decreasing, so that group completes last)."""
+        if not qs:
+            return
         mf = self.mean_field
-        for q, done in zip(tail, mf.completions_many([self._cand_idx(0, q) for q in tail], False, m,
-                                                     self.tail_curve, self.kv), strict=True):
-            self._tail[(q, m)] = done.max(axis=1) + self._mf_prefill(q, m)
-        for q, raw in zip(bulk, mf.completions_many([self._cand_idx(q, max(q, self.e)) for q in bulk], True,
-                                                    self.r - m, self.curve, self.kv), strict=True):
-            self._bulk_t[(q, m)] = raw + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
+        f = mf.finish(np.stack([mf.prefix_counts(q) for q in qs]), m, self.tail_curve, self.kv)
+        for j, q in enumerate(qs):
+            last = mf.cand_prefix_max[:, min(q, mf.width) - 1]
+            self._tail[(q, m)] = np.take_along_axis(f[j], last[:, None], axis=1)[:, 0] + self._mf_prefill(q, m)
+
+    def _mf_bulk(self, qs: list[int], m: int) -> None:
+        """Mean-field finish curve F (K, U) of the bulk pool on R − m replicas for every q in `qs`: the non-isolated
+        candidates q..E − 1 and the N fresh groups, prefill included (a group's completion is F at its longest
+        member)."""
+        if not qs:
+            return
+        mf = self.mean_field
+        top = mf.prefix_counts(self.e)
+        counts = np.stack([mf.fresh_counts + (top - mf.prefix_counts(q) if q < self.e else 0) for q in qs])
+        f = mf.finish(counts, self.r - m, self.curve, self.kv)
+        for j, q in enumerate(qs):
+            self._bulk_f[(q, m)] = f[j] + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
+
+    def _bulk_finish(self, q: int, m: int) -> FloatArray:
+        """The bulk pool's mean-field F at (q, m) (`_mf_bulk`), computed on first use."""
+        if (q, m) not in self._bulk_f:
+            self._mf_bulk([q], m)
+        return self._bulk_f[(q, m)]
 
     def _mf_prefill(self, p: int, n_lanes: int) -> float:
         """The mean field's prefill term: the mean lane's prefill seconds for P groups dealt by request."""
@@ -265,12 +290,10 @@ class Predictor:
         key = (q, m)
         if key not in self._tail:
             if self.use_mean_field:
-                done = self.mean_field.completions(self._cand_idx(0, q), False, m, self.tail_curve, self.kv)
-                done = done + self._mf_prefill(q, m)
+                self._mf_tail([q], m)
             else:
-                done = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request, self.kv,
-                                         self.prefill_s)
-            self._tail[key] = done.max(axis=1)
+                self._tail[key] = group_completions(self._cands(0, q), m, self.tail_curve, self.by_request, self.kv,
+                                                    self.prefill_s).max(axis=1)
         return self._tail[key]
 
     def _bulk_raw(self, q: int, m: int) -> FloatArray:
@@ -278,9 +301,9 @@ class Predictor:
         first (the router puts them at the front), then the N fresh groups (uniform: N groups on R replicas)."""
         key = (q, m)
         if key not in self._bulk_t and m > 0 and self.use_mean_field:
-            self._bulk_t[key] = self.mean_field.completions(self._cand_idx(q, max(q, self.e)), True, self.r - m,
-                                                            self.curve, self.kv)
-            self._bulk_t[key] = self._bulk_t[key] + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
+            mf = self.mean_field
+            longest = np.concatenate((mf.cand_gmax[:, self._cand_idx(q, max(q, self.e))], mf.fresh_gmax), axis=1)
+            self._bulk_t[key] = np.take_along_axis(self._bulk_finish(q, m), longest, axis=1)
         if key not in self._bulk_t:
             pools = self.fresh if m == 0 else np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
             by_request = self.uniform_by_request if m == 0 else self.by_request
@@ -306,9 +329,16 @@ class Predictor:
         pins = max(self.e - q, 0) if m > 0 and self.pinned else 0
         if pins == 0:
             return self.bulk_completions(q, m)[:, quota - 1]
-        raw = self._bulk_raw(q, m)
-        last_pin: FloatArray = raw[:, :pins].max(axis=1)
         rest = quota - pins
+        if self.use_mean_field:  # F is non-decreasing: the last pinned candidate and the cut are F at grid indices
+            f, mf = self._bulk_finish(q, m), self.mean_field
+            last_pin: FloatArray = np.take_along_axis(f, mf.cand_suffix_max[:, q : q + 1], axis=1)[:, 0]
+            if rest <= 0:
+                return last_pin
+            cut = np.take_along_axis(f, mf.fresh_sorted[:, rest - 1 : rest], axis=1)[:, 0]
+            return np.maximum(cut, last_pin)
+        raw = self._bulk_raw(q, m)
+        last_pin = raw[:, :pins].max(axis=1)
         if rest <= 0:
             return last_pin
         cut = np.partition(raw[:, pins:], rest - 1, axis=1)[:, rest - 1]
@@ -325,13 +355,13 @@ class Predictor:
         return self._uniform[dealt]
 
     def _uniform_makespan(self, pools: FloatArray, by_request: bool) -> FloatArray:
-        """The last completion of `pools` run to the end on R replicas (group dispatch: per-lane sums, no finish
-        times)."""
-        if by_request:
-            out: FloatArray = group_completions(pools, self.r, self.curve, True, self.kv, self.prefill_s).max(axis=1)
-            return out
-        lanes = round_robin_lanes(pools.shape[1], pools.shape[2], self.r, False)
-        return uniform_makespan(pools, self.r, self.curve, self.kv, lane_prefill(lanes, self.r, self.prefill_s))
+        """The last completion of `pools` run to the end on R replicas: per-lane sums over sorted lengths, no finish
+        times (`mean_field.uniform_makespan`); dealt by request, each request is a one-member group dealt
+        round-robin (request k of the pool to lane k mod R), the prefill priced on the real groups' lanes."""
+        k, p, g = pools.shape
+        lanes = round_robin_lanes(p, g, self.r, by_request)
+        dealt = pools.reshape(k, p * g, 1) if by_request else pools
+        return uniform_makespan(dealt, self.r, self.curve, self.kv, lane_prefill(lanes, self.r, self.prefill_s))
 
     def uniform_return_times(self, by_request: bool | None = None) -> FloatArray:
         """(K,) makespan of the first uniform step after a two-pool step: the E waiting candidates rejoin the front
