@@ -48,6 +48,7 @@ from controller_tables import print_rare_cap, print_summary, print_table
 from fig6b_section import add_arguments as add_fig6b_arguments
 from fig6b_section import fig6b_section
 from tailsieve.analysis.metrics import summarize
+from tailsieve.errors import TailSieveError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import ControllerConfig
@@ -237,6 +238,29 @@ def _count(lo: int) -> Any:
     return parse
 
 
+def check_names(ap: argparse.ArgumentParser, args: argparse.Namespace, curves: list[str]) -> None:
+    """Every workload and curve any section will run, checked before the first run (a one-line usage error, not a
+    traceback after minutes of runs): `capped` only where it is generated (the main table, `--decompose`)."""
+    sections = args.drift or args.fleet or args.decompose or args.fig6b
+    lists = [(names, capped_ok) for names, capped_ok, runs in [
+        (args.workloads, True, not sections), (args.decompose_workloads, True, args.decompose),
+        (args.fleet_workloads, False, args.fleet), (args.fig6b_workloads, False, args.fig6b)] if runs]
+    for names, capped_ok in lists:
+        for w in names.split(","):
+            if w == "capped" and capped_ok:
+                continue
+            try:
+                load_workload(w, mode="resample")
+            except (TailSieveError, OSError) as exc:
+                ap.error(f"workload {w!r}: {str(exc).splitlines()[0]}" if w != "capped" else
+                         "workload 'capped' is generated for the main table and --decompose only")
+    for c in {*curves, args.fleet_curve, args.decompose_curve, args.fig6b_curve}:
+        try:
+            load_curve(c)
+        except (TailSieveError, OSError) as exc:
+            ap.error(f"curve {c!r}: {str(exc).splitlines()[0]}")
+
+
 def run_sections(args: argparse.Namespace, seeds: list[int], curves: list[str], policies: tuple[str, ...]) -> None:
     """`--drift`, `--fleet`, `--decompose`, `--fig6b` (any of them, in this order) instead of the main table;
     `--quick` shrinks each to a smoke-test size (the drift section: seed 0, h100)."""
@@ -285,6 +309,7 @@ def main() -> None:
     if args.quick:
         seeds, curves, steps = [0], ["h100-llama3-8b"], 20
     policies = tuple(args.policies.split(","))
+    check_names(ap, args, curves)
     if args.drift or args.fleet or args.decompose or args.fig6b:
         run_sections(args, seeds, curves, policies)
         return
