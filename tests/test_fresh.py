@@ -97,3 +97,42 @@ def test_the_controller_completes_a_split_steps_cut_groups_once_they_are_regener
             back = control_from_json(control_to_json(state.control))
             assert back.last_fresh[0].tolist() == rec.tolist()
     assert checked >= 3
+
+
+def _complete_one_at_a_time(rec: np.ndarray, population: tuple[np.ndarray, ...], step: int,
+                            regen: dict[int, np.ndarray]) -> np.ndarray:
+    """`complete` written member by member (the rule in its docstring), as brute force for the vectorised one."""
+    out = rec[:, 3:].copy()
+    rows = np.flatnonzero(rec[:, 1] == 0)
+    pool = np.sort(np.concatenate([a.ravel() for a in population]))
+    rng = np.random.default_rng((20261201, step))
+    block = out[rows]
+    rank = np.argsort(np.argsort(block, axis=1, kind="stable"), axis=1, kind="stable")
+    censored = rank >= rec[rows, 2][:, None]
+    draw = rng.random(block.shape)
+    for j, i in enumerate(rows):
+        own = np.sort(regen.get(int(rec[i, 0]), np.zeros(0, np.int64)))
+        for k in np.flatnonzero(censored[j]):
+            p, u = block[j, k], draw[j, k]
+            for source in (own, pool):
+                lo = int(np.searchsorted(source, p, side="left"))
+                if lo < source.size:
+                    block[j, k] = source[lo + min(int(u * (source.size - lo)), source.size - lo - 1)]
+                    break
+    out[rows] = block
+    return out
+
+
+def test_completing_all_cut_members_at_once_equals_one_at_a_time() -> None:
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        f, g = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+        lengths = rng.integers(1, 3000, (f, g))
+        kept = rng.random(f) < 0.5
+        done = np.where(kept, g, rng.integers(0, g, f))
+        rec = np.column_stack((np.arange(f) + 100, kept, done, lengths)).astype(np.int64)
+        population = (rng.integers(1, 2000 if trial % 3 else 4000, (int(rng.integers(0, 60)), g)),)
+        regen = {100 + int(i): rng.integers(1, 5000, g) for i in rng.choice(f, size=f // 2, replace=False)}
+        regen[100 + f] = rng.integers(1, 9, g)  # a uid no row has
+        for r in (regen, {}):
+            assert (complete(rec, population, trial, r) == _complete_one_at_a_time(rec, population, trial, r)).all()

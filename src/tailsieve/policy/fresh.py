@@ -87,12 +87,21 @@ def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], 
     j, k = np.nonzero(censored)
     p = block[j, k]
     block[j, k] = _at_least(pool, p, draw[j, k], p)
-    for row in np.flatnonzero(censored.any(axis=1)) if regen else ():
-        own = regen.get(int(rec[rows[row], 0]))
-        if own is not None and own.size:
-            cols = np.flatnonzero(censored[row])
-            p = out[rows[row], cols]
-            block[row, cols] = _at_least(np.sort(np.asarray(own, np.int64)), p, draw[row, cols], block[row, cols])
+    owned = [(r, regen[u]) for r, u in enumerate(rec[rows, 0].tolist()) if regen and u in regen and regen[u].size]
+    if owned:
+        # each row's own regeneration, searched all at once: row r's lengths shifted by r·span stay in their row
+        span = int(max(int(np.max(block)), *(int(a.max()) for _, a in owned))) + 1
+        keys = np.concatenate([np.sort(np.asarray(a, np.int64)) + r * span for r, a in owned])
+        ends = np.cumsum([a.size for _, a in owned])
+        where = np.full(len(rows), -1)
+        where[[r for r, _ in owned]] = np.arange(len(owned))
+        sel = where[j] >= 0
+        jj, kk, slot = j[sel], k[sel], where[j[sel]]
+        lo = np.searchsorted(keys, p[sel] + jj * span, side="left")
+        left = ends[slot] - lo  # own lengths ≥ p in that row
+        pick = lo + np.minimum(np.floor(draw[jj, kk] * left).astype(np.int64), left - 1)
+        hit = left > 0
+        block[jj[hit], kk[hit]] = keys[pick[hit]] - jj[hit] * span
     out[rows] = block
     return out
 

@@ -118,10 +118,22 @@ class MeanFieldPools:
     def finish(self, counts: IntArray, n_lanes: int, curve: TpotCurve, kv_s_per_token: float) -> FloatArray:
         """F(ℓ) for every grid length ℓ (last axis) of each pool of length counts (any leading shape) on `n_lanes`
         lanes (see the module docstring)."""
+        return self.finish_from(*self.running(counts), n_lanes, curve, kv_s_per_token)
+
+    @staticmethod
+    def running(counts: IntArray) -> tuple[FloatArray, FloatArray]:
+        """The part of F that does not depend on the lane count: each pool's requests and S(t), the share of its
+        other requests still running at each grid length (a pool scored on several pool sizes computes it once)."""
         tot = counts.sum(axis=-1, keepdims=True).astype(np.float64)
         ge = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1].astype(np.float64)  # requests with length ≥ grid[j]
+        share: FloatArray = np.clip((ge - 1.0) / np.maximum(tot - 1.0, 1.0), 0.0, 1.0)
+        return tot, share
+
+    def finish_from(self, tot: FloatArray, share: FloatArray, n_lanes: int, curve: TpotCurve,
+                    kv_s_per_token: float) -> FloatArray:
+        """`finish` from `running`'s requests and running share."""
         per_lane = tot / n_lanes
-        b = 1.0 + np.maximum(per_lane - 1.0, 0.0) * np.clip((ge - 1.0) / np.maximum(tot - 1.0, 1.0), 0.0, 1.0)
+        b = 1.0 + np.maximum(per_lane - 1.0, 0.0) * share
         tab = curve.table(int(np.ceil(b.max())) + 1)
         lo = np.floor(b).astype(np.int64)
         frac = b - lo
