@@ -90,6 +90,7 @@ class MeanFieldPools:
                                 else self.cand_gmax)
         self.fresh_sorted = np.sort(self.fresh_gmax, axis=1)
         self._prefix: dict[int, IntArray] = {0: np.zeros((self.k, u), np.int64)}
+        self._running: dict[tuple[str, int, int], tuple[FloatArray, FloatArray]] = {}
 
     def cand_counts(self, idxs: list[IntArray]) -> IntArray:
         """(Q, K, U): for each candidate list in `idxs` (positions in the candidate list), how many of its members
@@ -128,6 +129,33 @@ class MeanFieldPools:
         ge = np.cumsum(counts[..., ::-1], axis=-1)[..., ::-1].astype(np.float64)  # requests with length ≥ grid[j]
         share: FloatArray = np.clip((ge - 1.0) / np.maximum(tot - 1.0, 1.0), 0.0, 1.0)
         return tot, share
+
+    def pool_running(self, keys: list[tuple[str, int]], extra: int) -> tuple[FloatArray, FloatArray]:
+        """`running` of the tail pool at q (("tail", q): candidates 0..q − 1) or of the bulk pool at q (("bulk", q):
+        candidates q..E − 1 and the fresh groups), stacked over `keys`; cached per key, since it does not depend on
+        the lane count: an m scan that scores one q grid at every pool size computes it once."""
+        for kind, q in keys:
+            if (kind, q, extra) not in self._running:
+                counts = (self.prefix_counts(q) if kind == "tail" else self.fresh_counts
+                          + (self.prefix_counts(extra) - self.prefix_counts(q) if q < extra else 0))
+                self._running[(kind, q, extra)] = self.running(counts)
+        tot = np.stack([self._running[(kind, q, extra)][0] for kind, q in keys])
+        share = np.stack([self._running[(kind, q, extra)][1] for kind, q in keys])
+        return tot, share
+
+    def tail_last(self, qs: list[int], n_lanes: int, curve: TpotCurve, kv_s_per_token: float) -> FloatArray:
+        """(Q, K) last completion of the candidates 0..q − 1 of each pool on `n_lanes` lanes, for each q in `qs`:
+        F at their longest member (F is non-decreasing)."""
+        f = self.finish_from(*self.pool_running([("tail", q) for q in qs], 0), n_lanes, curve, kv_s_per_token)
+        last = np.stack([self.cand_prefix_max[:, min(q, self.width) - 1] for q in qs])  # (Q, K)
+        out: FloatArray = np.take_along_axis(f, last[:, :, None], axis=2)[:, :, 0]
+        return out
+
+    def bulk_finish(self, qs: list[int], extra: int, n_lanes: int, curve: TpotCurve,
+                    kv_s_per_token: float) -> FloatArray:
+        """(Q, K, U) F of the bulk pool at each q in `qs` (the candidates q..E − 1 and the fresh groups) on
+        `n_lanes` lanes."""
+        return self.finish_from(*self.pool_running([("bulk", q) for q in qs], extra), n_lanes, curve, kv_s_per_token)
 
     def finish_from(self, tot: FloatArray, share: FloatArray, n_lanes: int, curve: TpotCurve,
                     kv_s_per_token: float) -> FloatArray:

@@ -219,7 +219,6 @@ class Predictor:
         self._tail: dict[tuple[int, int], FloatArray] = {}
         self._bulk: dict[tuple[int, int], FloatArray] = {}
         self._bulk_t: dict[tuple[int, int], FloatArray] = {}
-        self._mf_running: dict[tuple[str, int], tuple[FloatArray, FloatArray]] = {}  # mean field, per (pool, q)
         self._bulk_f: dict[tuple[int, int], FloatArray] = {}  # mean field: the bulk pool's F (K, U), prefill included
 
     def _cands(self, lo: int, hi: int) -> FloatArray:
@@ -248,41 +247,19 @@ class Predictor:
         self._mf_bulk(sorted(q for q in qs if (q, m) not in self._bulk_f), m)
 
     def _mf_tail(self, qs: list[int], m: int) -> None:
-        """Mean-field T_tail of q candidates on m replicas for every q in `qs`: F at the longest member of candidates
-        0..q − 1 (F is non-decreasing, so that group completes last)."""
-        if not qs:
-            return
-        mf = self.mean_field
-        tot, share = self._running([("tail", q) for q in qs])
-        f = mf.finish_from(tot, share, m, self.tail_curve, self.kv)
-        for j, q in enumerate(qs):
-            last = mf.cand_prefix_max[:, min(q, mf.width) - 1]
-            self._tail[(q, m)] = np.take_along_axis(f[j], last[:, None], axis=1)[:, 0] + self._mf_prefill(q, m)
+        """Mean-field T_tail of q candidates on m replicas for every q in `qs` (`MeanFieldPools.tail_last`)."""
+        if qs:
+            last = self.mean_field.tail_last(qs, m, self.tail_curve, self.kv)
+            for j, q in enumerate(qs):
+                self._tail[(q, m)] = last[j] + self._mf_prefill(q, m)
 
     def _mf_bulk(self, qs: list[int], m: int) -> None:
-        """Mean-field finish curve F (K, U) of the bulk pool on R − m replicas for every q in `qs`: the non-isolated
-        candidates q..E − 1 and the N fresh groups, prefill included (a group's completion is F at its longest
-        member)."""
-        if not qs:
-            return
-        tot, share = self._running([("bulk", q) for q in qs])
-        f = self.mean_field.finish_from(tot, share, self.r - m, self.curve, self.kv)
-        for j, q in enumerate(qs):
-            self._bulk_f[(q, m)] = f[j] + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
-
-    def _running(self, keys: list[tuple[str, int]]) -> tuple[FloatArray, FloatArray]:
-        """`MeanFieldPools.running` of the tail pool's q candidates or the bulk pool's requests at q, stacked over
-        `keys`; cached per key, since it does not depend on m (an m scan scores the same q grid at every size)."""
-        mf = self.mean_field
-        for kind, q in keys:
-            if (kind, q) not in self._mf_running:
-                top = mf.prefix_counts(self.e)
-                counts = (mf.prefix_counts(q) if kind == "tail" else
-                          mf.fresh_counts + (top - mf.prefix_counts(q) if q < self.e else 0))
-                self._mf_running[(kind, q)] = mf.running(counts)
-        tot = np.stack([self._mf_running[k][0] for k in keys])
-        share = np.stack([self._mf_running[k][1] for k in keys])
-        return tot, share
+        """Mean-field finish curve F (K, U) of the bulk pool on R − m replicas for every q in `qs`
+        (`MeanFieldPools.bulk_finish`), prefill included: a group completes at F of its longest member."""
+        if qs:
+            f = self.mean_field.bulk_finish(qs, self.e, self.r - m, self.curve, self.kv)
+            for j, q in enumerate(qs):
+                self._bulk_f[(q, m)] = f[j] + self._mf_prefill(max(self.e - q, 0) + self.n, self.r - m)
 
     def _bulk_finish(self, q: int, m: int) -> FloatArray:
         """The bulk pool's mean-field F at (q, m) (`_mf_bulk`), computed on first use."""
