@@ -231,3 +231,22 @@ def test_a_return_to_uniform_is_not_reversed_before_min_dwell() -> None:
     assert f.outer(s, f.predictor(s)).m == 0  # one uniform step after the return
     assert f.outer(replace(s, dwell=3), f.predictor(s)).m > 0
     assert f.outer(replace(s, returns=0, dwell=0), f.predictor(s)).m > 0  # the start leaves at once
+
+
+def test_the_fastest_feasible_split_is_chosen_and_feasibility_is_asked_only_until_one_passes() -> None:
+    """From a split, C.2's feasibility filters the candidates: the choice is the fastest feasible option, and the
+    bisection behind `feasible` runs only for splits at least as fast as it (not for every candidate)."""
+    c = make("tailsieve", q0=1, m0=3, m_gain=0.0, min_dwell=0)
+    cost = {0: 40.0, 1: 9.0, 2: 8.0, 3: 20.0, 4: 10.0, 5: 11.0, 6: 12.0, 7: 13.0}
+    asked: list[int] = []
+
+    class Picky(type(fixed_forecast("tailsieve", c, lambda q, m: cost[m]))):  # type: ignore[misc]
+        def feasible(self, state: object, pred: object, q: int, m: int, mc: int, deadline: float) -> bool:
+            asked.append(mc)
+            return mc not in (1, 2)  # the two fastest splits cannot absorb what the losing pool drops
+
+    p = Picky(c.router, c.curve, c.config)
+    s = ControlState(q=2, m=3, dwell=5, since_move=5, history=(history(),))
+    out = p.outer(s, p.predictor(s))
+    assert out.m == 4  # the fastest feasible split (10 s), one replica away
+    assert asked == [2, 1, 4]  # in forecast order, stopping at the first that passes
