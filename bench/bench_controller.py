@@ -297,8 +297,9 @@ def main() -> None:
     ap.add_argument("--controller", default="{}", help="JSON of ControllerConfig overrides, e.g. '{\"m_gain\": 0.05}'")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the rows here")
-    ap.add_argument("--static-cache", type=Path, help="folder of the static grids and verl-lif per case: they do not "
-                    "depend on the controller, so a rerun after a controller change reuses them")
+    ap.add_argument("--static-cache", type=Path, help="folder of the static grids and verl-lif per case (and, with "
+                    "--fleet, each fleet row's uniform, topq-best, verl-lif and static cells): they do not depend on "
+                    "the controller, so a rerun after a controller change reuses them")
     ap.add_argument("--drift", action="store_true", help="run only the math-drift ramp section (--seeds, --curves)")
     ap.add_argument("--drift-steps", type=_count(1), default=200, help="steps of the math-drift ramp section")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")

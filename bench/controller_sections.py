@@ -9,10 +9,12 @@ the step loop driven here exactly as `run_policy` drives it (`StepLoop`, `Router
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,6 +112,32 @@ def run_fleet_task(t: FleetTask) -> dict[str, Any]:
     return out
 
 
+_REFERENCES = ("uniform", "topq-best", "verl-lif", "static")  # what a fleet row's cache holds: no controller in it
+
+
+def _fleet_cache_path(args: argparse.Namespace, t: FleetTask) -> Path | None:
+    folder = getattr(args, "static_cache", None)
+    return (Path(folder) / f"fleet_{t.workload}_{t.curve}_R{t.replicas}_N{t.groups}_s{t.steps}_seed{t.seed}.json"
+            if folder else None)
+
+
+def _read_fleet_cache(args: argparse.Namespace, t: FleetTask) -> dict[str, Any] | None:
+    """A fleet row's references (uniform, topq-best, verl-lif, the static cells) from `--static-cache`: they do not
+    depend on the controller, so a rerun after a controller change runs only the adaptive policies."""
+    path = _fleet_cache_path(args, t)
+    if path is None or not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data if all(k in data for k in _REFERENCES) else None
+
+
+def _write_fleet_cache(args: argparse.Namespace, t: FleetTask, row: dict[str, Any]) -> None:
+    path = _fleet_cache_path(args, t)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({k: row[k] for k in _REFERENCES}))
+
+
 def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
     """`--fleet`: uniform, verl-lif, topq-best, tailsieve, tailsieve-fixed and a coarse static grid at R in
     `--fleet-replicas`, N = `--fleet-groups-per-replica`·R."""
@@ -118,6 +146,7 @@ def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
     workloads = args.fleet_workloads.split(",")
     tasks: list[FleetTask] = []
     grids: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    cached: dict[tuple[str, int], dict[str, Any]] = {}  # rows whose references come from --static-cache
     for r in reps:
         n = args.fleet_groups_per_replica * r
         extra = RouterConfig(groups=n, replicas=r).extra
@@ -126,13 +155,18 @@ def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
             qs, ms = spaced(extra, nq, interior=False), spaced(r - 1, nm, interior=True)
             grids[(w, r)] = (qs, ms)
             base = FleetTask(w, r, n, args.fleet_curve, args.fleet_steps, args.fleet_seed, "uniform")
-            tasks += [base] + [replace(base, policy=p) for p in ("verl-lif", "tailsieve", "tailsieve-fixed")]
+            tasks += [replace(base, policy=p) for p in ("tailsieve", "tailsieve-fixed")]
             cells = [(q, m) for q in qs for m in ms]
+            hit = _read_fleet_cache(args, base)
+            if hit is not None and {f"{q},{m}" for q, m in cells} <= set(hit["static"]):
+                cached[(w, r)] = hit
+                continue
             chunk = max(1, len(cells) // 4)  # four static tasks per row, so the two workers share a slow row
+            tasks += [base, replace(base, policy="verl-lif")]
             tasks += [replace(base, policy="static", cells=tuple(cells[i:i + chunk]))
                       for i in range(0, len(cells), chunk)]
     results = pool_map(run_fleet_task, tasks, args.workers, _fleet_cost)
-    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    merged: dict[tuple[str, int], dict[str, Any]] = {k: {**v, "seconds": 0.0} for k, v in cached.items()}
     for t, res in zip(tasks, results, strict=True):
         m = merged.setdefault((t.workload, t.replicas), {"static": {}, "seconds": 0.0})
         m["seconds"] += res.pop("seconds")
@@ -140,6 +174,10 @@ def fleet_section(args: argparse.Namespace) -> list[dict[str, Any]]:
         if "final" in res:
             m[f"final {t.policy}"] = res.pop("final")
         m.update(res)
+    for (w, r), m in merged.items():
+        if (w, r) not in cached:
+            n = args.fleet_groups_per_replica * r
+            _write_fleet_cache(args, FleetTask(w, r, n, args.fleet_curve, args.fleet_steps, args.fleet_seed, ""), m)
     print_fleet(args, merged, grids, reps, workloads)
     print(f"fleet section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
     return [{"workload": w, "replicas": r, "grid": {"q": grids[(w, r)][0], "m": grids[(w, r)][1]}, **m}
