@@ -146,3 +146,15 @@ def test_cached_counts_and_grid_lookups_equal_the_completions_they_replace() -> 
         assert (p.bulk_times(q, m) == np.maximum(last_pin, cut)).all()
         assert (p.bulk_completions(q, m) == np.sort(raw, axis=1)).all()
         assert (p.tail_times(q, m) == mf.completions(p._cand_idx(0, q), False, m, CURVE, 0.0).max(axis=1)).all()
+
+
+@pytest.mark.parametrize(("kv", "prefill"), [(0.0, 0.0), (3e-6, 0.0), (0.0, 0.7), (3e-6, 0.7)])
+@pytest.mark.parametrize("by_request", [True, False])
+def test_the_uniform_forecast_is_the_exact_last_completion_for_either_placement(kv: float, prefill: float,
+                                                                                 by_request: bool) -> None:
+    """Uniform (0, 0) from per-lane sums (dealt by request: one-member groups dealt round-robin) equals the
+    all-admit model's last finish time, prefill per distinct prompt per lane included."""
+    h = np.random.default_rng(4).integers(1, 900, size=(50, 6))
+    p = Predictor(h, groups=37, extra=4, replicas=5, curve=CURVE, kv_s_per_token=kv, prefill_s=prefill)
+    exact = group_completions(p.fresh, 5, CURVE, by_request, kv, prefill).max(axis=1)
+    assert p.uniform_times(by_request) == pytest.approx(exact, rel=1e-12)
