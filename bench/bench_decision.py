@@ -1,7 +1,7 @@
 """Decision latency at cluster scale (issue 12, part 4): one router plan (`StepLoop.plan`) plus one controller
 update (`Controller.update`, the predictor included) at N = 4096 groups, G = 16, R = 512 replicas; target ≤ 50 ms.
 
-Run: `python bench/bench_decision.py [--groups 4096] [--group-size 16] [--replicas 512] [--steps 8]
+Run: `python bench/bench_decision.py [--groups 4096] [--group-size 16] [--replicas 512] [--steps 20]
 [--policy tailsieve] [--workload kodcode-r1] [--curve h100-llama3-8b] [--no-exact]`. Simulates the workload
 (bundled KodCode R1 trace, resampled, by default) on the curve and times,
 per step, the plan and the update separately (the simulated execution is not timed). Prints per-step ms and the
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tailsieve.policy.predictor as predictor_mod
+from tailsieve.errors import TailSieveError
 from tailsieve.loop import StepLoop
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import CONTROLLERS
@@ -39,7 +40,7 @@ def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[
     updates: list[float] = []
     cpus: list[float] = []
     orig_plan: Callable[..., Any] = StepLoop.plan
-    cls: Any = CONTROLLERS[args.policy]
+    cls: Any = CONTROLLERS.resolve(args.policy)
     had_own = "update" in cls.__dict__
     orig_update: Callable[..., Any] = cls.update
     threshold = predictor_mod.MEAN_FIELD_REQUESTS
@@ -97,17 +98,33 @@ def report(label: str, args: argparse.Namespace, plans: list[float], updates: li
     return max(steady)
 
 
+def _at_least(lo: int) -> Any:
+    """argparse type: an integer >= lo (a one-line usage error otherwise)."""
+    def parse(text: str) -> int:
+        if not text.lstrip("-").isdigit() or int(text) < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return int(text)
+    return parse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", type=int, default=4096)
-    ap.add_argument("--group-size", type=int, default=16)
-    ap.add_argument("--replicas", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--groups", type=_at_least(1), default=4096)
+    ap.add_argument("--group-size", type=_at_least(1), default=16)
+    ap.add_argument("--replicas", type=_at_least(2), default=512)
+    ap.add_argument("--steps", type=_at_least(2), default=20, help="steps (default 20: the 16-step history "
+                    "fills, so the later steps are the steady-state decision)")
     ap.add_argument("--policy", default="tailsieve")
     ap.add_argument("--workload", default="kodcode-r1", help="bundled workload or trace (resampled)")
     ap.add_argument("--curve", default="h100-llama3-8b")
     ap.add_argument("--no-exact", action="store_true", help="skip the comparison run with the exact forecast")
     args = ap.parse_args()
+    try:  # every name checked before the first run: a one-line usage error, not a traceback
+        load_workload(args.workload, mode="resample")
+        load_curve(args.curve)
+        CONTROLLERS.resolve(args.policy)
+    except (TailSieveError, OSError) as exc:
+        ap.error(str(exc).splitlines()[0])
     plans, updates, fast, wall, cpus = timed_run(args, exact=False)
     report("default forecast", args, plans, updates, wall, cpus)
     if args.no_exact:
