@@ -14,7 +14,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailsieve.engines.transport.replies import ReplyError, StreamAcc, loads, model_names, parse_chunk, parse_full
+from tailsieve.engines.transport.replies import ReplyError, loads, model_names, parse_chunk, parse_full
+from tailsieve.engines.transport.stream_replies import StreamAcc
 from tailsieve.engines.transport.types import Completion
 
 CAP = 32

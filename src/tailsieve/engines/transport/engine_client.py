@@ -30,16 +30,15 @@ from tailsieve.engines.transport.backends import EngineBackend, get_backend
 from tailsieve.engines.transport.replies import (
     BadReply,
     ReplyError,
-    StreamAcc,
     check_size,
     loads,
     model_names,
     parse_chunk,
     parse_full,
-    raise_stream_error,
     read_capped,
     reply_limit,
 )
+from tailsieve.engines.transport.stream_replies import StreamAcc, raise_stream_error
 from tailsieve.engines.transport.types import (
     DEFAULT_API_KEY_ENV,
     Api,

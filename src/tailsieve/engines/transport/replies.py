@@ -1,15 +1,15 @@
 """The one validation boundary for server replies: every reply is untrusted until parsed here into frozen records.
 
-`parse_full` turns a non-streamed response (in OpenAI form, after the backend's `response` hook) into a
-`Completion`; `parse_chunk` turns one streamed `data:` event into a `Chunk`, and `StreamAcc` folds the chunks of one
-request into a `Completion`. Anything that breaks the protocol raises `ReplyError` with a one-line reason, which the
+`parse_full` turns a non-streamed response (in OpenAI form, after the backend's `response` hook) into a `Completion`;
+`parse_chunk` turns one streamed `data:` event into a `Chunk`, and `StreamAcc` (`stream_replies.py`) folds the chunks of
+one request into a `Completion`. Anything that breaks the protocol raises `ReplyError` with a one-line reason, which the
 client reports as `BadReply` (a `ReplicaFault` of kind `bad-reply`): the replica is marked down and its work is
-re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belong, `choices` a list of objects,
-`index` an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the
-protocol defines as complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output,
-and any unknown reason are the replica's fault), text a string, token ids and counts non-negative integers, token
-counts within n × max_tokens, token ids that match the text (no text without ids) and the counts (usage, tokens
-counted), and a reply no larger than `reply_limit` bytes (read with that bound before anything is parsed).
+re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belong, `choices` a list of objects, `index`
+an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the protocol defines as
+complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output, and any unknown reason
+are the replica's fault), text a string, token ids and counts non-negative integers, token counts within n × max_tokens,
+token ids that match the text (no text without ids) and the counts (usage, tokens counted), and a reply no larger than
+`reply_limit` bytes (read with that bound before anything is parsed).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -27,13 +27,10 @@ from tailsieve.engines.transport.types import (
     Choice,
     Completion,
     FaultKind,
-    Progress,
     ReplicaFault,
     Request,
-    RequestRejected,
     TopPTokens,
 )
-from tailsieve.redact import redact
 
 MAX_PROMPT_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**32
@@ -296,7 +293,7 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
         c = by_index[i]
         if c.finish_reason is None:
             raise ReplyError(f"choice {i} has no finish_reason")
-        _ids_match_text(i, c.text, c.token_ids)
+        ids_match_text(i, c.text, c.token_ids)
         if c.token_ids is not None:
             tokens = count(len(c.token_ids), f"choice {i} token count", cap)
         elif n == 1:
@@ -305,17 +302,17 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
             tokens = cap if c.finish_reason == "length" else round(total / n)
         out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids,
                           c.served_version, c.top_p))
-    _usage_matches_ids(usage.completion_tokens, out)
-    return Completion(_aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
+    usage_matches_ids(usage.completion_tokens, out)
+    return Completion(aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
 
 
-def _ids_match_text(i: int, text: str | None, ids: tuple[int, ...] | list[int] | None) -> None:
+def ids_match_text(i: int, text: str | None, ids: tuple[int, ...] | list[int] | None) -> None:
     """Token ids, when a server sends them, are the sample: text with an empty id list is not one."""
     if ids is not None and text and not ids:
         raise ReplyError(f"choice {i} has text but no token ids")
 
 
-def _usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choice, ...]) -> None:
+def usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choice, ...]) -> None:
     """The reported completion tokens must equal the token ids returned (when every choice has its ids)."""
     if reported is None or any(c.token_ids is None for c in choices):
         return
@@ -324,7 +321,7 @@ def _usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choic
         raise ReplyError(f"usage.completion_tokens is {reported} but the choices carry {held} token ids")
 
 
-def _aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
+def aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
     """Logprobs must describe the returned tokens one to one (a trainer pairs them), and top-p offsets have one
     entry per token and one more."""
     for c in choices:
@@ -336,98 +333,6 @@ def _aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
     return choices
 
 
-@dataclass(slots=True)
-class _Acc:
-    text: list[str] = field(default_factory=list)
-    ids: list[int] | None = None
-    finish: str | None = None
-    tokens: int = 0
-    logprobs: list[float] | None = None
-    prompt_ids: tuple[int, ...] | None = None
-    served_version: str | None = None  # the latest event's
-    top_p: TopPTokens | None = None  # the latest event's (SGLang sends the whole response's in its last event)
-
-
-class StreamAcc:
-    """Folds the validated chunks of one streamed request into its `Completion`; `progress[i]` mirrors choice i's
-    tokens so far (and, for a `Progress`, `progress.texts[i]` its text)."""
-
-    def __init__(self, n: int, cap: int, progress: list[int]) -> None:
-        self.n, self.cap, self.progress = n, cap, progress
-        self.texts = progress.texts if isinstance(progress, Progress) else None  # text so far per choice
-        self.accs = [_Acc() for _ in range(n)]
-        self.prompt_tokens = 0
-        self.final_tokens: int | None = None  # completion tokens of the usage-only event (all choices)
-
-    def add(self, chunk: Chunk) -> None:
-        """Apply one chunk (token counts past max_tokens are a `ReplyError`)."""
-        u = chunk.usage
-        if u is not None:
-            self.prompt_tokens = u.prompt_tokens or self.prompt_tokens
-        single = self.n == 1 and u is not None and u.completion_tokens is not None
-        for c in chunk.choices:
-            a = self.accs[c.index]
-            if c.logprobs is not None:
-                if a.logprobs is None:
-                    a.logprobs = []
-                a.logprobs.extend(c.logprobs)  # in place: a long stream of one-token chunks stays linear
-            if a.prompt_ids is None and c.prompt_token_ids is not None:
-                a.prompt_ids = c.prompt_token_ids
-            a.served_version = c.served_version or a.served_version
-            a.top_p = c.top_p or a.top_p
-            if c.text:
-                a.text.append(c.text)
-                if self.texts is not None:
-                    self.texts[c.index].append(c.text)
-            if c.token_ids is not None:
-                if a.ids is None:
-                    a.ids = []
-                a.ids.extend(c.token_ids)
-                a.tokens = count(a.tokens + len(c.token_ids), f"choice {c.index} token count", self.cap)
-            elif single and len(chunk.choices) == 1 and u is not None:
-                a.tokens = u.completion_tokens or 0
-            elif c.text:
-                a.tokens = min(self.cap, a.tokens + 1)
-            if c.finish_reason is not None:
-                a.finish = c.finish_reason
-            self.progress[c.index] = a.tokens
-        if not chunk.choices and u is not None and u.completion_tokens is not None:
-            self.final_tokens = u.completion_tokens
-            if single:
-                self.accs[0].tokens = self.progress[0] = u.completion_tokens
-
-    def result(self, done: bool, latency_s: float, ttft_s: float | None) -> Completion:
-        """The finished completion; unfinished choices raise `ReplyError` after `[DONE]`, `EOFError` without it
-        (the connection dropped)."""
-        left = [i for i, a in enumerate(self.accs) if a.finish is None]
-        if left:
-            if done:
-                raise ReplyError(f"[DONE] before choice {left[0]} finished ({len(left)} of {self.n} unfinished)")
-            raise EOFError("stream ended before every choice finished ([DONE] missing)")
-        out = tuple(Choice(i, "".join(a.text), a.tokens, a.finish, None if a.ids is None else tuple(a.ids),
-                           None if a.logprobs is None else tuple(a.logprobs), a.prompt_ids, a.served_version, a.top_p)
-                    for i, a in enumerate(self.accs))
-        for c in out:
-            _ids_match_text(c.index, c.text, c.token_ids)
-            if c.token_ids is not None and c.tokens != len(c.token_ids):
-                raise ReplyError(f"choice {c.index}: {c.tokens} tokens reported but {len(c.token_ids)} token ids")
-        _usage_matches_ids(self.final_tokens, out)
-        return Completion(_aligned(out), self.prompt_tokens, latency_s, ttft_s)
-
-
-def raise_stream_error(url: str, err: Any) -> None:
-    """An error event inside a stream: 4xx codes are the request's fault, anything else the replica's."""
-    info = err if isinstance(err, Mapping) else {"message": str(err)}
-    msg = " ".join(redact(str(info.get("message", ""))).split())[:200]
-    try:
-        code = int(info.get("code") or 500)
-    except (TypeError, ValueError, OverflowError):
-        code = 500
-    if 400 <= code < 500 and code not in (408, 429):
-        raise RequestRejected(f"{url}: HTTP {code} (in stream): {msg}")
-    raise ReplicaFault(url, FaultKind.HTTP_5XX, f"error in stream: {msg}")
-
-
 def model_names(obj: Any) -> list[str]:
     """The served names of a `/v1/models` reply (`{"data": [{"id": ...}, ...]}`)."""
     data = _obj(obj, "/v1/models reply").get("data")
@@ -436,6 +341,6 @@ def model_names(obj: Any) -> list[str]:
     return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
 
 
-__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "StreamAcc", "Usage", "check_size",
-           "count", "loads", "model_names", "parse_chunk", "parse_full", "raise_stream_error", "read_capped",
-           "reply_limit"]
+__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage", "aligned", "check_size",
+           "count", "ids_match_text", "loads", "model_names", "parse_chunk", "parse_full", "read_capped", "reply_limit",
+           "usage_matches_ids"]
