@@ -24,7 +24,8 @@ from tailsieve.engines.launch import LocalLauncher as Launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
 from tailsieve.engines.launch.process import server_error
 from tailsieve.errors import ConfigError
-from tailsieve.model.speculative import SpecConfig, SpecMethod, load_config_file
+from tailsieve.model.spec_parse import load_config_file
+from tailsieve.model.speculative import SpecConfig, SpecMethod
 from tailsieve.policy.step import Pool
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,8 @@ import pytest
 from conftest import make_curve
 from tailsieve.cli.plan_spec import answer, parse_depths
 from tailsieve.errors import ConfigError
-from tailsieve.model.speculative import PoolSpec, parse_spec
+from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from test_sim import fake_workload

@@ -18,7 +18,8 @@ from tailsieve.model.spec_calibration import (
     profiles,
     speedup,
 )
-from tailsieve.model.speculative import EXACT_BATCH, SpecConfig, SpecMethod, parse_spec
+from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.speculative import EXACT_BATCH, SpecConfig, SpecMethod
 
 H100, MOE = load_curve("h100-llama3-8b"), load_curve("a100x4-mixtral-8x7b")
 

@@ -23,7 +23,8 @@ from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, l
 from tailsieve.engines.rollout.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import finite
-from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec, read_config
+from tailsieve.model.spec_parse import load_config_file, parse_spec, read_config
+from tailsieve.model.speculative import PoolSpec
 
 
 def register(sub: Any) -> None:

@@ -19,7 +19,8 @@ from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecMethod, parse_spec
+from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecMethod
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.simulation.spec_budget import tail_bound_share
 from tailsieve.workloads import Workload

@@ -41,7 +41,8 @@ from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
-from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.model.spec_parse import load_config_file, parse_spec
+from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import dispatch_of

@@ -17,7 +17,8 @@ from tailsieve.cli._common import progress_console, trace_columns
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
-from tailsieve.model.speculative import PoolSpec, load_config_file, parse_spec
+from tailsieve.model.spec_parse import load_config_file, parse_spec
+from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of

@@ -14,7 +14,8 @@ from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.model.speculative import SpecConfig, SpecMethod, parse_spec
+from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.speculative import SpecConfig, SpecMethod
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import (
     DEFAULT_BUDGETS,

@@ -27,7 +27,8 @@ from numpy.typing import NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import load_document
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.speculative import SPEC_KEYS, Drafter, SpecConfig, iteration_s, spec_from_mapping
+from tailsieve.model.spec_parse import SPEC_KEYS, spec_from_mapping
+from tailsieve.model.speculative import Drafter, SpecConfig, iteration_s
 
 TERM_MAX = 100.0  # SpecConfig's bound on u0 and u1
 

@@ -19,7 +19,8 @@ from tailsieve.engines.kinds.kind import DEFAULT_KIND, Device, EngineKind, get_k
 from tailsieve.engines.kinds.vllm import CPU_DEFAULT_ARGS, NEEDS_DRAFT_MODEL, VLLM_SERVER
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS
-from tailsieve.model.speculative import SpecConfig, load_config_file, read_config
+from tailsieve.model.spec_parse import load_config_file, read_config
+from tailsieve.model.speculative import SpecConfig
 
 __all__ = ["CPU_DEFAULT_ARGS", "LAUNCH_KEYS", "NEEDS_DRAFT_MODEL", "POOL_KEYS", "VLLM_SERVER", "Device",
            "LaunchConfig", "PoolEngine", "check_model", "kind_named", "launch_from_mapping", "load_launch_config",
