@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tailsieve.policy.predictor as predictor_mod
+from tailsieve.cli._common import positive_int
 from tailsieve.errors import TailSieveError
 from tailsieve.loop import StepLoop
 from tailsieve.model.curves import load_curve
@@ -98,27 +99,20 @@ def report(label: str, args: argparse.Namespace, plans: list[float], updates: li
     return max(steady)
 
 
-def _at_least(lo: int) -> Any:
-    """argparse type: an integer >= lo (a one-line usage error otherwise)."""
-    def parse(text: str) -> int:
-        if not text.lstrip("-").isdigit() or int(text) < lo:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
-        return int(text)
-    return parse
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", type=_at_least(1), default=4096)
-    ap.add_argument("--group-size", type=_at_least(1), default=16)
-    ap.add_argument("--replicas", type=_at_least(2), default=512)
-    ap.add_argument("--steps", type=_at_least(2), default=20, help="steps (default 20: the 16-step history "
+    ap.add_argument("--groups", type=positive_int, default=4096)
+    ap.add_argument("--group-size", type=positive_int, default=16)
+    ap.add_argument("--replicas", type=positive_int, default=512)
+    ap.add_argument("--steps", type=positive_int, default=20, help="steps (default 20: the 16-step history "
                     "fills, so the later steps are the steady-state decision)")
     ap.add_argument("--policy", default="tailsieve")
     ap.add_argument("--workload", default="kodcode-r1", help="bundled workload or trace (resampled)")
     ap.add_argument("--curve", default="h100-llama3-8b")
     ap.add_argument("--no-exact", action="store_true", help="skip the comparison run with the exact forecast")
     args = ap.parse_args()
+    if args.replicas < 2:
+        ap.error(f"argument --replicas: a tail and a bulk pool need at least 2 replicas, got {args.replicas}")
     try:  # every name checked before the first run: a one-line usage error, not a traceback
         load_workload(args.workload, mode="resample")
         load_curve(args.curve)
