@@ -225,12 +225,50 @@ def test_leaving_uniform_on_a_large_fleet_reaches_a_split_far_beyond_the_radius(
 
 
 def test_a_return_to_uniform_is_not_reversed_before_min_dwell() -> None:
-    c = make("tailsieve", m0=0, m_gain=0.0, min_dwell=3)
+    c = make("tailsieve", m0=0, m_gain=0.0, min_dwell=3, leave_confirm=1)  # one rule at a time: no confirmation
     f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else 10.0)
     s = ControlState(q=0, m=0, history=(history(),), returns=1, dwell=1)
     assert f.outer(s, f.predictor(s)).m == 0  # one uniform step after the return
     assert f.outer(replace(s, dwell=3), f.predictor(s)).m > 0
     assert f.outer(replace(s, returns=0, dwell=0), f.predictor(s)).m > 0  # the start leaves at once
+
+
+def test_after_a_return_a_leave_must_pass_the_test_on_consecutive_decisions() -> None:
+    """`leave_confirm`: before any return the first passing decision leaves; after one, the leave test must pass
+    `leave_confirm` decisions in a row, and a decision that fails it (or finds uniform best) starts the count over."""
+    c = make("tailsieve", m0=0, m_gain=0.0, min_dwell=3, leave_confirm=3)
+    gains = {"pays": 10.0, "no": 30.0}
+    now = ["pays"]
+    f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else gains[now[0]])
+    s = ControlState(q=0, m=0, history=(history(),), returns=1, dwell=5)
+    pred = f.predictor(s)
+    first = f.outer(s, pred)
+    assert (first.m, first.leave_streak) == (0, 1) and "passed the leave test 1 time(s) in a row" in first.note
+    second = f.outer(first, pred)
+    assert (second.m, second.leave_streak) == (0, 2)
+    now[0] = "no"  # a decision that fails the test starts the count over
+    reset = f.outer(second, pred)
+    assert (reset.m, reset.leave_streak) == (0, 0)
+    now[0] = "pays"
+    walk = [reset := f.outer(reset, pred) for _ in range(3)]
+    assert [w.m > 0 for w in walk] == [False, False, True]  # three passes in a row leave
+    assert walk[-1].leave_streak == 0 and walk[-1].returns == 1
+    assert f.outer(replace(s, returns=0), pred).m > 0  # no return yet: the first pass leaves
+    once = make("tailsieve", m0=0, m_gain=0.0, leave_confirm=1)
+    one = fixed_forecast("tailsieve", once, lambda q, m: 20.0 if m == 0 else 10.0)
+    assert one.outer(s, pred).m > 0  # leave_confirm 1: every leave on one pass
+
+
+def test_the_literal_paper_controller_leaves_on_one_pass_whatever_leave_confirm() -> None:
+    c = make("tailsieve-paper", m0=0, m_gain=0.0, min_dwell=0, leave_confirm=4)
+    f = fixed_forecast("tailsieve-paper", c, lambda q, m: 20.0 if m == 0 else 10.0)
+    s = ControlState(q=0, m=0, history=(history(),), returns=2, dwell=5)
+    assert f.outer(s, f.predictor(s)).m > 0
+
+
+def test_leave_confirm_below_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^leave_confirm must be >= 1, got 0$"):
+        ControllerConfig(leave_confirm=0)
 
 
 def test_the_fastest_feasible_split_is_chosen_and_feasibility_is_asked_only_until_one_passes() -> None:

@@ -28,6 +28,7 @@ class ControllerConfig:
     m_gain: float = 0.03  # switching threshold of the outer loop
     m_radius: int = 2  # C.2's radius: splits this near m are always scored (the outer loop scans the whole range)
     min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
+    leave_confirm: int = 2  # after a return to uniform: decisions in a row the leave test must pass to leave again
     history_steps: int = 16  # consumed batches kept as response-work history
     calib_bounds: tuple[float, float] = (0.5, 2.0)
     move_cost_s: float = 0.0  # prior restart seconds of a pool move (learnt from StepObservation.restart_s)
@@ -46,8 +47,9 @@ class ControllerConfig:
             raise ConfigError("max_q_step, m_radius and history_steps must be >= 1")
         if not (self.move_cost_s >= 0 and math.isfinite(self.move_cost_s)):
             raise ConfigError(f"move_cost_s must be >= 0 and finite, got {self.move_cost_s}")
-        if self.move_horizon < 1:
-            raise ConfigError(f"move_horizon must be >= 1, got {self.move_horizon}")
+        for name in ("move_horizon", "leave_confirm"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,8 @@ class ControlState:
     move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
     since_move: int = 0  # steps since that move
     reversals: int = 0  # moves of m in a row that reversed the one before (each doubles the dwell a reversal needs)
-    returns: int = 0  # returns from a split to uniform so far (after one, leaving again waits `min_dwell` steps)
+    returns: int = 0  # returns from a split to uniform so far (after one, a leave waits `min_dwell`, `leave_confirm`)
+    leave_streak: int = 0  # decisions in a row at uniform whose best split passed the leave test (`leave_confirm`)
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
@@ -163,7 +166,8 @@ class ControlState:
         return cls(**kw)
 
 
-_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns", "seen_step")
+_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns", "leave_streak",
+           "seen_step")
 _MEASURED = ("rate_tail", "rate_bulk", "move_cost_s", "var_uniform", "var_step")  # NaN until the first measurement
 _HISTORIES = ("history", "tail_history")
 

@@ -98,9 +98,12 @@ class OuterLoop:
         best_t, best_q, best_m = next(o for o in sorted(options)
                                       if o[2] in (m, 0) or m == 0 or self.feasible(state, pred, q, m, o[2], current))
         if best_m == m:
-            return state
+            return replace(state, leave_streak=0) if m == 0 else state
         if best_t > current * (1 - (self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain)):
-            return state
+            return replace(state, leave_streak=0) if m == 0 else state
+        if m == 0 and state.leave_streak + 1 < self.leave_confirm(state):
+            return replace(state, leave_streak=state.leave_streak + 1,
+                           note=f"m 0->{best_m} passed the leave test {state.leave_streak + 1} time(s) in a row")
         if (current - best_t) * self.config.move_horizon < self.move_cost(state):
             return replace(state, note=f"m {m}->{best_m} would not repay its restart")
         if best_m == 0 and (current - best_t) * self.config.move_horizon < self.return_cost(state, pred):
@@ -122,6 +125,7 @@ class OuterLoop:
             reversals=state.reversals + 1 if between and step == -state.move_dir else 0,
             returns=state.returns + 1 if new_m == 0 else state.returns,
             since_move=0,
+            leave_streak=0,
             velocity=0.0,
             settled=0,
             rate_tail=math.nan,
@@ -145,6 +149,14 @@ class OuterLoop:
             uniform = pred.uniform_times(state.uniform_dispatch == "request") * cu
             history = history_variance(split, uniform, len(state.history) if self.by_step else 0)
         return max(gain, forecast_noise(state, self.config.bias_ema, history))
+
+    def leave_confirm(self, state: ControlState) -> int:
+        """Decisions in a row the leave test must pass before the uniform boundary is left: 1 until the first
+        return, then `leave_confirm` (`tailsieve`, `guard_reversal`). The test is taken every uniform step, so on
+        an optimum flatter than the forecasts' noise one step's forecast passes it now and then; a return is the
+        evidence that such a leave was a coin toss (a warm-up, a stint and a return step later the split was not
+        faster), and after one a leave must hold on consecutive steps' forecasts."""
+        return self.config.leave_confirm if self.guard_reversal and state.returns > 0 else 1
 
     def return_cost(self, state: ControlState, pred: Predictor) -> float:
         """One-time seconds of returning to uniform from a split: the first uniform step also runs the E waiting
