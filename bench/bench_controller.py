@@ -18,10 +18,10 @@ estimates, so it is biased up; the held-out split is one a user could have fixed
 (`--drift`) runs `math-drift` over its whole ramp (`--drift-steps`) with a per-window switching oracle: an upper
 bound on what any controller that tracks the drift can gain over the best single split.
 
-Sections (each instead of the main table): `--drift` (above), and in `controller_sections.py` `--fleet` (R = 32,
-64, 256, N = 8R, coarse static grid), `--decompose` (where the time goes: perfect ranking, static and switching
-oracles, request vs group placement, known lengths), `--fig6b` (convergence of (q, m) from different starts, rho
-0.5).
+Sections (each instead of the main table): `--drift` (above), `--fleet` (`fleet_section.py`: R = 32, 64, 256,
+N = 8R, coarse static grid), `--decompose` (`controller_sections.py`: where the time goes: perfect ranking, static
+and switching oracles, request vs group placement, known lengths), `--fig6b` (`fig6b_section.py`: convergence of
+(q, m) from different starts, rho 0.5).
 
 Targets (issue 22): `tailsieve` >= 0.97x max(best static, verl-lif) everywhere, never below 0.99x uniform, never
 more than 6% below the reference on any seed; at large fleets >= 0.95x the best static. `--max-redraws 8` gives
@@ -43,10 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from controller_sections import add_arguments, decompose_section, fleet_section
+from controller_sections import add_arguments, decompose_section
 from controller_tables import print_rare_cap, print_summary, print_table
 from fig6b_section import add_arguments as add_fig6b_arguments
 from fig6b_section import fig6b_section
+from fleet_section import add_arguments as add_fleet_arguments
+from fleet_section import fleet_section
 from tailsieve.analysis.metrics import summarize
 from tailsieve.errors import TailSieveError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
@@ -303,6 +305,7 @@ def main() -> None:
     ap.add_argument("--drift", action="store_true", help="run only the math-drift ramp section (--seeds, --curves)")
     ap.add_argument("--drift-steps", type=_count(1), default=200, help="steps of the math-drift ramp section")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
+    add_fleet_arguments(ap)
     add_arguments(ap)
     add_fig6b_arguments(ap)
     args = ap.parse_args()
