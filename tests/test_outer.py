@@ -237,7 +237,7 @@ def test_after_a_return_a_leave_must_pass_the_test_on_consecutive_decisions() ->
     """`leave_confirm`: before any return the first passing decision leaves; after one, the leave test must pass
     `leave_confirm` decisions in a row, and a decision that fails it (or finds uniform best) starts the count over."""
     c = make("tailsieve", m0=0, m_gain=0.0, min_dwell=3, leave_confirm=3)
-    gains = {"pays": 10.0, "no": 30.0}
+    gains = {"pays": 10.0, "no": 30.0, "noise": 19.99}  # a split slower; one faster by less than the gate
     now = ["pays"]
     f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else gains[now[0]])
     s = ControlState(q=0, m=0, history=(history(),), returns=1, dwell=5)
@@ -248,7 +248,11 @@ def test_after_a_return_a_leave_must_pass_the_test_on_consecutive_decisions() ->
     assert (second.m, second.leave_streak) == (0, 2)
     now[0] = "no"  # a decision that fails the test starts the count over
     reset = f.outer(second, pred)
-    assert (reset.m, reset.leave_streak) == (0, 0)
+    assert (reset.m, reset.leave_streak) == (0, 0) and reset.note == "leave not confirmed (2 pass(es) in a row)"
+    now[0] = "pays"
+    again = f.outer(reset, pred)
+    now[0] = "noise"  # the leave test fails within the forecasts' noise: the count starts over too
+    assert f.outer(again, pred).leave_streak == 0 and f.outer(again, pred).m == 0
     now[0] = "pays"
     walk = [reset := f.outer(reset, pred) for _ in range(3)]
     assert [w.m > 0 for w in walk] == [False, False, True]  # three passes in a row leave

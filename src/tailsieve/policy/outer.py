@@ -98,9 +98,9 @@ class OuterLoop:
         best_t, best_q, best_m = next(o for o in sorted(options)
                                       if o[2] in (m, 0) or m == 0 or self.feasible(state, pred, q, m, o[2], current))
         if best_m == m:
-            return replace(state, leave_streak=0) if m == 0 else state
+            return self._no_leave(state)
         if best_t > current * (1 - (self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain)):
-            return replace(state, leave_streak=0) if m == 0 else state
+            return self._no_leave(state)
         if m == 0 and state.leave_streak + 1 < self.leave_confirm(state):
             return replace(state, leave_streak=state.leave_streak + 1,
                            note=f"m 0->{best_m} passed the leave test {state.leave_streak + 1} time(s) in a row")
@@ -149,6 +149,14 @@ class OuterLoop:
             uniform = pred.uniform_times(state.uniform_dispatch == "request") * cu
             history = history_variance(split, uniform, len(state.history) if self.by_step else 0)
         return max(gain, forecast_noise(state, self.config.bias_ema, history))
+
+    @staticmethod
+    def _no_leave(state: ControlState) -> ControlState:
+        """`state` after a decision that does not leave the uniform boundary on its forecasts: a leave test
+        passed on earlier decisions in a row (`leave_streak`) is not confirmed, and its count starts over."""
+        if state.m > 0 or state.leave_streak == 0:
+            return state
+        return replace(state, leave_streak=0, note=f"leave not confirmed ({state.leave_streak} pass(es) in a row)")
 
     def leave_confirm(self, state: ControlState) -> int:
         """Decisions in a row the leave test must pass before the uniform boundary is left: 1 until the first
