@@ -83,6 +83,7 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
           f"at the same rho, over the run and over the last {last} steps (the settled window); references on the "
           f"same stream: verl-lif and the static grid q in {sorted({q for q, _ in grid})} x m in "
           f"{sorted({m for _, m in grid})}")
+    tally: dict[str, list[str]] = {"tailsieve-fixed": [], "tailsieve": []}
     for w in workloads:
         uni = res[task(w, "uniform", 1, 0)]
         u, uw = uni["mean_s"], _window_s(uni, last)
@@ -103,8 +104,15 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
                 window = uw / _window_s(res[t], last)
                 print(f"  q0={t.q0:<2d} m0={t.m0}: {traj} | final ({path[-1][0]},{path[-1][1]}) settled "
                       f"({sq:.1f},{sm:.1f}) speedup {u / res[t]['mean_s']:.3f}, window {window:.3f}")
-            print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
+            verdict = fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m)
+            if "-> converge" in verdict:
+                tally[p].append(w)
+            print("  " + verdict)
             print("  " + fig6b_spread(runs, res, u, refs))
+    for p, done in tally.items():
+        apart = [w for w in workloads if w not in done]
+        print(f"{p}: converges on {len(done)} of {len(workloads)} workloads" + (f" (not: {', '.join(apart)})"
+                                                                                  if apart else ""))
     print(f"fig6b section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
     return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
 
