@@ -1,4 +1,4 @@
-"""`RolloutConfig` (engines/rollout/config.py): every check when it is built, in one line, and the router and
+"""`RolloutConfig` (engines/rollout/rollout_config.py): every check when it is built, in one line, and the router and
 `PolicySpec` it hands on."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tailsieve.engines.rollout.api import RolloutConfig as FromApi
-from tailsieve.engines.rollout.config import RolloutConfig
 from tailsieve.engines.rollout.engine_executor import RequestMode
+from tailsieve.engines.rollout.rollout_config import RolloutConfig
 from tailsieve.engines.transport.engine_client import Api
 from tailsieve.errors import ConfigError
 from tailsieve.policy.router import Dispatch

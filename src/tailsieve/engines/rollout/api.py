@@ -22,10 +22,10 @@ from typing import Any, cast
 
 from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.engines.rollout.batch import Batch, GroupResult, TrainerSample
-from tailsieve.engines.rollout.config import RolloutConfig
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep, GroupSpec
 from tailsieve.engines.rollout.prompts import Messages, PromptRecord, load_prompts, render
 from tailsieve.engines.rollout.resume import check_state
+from tailsieve.engines.rollout.rollout_config import RolloutConfig
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.rollout.weight_sync import (
     ReloadHook,
