@@ -104,10 +104,10 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
                 window = uw / _window_s(res[t], last)
                 print(f"  q0={t.q0:<2d} m0={t.m0}: {traj} | final ({path[-1][0]},{path[-1][1]}) settled "
                       f"({sq:.1f},{sm:.1f}) speedup {u / res[t]['mean_s']:.3f}, window {window:.3f}")
-            verdict = fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m)
-            if "-> converge" in verdict:
+            dq, dm = settled_spread(runs, res, last)
+            if dq <= args.fig6b_tol_q and dm <= args.fig6b_tol_m:
                 tally[p].append(w)
-            print("  " + verdict)
+            print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
             print("  " + fig6b_spread(runs, res, u, refs))
     for p, done in tally.items():
         apart = [w for w in workloads if w not in done]
@@ -117,14 +117,19 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
 
 
+def settled_spread(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], last: int) -> tuple[float, float]:
+    """(dq, dm): how far apart the starts' settled (q, m) lie (max − min over the runs)."""
+    settled = [_settled(res[t]["path"], last) for t in runs]
+    return (max(s[0] for s in settled) - min(s[0] for s in settled),
+            max(s[1] for s in settled) - min(s[1] for s in settled))
+
+
 def fig6b_verdict(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], last: int, tol_q: float,
                   tol_m: float) -> str:
     """Whether the runs from different starts settle within (tol_q, tol_m) of each other; which starts gave
     identical runs (a start the policy does not represent: tailsieve-fixed holds m = R/2 whatever m0, and at m0 = 0
     the controller starts at (0, 0) whatever q0)."""
-    settled = [_settled(res[t]["path"], last) for t in runs]
-    dq = max(s[0] for s in settled) - min(s[0] for s in settled)
-    dm = max(s[1] for s in settled) - min(s[1] for s in settled)
+    dq, dm = settled_spread(runs, res, last)
     same = [f"(q0={a.q0},m0={a.m0})=(q0={b.q0},m0={b.m0})" for i, a in enumerate(runs) for b in runs[i + 1:]
             if res[a]["path"] == res[b]["path"]]
     verdict = "converge" if dq <= tol_q and dm <= tol_m else "do NOT converge"
