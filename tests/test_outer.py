@@ -248,7 +248,8 @@ def test_after_a_return_a_leave_must_pass_the_test_on_consecutive_decisions() ->
     assert (second.m, second.leave_streak) == (0, 2)
     now[0] = "no"  # a decision that fails the test starts the count over
     reset = f.outer(second, pred)
-    assert (reset.m, reset.leave_streak) == (0, 0) and reset.note == "leave not confirmed (2 pass(es) in a row)"
+    assert (reset.m, reset.leave_streak) == (0, 0) and reset.note == \
+        "leave not confirmed (2 pass(es) in a row); stay uniform: no split forecasts faster"
     now[0] = "pays"
     again = f.outer(reset, pred)
     now[0] = "noise"  # the leave test fails within the forecasts' noise: the count starts over too
@@ -261,6 +262,36 @@ def test_after_a_return_a_leave_must_pass_the_test_on_consecutive_decisions() ->
     once = make("tailsieve", m0=0, m_gain=0.0, leave_confirm=1)
     one = fixed_forecast("tailsieve", once, lambda q, m: 20.0 if m == 0 else 10.0)
     assert one.outer(s, pred).m > 0  # leave_confirm 1: every leave on one pass
+
+
+def test_a_refused_leave_says_what_the_split_forecast_and_the_gate_it_missed() -> None:
+    """At uniform, a split forecast faster by less than the leave gate is refused with a note naming the split, its
+    forecast gain and the gate; a refusal by `leave_confirm` names both."""
+    c = make("tailsieve", m0=0, m_gain=0.1, leave_confirm=2)
+    f = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else 19.0)  # 5% faster, a 10% gate at least
+    s = ControlState(q=0, m=0, history=(history(),), returns=1, dwell=5)
+    pred = f.predictor(s)
+    out = f.outer(s, pred)
+    gate = f.leave_gain(s, pred, 1, 1)
+    assert out.m == 0 and gate >= 0.1
+    assert out.note.startswith("stay uniform: (") and out.note.endswith(f"forecasts +5.0%, within the {gate:.1%} gate")
+    streak = f.outer(replace(s, leave_streak=1), pred)
+    assert streak.note.startswith("leave not confirmed (1 pass(es) in a row); stay uniform: (")
+    slower = fixed_forecast("tailsieve", c, lambda q, m: 20.0 if m == 0 else 21.0)
+    assert slower.outer(s, pred).note == "stay uniform: no split forecasts faster"
+    c3 = make("tailsieve", m0=0, min_dwell=3)
+    settling = replace(s, dwell=1)
+    assert fixed_forecast("tailsieve", c3, lambda q, m: 20.0 if m == 0 else 10.0).outer(settling, pred).note == \
+        "stay uniform: 1 of 3 steps since the return"
+
+
+def test_a_note_lasts_one_decision() -> None:
+    """`update` starts each decision without a note: a decision that keeps (q, m) for want of a reason to move
+    does not repeat the last move's note (the per-step trace said "hold" or "m 0->5" for many steps)."""
+    c = make("tailsieve", q0=1, m0=0)
+    s = replace(c.initial(), note="m 0->5", history=(history(),))
+    out = c.update(s, obs(q=0, m=0, tail_s=0.0, bulk_s=10.0, warmup=True))
+    assert (out.q, out.m) == (0, 0) and out.note == ""
 
 
 def test_the_literal_paper_controller_leaves_on_one_pass_whatever_leave_confirm() -> None:

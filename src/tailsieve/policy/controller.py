@@ -275,8 +275,9 @@ class TailSieveController(Controller):
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
         redo = self.completed_last(state, obs)
+        # a note says what this decision did or refused and why; none: it kept (q, m) for want of a reason to move
         state = replace(self._with_history(state, obs, redo), dwell=state.dwell + (0 if obs.warmup else 1),
-                        since_move=state.since_move + 1)
+                        since_move=state.since_move + 1, note="")
         pred = self.predictor(state)
         state = self._calibrate(state, pred, obs, redo)
         if state.m > 0:

@@ -98,9 +98,10 @@ class OuterLoop:
         best_t, best_q, best_m = next(o for o in sorted(options)
                                       if o[2] in (m, 0) or m == 0 or self.feasible(state, pred, q, m, o[2], current))
         if best_m == m:
-            return self._no_leave(state)
-        if best_t > current * (1 - (self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain)):
-            return self._no_leave(state)
+            return self._no_leave(state, self._stay_note(state, settling))
+        gate = self.leave_gain(state, pred, best_q, best_m) if m == 0 else self.config.m_gain
+        if best_t > current * (1 - gate):
+            return self._no_leave(state, self._stay_note(state, settling, (best_q, best_m, 1 - best_t / current, gate)))
         if m == 0 and state.leave_streak + 1 < self.leave_confirm(state):
             return replace(state, leave_streak=state.leave_streak + 1,
                            note=f"m 0->{best_m} passed the leave test {state.leave_streak + 1} time(s) in a row")
@@ -150,13 +151,28 @@ class OuterLoop:
             history = history_variance(split, uniform, len(state.history) if self.by_step else 0)
         return max(gain, forecast_noise(state, self.config.bias_ema, history))
 
+    def _stay_note(self, state: ControlState, settling: bool,
+                   missed: tuple[int, int, float, float] | None = None) -> str:
+        """Why a decision at the uniform boundary stays there (empty in a split): `min_dwell` holds a return, no
+        split forecasts faster, or `missed` = (q, m, forecast gain, gate): the best split's gain is within the gate."""
+        if state.m > 0:
+            return ""
+        if missed is not None:
+            q, m, gain, gate = missed
+            return f"stay uniform: ({q}, {m}) forecasts {gain:+.1%}, within the {gate:.1%} gate"
+        if settling:
+            return f"stay uniform: {state.dwell} of {self.config.min_dwell} steps since the return"
+        return "stay uniform: no split forecasts faster"
+
     @staticmethod
-    def _no_leave(state: ControlState) -> ControlState:
-        """`state` after a decision that does not leave the uniform boundary on its forecasts: a leave test
-        passed on earlier decisions in a row (`leave_streak`) is not confirmed, and its count starts over."""
+    def _no_leave(state: ControlState, why: str = "") -> ControlState:
+        """`state` after a decision that does not leave the uniform boundary on its forecasts, its note `why`: a
+        leave test passed on earlier decisions in a row (`leave_streak`) is not confirmed, and its count starts
+        over."""
         if state.m > 0 or state.leave_streak == 0:
-            return state
-        return replace(state, leave_streak=0, note=f"leave not confirmed ({state.leave_streak} pass(es) in a row)")
+            return replace(state, note=why) if why else state
+        note = f"leave not confirmed ({state.leave_streak} pass(es) in a row)"
+        return replace(state, leave_streak=0, note=f"{note}; {why}" if why else note)
 
     def leave_confirm(self, state: ControlState) -> int:
         """Decisions in a row the leave test must pass before the uniform boundary is left: 1 until the first
