@@ -38,6 +38,7 @@ from tailsieve.engines.transport.replies import (
     read_capped,
     reply_limit,
 )
+from tailsieve.engines.transport.request_clock import RequestClock
 from tailsieve.engines.transport.stream_replies import StreamAcc, raise_stream_error
 from tailsieve.engines.transport.types import (
     DEFAULT_API_KEY_ENV,
@@ -78,9 +79,6 @@ __all__ = [
 ]
 
 
-STALL_SLACK = 1 / 16  # the stall timer is moved at most once per this share of the stall timeout
-
-
 @dataclass(slots=True)
 class _StreamState:
     """What one streamed reply has shown so far beyond its samples."""
@@ -89,44 +87,6 @@ class _StreamState:
     done: bool = False
     progress: bool = False  # tokens since the stall timer was last considered
     ttft: float | None = None
-
-
-@dataclass(slots=True)
-class _Clock:
-    """One request's timers: the stall limit (restarted by progress) and the optional total deadline."""
-
-    loop: asyncio.AbstractEventLoop
-    stall_s: float
-    deadline_s: float | None
-    t0: float = 0.0
-    armed: float = 0.0  # when the stall limit was last set
-
-    def __post_init__(self) -> None:
-        self.t0 = self.loop.time()
-
-    def elapsed(self) -> float:
-        """Seconds since the request started."""
-        return self.loop.time() - self.t0
-
-    def limit(self) -> float:
-        """When the request times out if nothing more happens (loop time): the stall limit with its slack (see
-        `progressed`), or the total deadline when that comes first."""
-        self.armed = now = self.loop.time()
-        stall = now + self.stall_s * (1.0 + STALL_SLACK)
-        return stall if self.deadline_s is None else min(stall, self.t0 + self.deadline_s)
-
-    def progressed(self, scope: asyncio.Timeout) -> None:
-        """Tokens arrived: move the stall limit, at most once per `STALL_SLACK`·stall seconds (rescheduling a
-        timer per token chunk cost more CPU than parsing it). The limit is armed with that slack, so a stall is
-        reported between stall_s and (1 + STALL_SLACK)·stall_s after the last token, never early."""
-        if self.loop.time() - self.armed > self.stall_s * STALL_SLACK:
-            scope.reschedule(self.limit())
-
-    def fault(self, url: str) -> ReplicaFault:
-        """The fault of a request that timed out: past its deadline, or stalled."""
-        if self.deadline_s is not None and self.elapsed() >= self.deadline_s - 1e-3:
-            return ReplicaFault(url, FaultKind.DEADLINE, f"request not done within its {self.deadline_s:g}s deadline")
-        return ReplicaFault(url, FaultKind.STALL, f"no tokens for {self.stall_s:g}s")
 
 
 class EngineClient:
@@ -232,7 +192,7 @@ class EngineClient:
         backend = self.backend(endpoint)
         self.check_endpoint(endpoint)
         body = self.body(endpoint, model, req, params)
-        clock = _Clock(asyncio.get_running_loop(), self.options.stall_timeout_s, self.options.deadline_s)
+        clock = RequestClock(asyncio.get_running_loop(), self.options.stall_timeout_s, self.options.deadline_s)
         try:
             async with asyncio.timeout_at(clock.limit()) as scope:
                 try:
@@ -244,7 +204,7 @@ class EngineClient:
             raise clock.fault(endpoint.url) from None
 
     async def _send(self, endpoint: Endpoint, backend: EngineBackend, body: dict[str, Any], req: Request,
-                    params: SamplingParams, progress: list[int] | None, clock: _Clock,
+                    params: SamplingParams, progress: list[int] | None, clock: RequestClock,
                     scope: asyncio.Timeout) -> Completion:
         """POST the body and parse the reply; transport failures and bad replies become `ReplicaFault`s. A pooled
         keep-alive connection the server closed while idle fails before any reply ("Server disconnected"): the
@@ -287,7 +247,7 @@ class EngineClient:
             raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc)}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
-                           clock: _Clock, scope: asyncio.Timeout, limit: int) -> Completion:
+                           clock: RequestClock, scope: asyncio.Timeout, limit: int) -> Completion:
         """Read SSE events as they arrive (one read often holds several), parse each `data:` line into `acc`. The
         stream's bytes are capped (`limit`) as they arrive, so no event larger than the cap is ever parsed."""
         state = _StreamState(str(resp.url.origin()))
@@ -312,7 +272,7 @@ class EngineClient:
         return acc.result(state.done, clock.elapsed(), state.ttft)
 
     @staticmethod
-    def _feed(lines: list[bytes], backend: EngineBackend, req: Request, acc: StreamAcc, clock: _Clock,
+    def _feed(lines: list[bytes], backend: EngineBackend, req: Request, acc: StreamAcc, clock: RequestClock,
               state: _StreamState) -> bool:
         """Parse complete SSE lines into `acc`; True at `data: [DONE]`."""
         for raw in lines:
