@@ -12,7 +12,8 @@ from controller_fixtures import CURVE, history, make, obs
 from tailsieve.errors import ConfigError
 from tailsieve.model.makespan import finish_times
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
-from tailsieve.policy.predictor import Predictor, lane_finish_times
+from tailsieve.policy.lanes import lane_finish_times
+from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import RouterConfig
 
 

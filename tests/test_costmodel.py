@@ -25,7 +25,7 @@ from tailsieve.model.costmodel import (
     load_cost_model,
 )
 from tailsieve.model.curves import TpotCurve, load_curve
-from tailsieve.policy.predictor import lane_finish_times
+from tailsieve.policy.lanes import lane_finish_times
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.simulation.runs import SimConfig, run_policy, static_grid

@@ -8,8 +8,9 @@ import pytest
 
 from conftest import make_curve
 from tailsieve.policy import predictor as predictor_mod
+from tailsieve.policy.lanes import group_completions
 from tailsieve.policy.mean_field import GRID_POINTS, MeanFieldPools, uniform_makespan
-from tailsieve.policy.predictor import Predictor, group_completions
+from tailsieve.policy.predictor import Predictor
 
 CURVE = make_curve()
 

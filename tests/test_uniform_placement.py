@@ -15,7 +15,8 @@ from conftest import make_curve
 from tailsieve.loop import SKIP_STEPS, make_controller
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.control_state import ControlState
-from tailsieve.policy.predictor import Predictor, lane_prefill, round_robin_lanes
+from tailsieve.policy.lanes import lane_prefill, round_robin_lanes
+from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
 from tailsieve.simulation.executor import shared_prefill
 from tailsieve.simulation.replica import ReplicaConfig

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.control_state import StepWork
-from tailsieve.policy.predictor import lane_finish_times, lane_prefill, round_robin_lanes
+from tailsieve.policy.lanes import lane_finish_times, lane_prefill, round_robin_lanes
 
 FloatArray = NDArray[np.float64]
 

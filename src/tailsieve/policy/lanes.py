@@ -1,0 +1,78 @@
+"""The all-admit lane model (§2.1) the predictor and the observed-step models share: every request's finish time on
+its lane, the round-robin placement of a pool (§3.1), the prefill a placement pays per distinct prompt per replica,
+and the completion time of each group of many pools at once."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.makespan import lane_order
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+__all__ = ["group_completions", "lane_finish_times", "lane_prefill", "round_robin_lanes"]
+
+
+def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve: TpotCurve,
+                      kv_s_per_token: float = 0.0) -> FloatArray:
+    """All-admit finish time of every request (§2.1) on its lane, for many lanes at once. With a KV-traffic term
+    (`ReplicaConfig.kv_ms_per_1k_tokens`) an iteration also costs kv·(tokens generated so far by the running
+    requests): b requests going from x = a to c add kv·b·(a + c − 1)(c − a)/2 (prompts not counted)."""
+    if lengths.size == 0:
+        return np.zeros(0)
+    order = lane_order(lengths, lanes, n_lanes)
+    ln = lanes[order]
+    ls = lengths[order]
+    first = np.searchsorted(ln, ln, side="left")
+    size = np.bincount(ln, minlength=n_lanes)[ln]
+    k = np.arange(ls.size) - first + 1  # 1-based ascending rank within the lane
+    prev = np.where(k == 1, 0.0, np.roll(ls, 1))
+    tau = curve.table(int(size.max()))
+    b = size - k + 1
+    seg = tau[b] * (ls - prev)
+    if kv_s_per_token > 0:
+        seg = seg + kv_s_per_token * b * (prev + ls - 1) * (ls - prev) / 2.0
+    csum = np.cumsum(seg)
+    base = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0.0)
+    out = np.empty_like(ls)
+    out[order] = csum - base
+    return out
+
+
+def round_robin_lanes(p: int, g: int, n_lanes: int, by_request: bool) -> IntArray:
+    """(P, G) lane of every request of P groups of G dealt round-robin (§3.1): request k of the pool to lane
+    k mod L (by request), or group i to lane i mod L (by group), as `Router.plan` places them."""
+    if by_request:
+        out: IntArray = (np.arange(p * g) % n_lanes).reshape(p, g)
+        return out
+    return np.repeat((np.arange(p) % n_lanes)[:, None], g, axis=1)
+
+
+def lane_prefill(lanes: IntArray, n_lanes: int, prefill_s: float) -> FloatArray:
+    """(n_lanes,) prefill seconds each lane pays for the (P, G) placement `lanes`: one prompt prefill per group per
+    replica it reaches (prefix caching shares it among a group's requests on one replica; a group dealt over k
+    replicas pays it k times). Paid at admission, before decoding: it delays every finish on its lane."""
+    if prefill_s <= 0 or lanes.size == 0:
+        return np.zeros(n_lanes)
+    pairs = np.unique(np.arange(lanes.shape[0])[:, None] * n_lanes + lanes)
+    out: FloatArray = np.bincount(pairs % n_lanes, minlength=n_lanes).astype(np.float64) * prefill_s
+    return out
+
+
+def group_completions(pools: FloatArray, n_lanes: int, curve: TpotCurve, by_request: bool,
+                      kv_s_per_token: float = 0.0, prefill_s: float = 0.0) -> FloatArray:
+    """(K, P) completion time of each group of K independent pools of P groups, round-robin over `n_lanes` each
+    (`prefill_s`: seconds per distinct prompt per lane, `lane_prefill`)."""
+    k, p, g = pools.shape
+    if p == 0:
+        return np.zeros((k, 0))
+    lane = round_robin_lanes(p, g, n_lanes, by_request)
+    lanes = (lane[None, :, :] + n_lanes * np.arange(k)[:, None, None]).ravel()
+    fin = lane_finish_times(pools.ravel(), lanes.astype(np.int64), n_lanes * k, curve, kv_s_per_token)
+    if prefill_s > 0:
+        fin = fin + np.tile(lane_prefill(lane, n_lanes, prefill_s)[lane.ravel()], k)
+    out: FloatArray = fin.reshape(k, p, g).max(axis=2)
+    return out
