@@ -21,7 +21,9 @@ from tailsieve.policy.calibration import (
     factors,
     forecast_noise,
     history_variance,
+    learn_spread,
     learn_uniform,
+    model_errors,
     step_weight,
 )
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
@@ -41,16 +43,16 @@ def test_an_outlier_step_moves_the_bias_by_at_most_the_clip_and_leaves_the_model
     """A regenerated group at the cap doubles T_tail: the model on that step's requests says so too (the model is
     right), so the model error stays 1, and the forecast bias moves by bias_ema · BIAS_CLIP, not by the 2×."""
     s = ControlState(q=2, m=1)
-    out = calibrate(s, observation(q=2, m=1, tail_s=200.0, bulk_s=90.0), CFG, modelled=(200.0, 90.0),
-                    forecast=(100.0, 90.0), forecast_step=100.0)
+    step = observation(q=2, m=1, tail_s=200.0, bulk_s=90.0)
+    out = learn_spread(calibrate(s, step, CFG, modelled=(200.0, 90.0), forecast=(100.0, 90.0)), step, CFG, 100.0)
     assert out.calib_tail == pytest.approx(1.0) and out.calib_bulk == pytest.approx(1.0)
     assert out.bias_tail == pytest.approx(CFG.bias_ema * BIAS_CLIP)
     assert out.bias_bulk == pytest.approx(0.0)
     # the spread bias: 200 / 100, clipped; the first two-pool step enters a running mean where the zero prior counts
     # as PRIOR_STEPS steps, a later one (once 1/(n + PRIOR_STEPS) < bias_ema) at the bias_ema rate
     assert out.bias_step == pytest.approx(BIAS_CLIP / (1 + PRIOR_STEPS)) and out.seen_step == 1
-    late = calibrate(replace(s, seen_step=10), observation(q=2, m=1, tail_s=200.0, bulk_s=90.0), CFG,
-                     modelled=(200.0, 90.0), forecast=(100.0, 90.0), forecast_step=100.0)
+    late = learn_spread(calibrate(replace(s, seen_step=10), step, CFG, modelled=(200.0, 90.0), forecast=(100.0, 90.0)),
+                        step, CFG, 100.0)
     assert late.bias_step == pytest.approx(CFG.bias_ema * BIAS_CLIP) and late.seen_step == 11
     ct, cb, _ = factors(out)
     assert ct == pytest.approx(math.exp(0.02)) and cb == pytest.approx(1.0)
@@ -66,8 +68,8 @@ def test_the_spread_bias_is_the_running_mean_of_its_first_steps() -> None:
     prev, devs = 0.0, []
     for x in xs:
         span = 100.0 * math.exp(x)
-        s = calibrate(s, observation(q=2, m=1, tail_s=span, bulk_s=span), CFG, modelled=(span, span),
-                      forecast=(span, span), forecast_step=100.0)
+        step = observation(q=2, m=1, tail_s=span, bulk_s=span)
+        s = learn_spread(calibrate(s, step, CFG, modelled=(span, span), forecast=(span, span)), step, CFG, 100.0)
         devs.append((x - prev) ** 2)
         prev = s.bias_step
     assert s.bias_step == pytest.approx(sum(xs) / (len(xs) + PRIOR_STEPS)) and s.seen_step == 3
@@ -77,18 +79,52 @@ def test_the_spread_bias_is_the_running_mean_of_its_first_steps() -> None:
 
 
 def test_model_error_is_measured_against_the_models_own_forecast_of_the_step() -> None:
-    """An engine 25% slower than the model: the model error learns it at the `ema` rate, the bias stays put."""
+    """An engine 25% slower than the model: the first two-pool step's ratio seeds each pool's model error, a later
+    one moves it at the `ema` rate, and the biases stay put."""
     s = ControlState(q=2, m=1)
+    assert math.isnan(s.calib_tail) and math.isnan(s.calib_bulk)
     out = calibrate(s, observation(q=2, m=1, tail_s=125.0, bulk_s=125.0), CFG, modelled=(100.0, 100.0),
                     forecast=(100.0, 100.0))
-    assert out.calib_tail == pytest.approx(1 + CFG.ema * 0.25) and out.calib_bulk == pytest.approx(1 + CFG.ema * 0.25)
+    assert out.calib_tail == pytest.approx(1.25) and out.calib_bulk == pytest.approx(1.25)
+    out = calibrate(out, observation(q=2, m=1, tail_s=100.0, bulk_s=125.0), CFG, modelled=(100.0, 100.0),
+                    forecast=(100.0, 100.0))
+    assert out.calib_tail == pytest.approx(1.25 - CFG.ema * 0.25) and out.calib_bulk == pytest.approx(1.25)
     assert (out.bias_tail, out.bias_bulk, out.bias_step) == (0.0, 0.0, 0.0)
+
+
+def test_an_unmeasured_pool_borrows_the_nearest_measured_model_error() -> None:
+    """Tail ← bulk ← uniform ← 1, and bulk ← tail ← uniform ← 1: a split is never priced at a model error of 1
+    against a uniform boundary measured at 1.5."""
+    nan = math.nan
+    cases = {(nan, nan, nan): (1.0, 1.0), (nan, nan, 1.5): (1.5, 1.5), (1.8, nan, 1.5): (1.8, 1.8),
+             (nan, 1.4, 1.5): (1.4, 1.4), (1.8, 1.4, 1.5): (1.8, 1.4)}
+    for (tail, bulk, uniform), want in cases.items():
+        state = ControlState(q=2, m=1, calib_tail=tail, calib_bulk=bulk, calib_uniform=uniform)
+        assert model_errors(state) == pytest.approx(want)
+        assert factors(state)[:2] == pytest.approx(want)
+
+
+def test_the_spread_bias_learns_what_the_updated_factors_miss_not_their_lag() -> None:
+    """A fleet 50% slower than the model everywhere, known from one uniform step: the first two-pool step runs at
+    1.5× the model in both pools. Priced with the factors that step has just updated, its makespan is what the
+    forecast says and the spread bias stays 0; priced at 1 (the model error before any two-pool step, as it was)
+    the spread bias learnt log 1.5 (clipped), which then stayed while the pools' own factors caught up."""
+    s = ControlState(q=2, m=1, calib_uniform=1.5)
+    step = observation(q=2, m=1, tail_s=150.0, bulk_s=120.0)
+    out = calibrate(s, step, CFG, modelled=(100.0, 80.0), forecast=(100.0, 80.0))
+    ct, cb, _ = factors(out)
+    assert (ct, cb) == pytest.approx((1.5, 1.5))
+    out = learn_spread(out, step, CFG, max(ct * 100.0, cb * 80.0))
+    assert out.bias_step == pytest.approx(0.0) and out.seen_step == 1
+    assert learn_spread(s, step, CFG, 100.0).bias_step == pytest.approx(BIAS_CLIP / (1 + PRIOR_STEPS))
+    assert learn_spread(s, replace(step, warmup=True), CFG, 100.0) == s
+    assert learn_spread(s, replace(step, q=0, m=0), CFG, 100.0) == s
 
 
 def test_without_a_request_record_the_forecast_is_the_reference_and_no_bias_is_learnt() -> None:
     s = ControlState(q=2, m=1)
     out = calibrate(s, observation(q=2, m=1, tail_s=150.0, bulk_s=50.0), CFG, modelled=None, forecast=(100.0, 100.0))
-    assert out.calib_tail == pytest.approx(1 + CFG.ema * 0.5) and out.calib_bulk == pytest.approx(1 - CFG.ema * 0.5)
+    assert out.calib_tail == pytest.approx(1.5) and out.calib_bulk == pytest.approx(0.5)
     assert (out.bias_tail, out.bias_bulk) == (0.0, 0.0)
 
 
@@ -122,8 +158,9 @@ def test_uniform_steps_age_the_measured_spread_back_to_its_prior() -> None:
     fresh = forecast_noise(replace(s, var_uniform=0.01, var_step=v0), a, hist)  # right after the stint: well known
     assert fresh == pytest.approx(math.sqrt((0.01 + v0) * share + hist)) and fresh < 0.6 * untried
     assert math.isnan(age_spread(math.nan, a))
-    after_split = calibrate(s, observation(q=2, m=1, tail_s=100.0, bulk_s=90.0), CFG, modelled=(100.0, 90.0),
-                            forecast=(100.0, 90.0), forecast_step=100.0)
+    step = observation(q=2, m=1, tail_s=100.0, bulk_s=90.0)
+    after_split = learn_spread(calibrate(s, step, CFG, modelled=(100.0, 90.0), forecast=(100.0, 90.0)), step, CFG,
+                               100.0)
     assert after_split.var_step == pytest.approx(ema(s.var_step, (0.0 - s.bias_step) ** 2, step_weight(31, a)))
 
 
@@ -147,7 +184,7 @@ def test_in_the_simulator_the_model_error_stays_one() -> None:
         out = loop.step(state, ex)
         state, c = out.state, out.state.control
         ran.add(out.plan.m > 0 and not out.plan.warmup)
-        assert c.calib_tail == pytest.approx(1.0, abs=2e-3) and c.calib_bulk == pytest.approx(1.0, abs=2e-3)
+        assert model_errors(c) == pytest.approx((1.0, 1.0), abs=2e-3)
         assert math.isnan(c.calib_uniform) or c.calib_uniform == pytest.approx(1.0, abs=2e-3)
     assert ran == {True, False}  # two-pool and uniform (or warm-up) steps both ran
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ from conftest import fixed_forecast
 from controller_fixtures import CURVE, history, make, obs
 from tailsieve.errors import ConfigError
 from tailsieve.model.makespan import finish_times
+from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.lanes import lane_finish_times
 from tailsieve.policy.predictor import Predictor
@@ -124,12 +126,13 @@ def test_uniform_boundary_has_its_own_calibration() -> None:
     pred = c.predictor(replace(s0, history=(history(),)))
     truth = float(np.mean(pred.bulk_times(0, 0)))
     s1 = c._calibrate(replace(s0, history=(history(),)), pred, obs(q=0, m=0, tail_s=0.0, bulk_s=1.5 * truth))
-    assert s1.calib_uniform == pytest.approx(1.5) and s1.calib_bulk == 1.0
+    assert s1.calib_uniform == pytest.approx(1.5) and math.isnan(s1.calib_bulk)
     assert c._calibrated(s1, pred, 0, 0) == pytest.approx(1.5 * truth)
+    assert factors(s1)[:2] == pytest.approx((1.5, 1.5))  # no split measured yet: the fleet's model error is 1.5
     fb = float(np.mean(pred.bulk_times(2, 2)))
     ft = float(np.mean(pred.tail_times(2, 2)))
     s2 = c._calibrate(s1, pred, obs(q=2, m=2, tail_s=ft, bulk_s=0.5 * fb))
-    assert s2.calib_uniform == pytest.approx(1.5) and s2.calib_bulk == pytest.approx(0.85)
+    assert s2.calib_uniform == pytest.approx(1.5) and s2.calib_bulk == pytest.approx(0.5)  # the first ratio seeds it
 
 
 def test_candidates_are_bootstrapped_by_selector_rank_from_whole_steps() -> None:

@@ -2,8 +2,10 @@
 
 Two factors per forecast class (tail pool, bulk pool, uniform boundary), both EMAs:
 - **model error** (`ControlState.calib_*`): measured / the model on this step's own requests (`policy.observed`).
-  What the all-admit model misses on this fleet (engine overheads, context effects): exactly 1 in the simulator.
-  It carries no luck of the draw, so it may move fast (weight `ema`, clipped to `calib_bounds`).
+  What the all-admit model misses on this fleet (engine overheads, context effects, tool calls between turns):
+  1 in the simulator unless the workload has tool calls. It carries little luck of the draw, so it may move fast
+  (weight `ema`, clipped to `calib_bounds`); a pool's first ratio seeds it, and until then it borrows the nearest
+  measured one (`model_errors`).
 - **forecast bias** (`ControlState.bias_*`, a log-EMA): the model on this step's requests / the bootstrap forecast
   at the executed split. What the resampled history gets wrong about the next step (a candidate model that
   over- or under-rates the selector, a mean-field forecast that runs early). One step's ratio is mostly luck (a
@@ -12,8 +14,8 @@ Two factors per forecast class (tail pool, bulk pool, uniform boundary), both EM
   learnt in about ten steps (issue 22: a single 2× step used to hold the controller at uniform for 10–14 steps).
 A pool's forecast is multiplied by their product (`factors`). A two-pool split has one more, on the step:
 - **spread bias** (`ControlState.bias_step`, a log-EMA clipped the same way, its first 1/`bias_ema` steps averaged:
-  `step_weight`): measured makespan / the calibrated
-  E[max(c_tail·T_tail, c_bulk·T_bulk)] at the executed split. The bootstrap pools can have each pool's mean right
+  `step_weight`; `learn_spread`): measured makespan / the calibrated E[max(c_tail·T_tail, c_bulk·T_bulk)] at the
+  executed split, with the factors that step has just updated. The bootstrap pools can have each pool's mean right
   and still under-state the step-to-step spread (kodcode-r1, (7, 4): T_bulk's spread 36.6 s measured against
   10.4 s across the resampled pools), which makes E[max] and so every split look faster than it is, by 6–7%
   there, against a uniform forecast that is right (uniform has no max of two pools).
@@ -44,11 +46,24 @@ def ema(prev: float, x: float, a: float) -> float:
     return x if math.isnan(prev) else (1 - a) * prev + a * x
 
 
+def model_errors(state: ControlState) -> tuple[float, float]:
+    """(tail, bulk) model error: each pool's own once a two-pool step measured it, before that the nearest one
+    measured (the other pool's, then the uniform boundary's, then 1). The model error is a property of the fleet
+    (engine overheads, tool calls between turns), not of the split: a split priced at 1 against a uniform boundary
+    measured at 1.5 looks 50% faster than it is, and the spread bias then learns the model error's lag while the
+    pool's own factor catches up, and keeps it after (agent-search, Mixtral on 4×H100: 8% against every split)."""
+    uniform = 1.0 if math.isnan(state.calib_uniform) else state.calib_uniform
+    tail, bulk = state.calib_tail, state.calib_bulk
+    return (tail if not math.isnan(tail) else bulk if not math.isnan(bulk) else uniform,
+            bulk if not math.isnan(bulk) else tail if not math.isnan(tail) else uniform)
+
+
 def factors(state: ControlState) -> tuple[float, float, float]:
-    """(c_tail, c_bulk, c_uniform): model error × forecast bias of each forecast class (the uniform pair falls back
-    to the bulk's until a uniform step was seen)."""
-    ct = state.calib_tail * math.exp(state.bias_tail)
-    cb = state.calib_bulk * math.exp(state.bias_bulk)
+    """(c_tail, c_bulk, c_uniform): model error × forecast bias of each forecast class (`model_errors`; the uniform
+    pair falls back to the bulk's until a uniform step was seen)."""
+    mt, mb = model_errors(state)
+    ct = mt * math.exp(state.bias_tail)
+    cb = mb * math.exp(state.bias_bulk)
     cu = cb if math.isnan(state.calib_uniform) else state.calib_uniform * math.exp(state.bias_uniform)
     return ct, cb, cu
 
@@ -115,33 +130,40 @@ def forecast_noise(state: ControlState, a: float, history: float | None = None) 
     return math.sqrt(vu * ema_share + vs + h)
 
 
+def learn_spread(state: ControlState, obs: StepObservation, config: ControllerConfig,
+                 forecast_step: float) -> ControlState:
+    """The spread bias after one steady two-pool step: its measured makespan against `forecast_step`, the calibrated
+    E[max] at the executed split with the factors this step has just updated (`calibrate`), so that the spread bias
+    learns only what the factors do not (with the factors from before the step it also learnt their lag)."""
+    if obs.warmup or not (obs.m > 0 and obs.q > 0 and forecast_step > 0):
+        return state
+    span = max(obs.tail_s, obs.bulk_s)
+    w = step_weight(state.seen_step + 1, config.bias_ema)
+    return replace(state, bias_step=_log_step(state.bias_step, span, forecast_step, w),
+                   var_step=_spread(state.var_step, state.bias_step, span, forecast_step, w),
+                   seen_step=state.seen_step + 1)
+
+
 def calibrate(state: ControlState, obs: StepObservation, config: ControllerConfig, *,
-              modelled: tuple[float, float] | None, forecast: tuple[float, float],
-              forecast_step: float = math.nan) -> ControlState:
-    """The factors after one steady step. `modelled`: (T_tail, T_bulk) of the model on the step's own requests
-    (None: no per-request record); `forecast`: the bootstrap forecast's (T_tail, T_bulk) at the executed split;
-    `forecast_step`: its calibrated makespan there (two-pool steps)."""
+              modelled: tuple[float, float] | None, forecast: tuple[float, float]) -> ControlState:
+    """The model errors and forecast biases after one steady step (the spread bias: `learn_spread`, after this).
+    `modelled`: (T_tail, T_bulk) of the model on the step's own requests (None: no per-request record);
+    `forecast`: the bootstrap forecast's (T_tail, T_bulk) at the executed split."""
     if obs.warmup:
         return state
     b = config.bias_ema
-    if obs.m > 0 and obs.q > 0 and modelled is not None and forecast_step > 0:
-        span = max(obs.tail_s, obs.bulk_s)
-        w = step_weight(state.seen_step + 1, b)
-        state = replace(state, bias_step=_log_step(state.bias_step, span, forecast_step, w),
-                        var_step=_spread(state.var_step, state.bias_step, span, forecast_step, w),
-                        seen_step=state.seen_step + 1)
     lo, hi = config.calib_bounds
     a = config.ema
     ft, fb = modelled if modelled is not None else forecast
     s = state
     if obs.m > 0 and obs.q > 0 and ft > 0:
-        s = replace(s, calib_tail=(1 - a) * s.calib_tail + a * float(np.clip(obs.tail_s / ft, lo, hi)))
+        s = replace(s, calib_tail=ema(s.calib_tail, float(np.clip(obs.tail_s / ft, lo, hi)), a))
         if modelled is not None:
             s = replace(s, bias_tail=_log_step(s.bias_tail, ft, forecast[0], b))
     if fb > 0:
         ratio = float(np.clip(obs.bulk_s / fb, lo, hi))
         if obs.m > 0:
-            s = replace(s, calib_bulk=(1 - a) * s.calib_bulk + a * ratio)
+            s = replace(s, calib_bulk=ema(s.calib_bulk, ratio, a))
             if modelled is not None:
                 s = replace(s, bias_bulk=_log_step(s.bias_bulk, fb, forecast[1], b))
         else:

@@ -93,8 +93,8 @@ class ControlState:
     velocity: float = 0.0
     rate_tail: float = math.nan
     rate_bulk: float = math.nan
-    calib_tail: float = 1.0
-    calib_bulk: float = 1.0
+    calib_tail: float = math.nan  # measured / modelled at two-pool steps (NaN: none yet, `calibration.model_errors`)
+    calib_bulk: float = math.nan
     calib_uniform: float = math.nan  # measured / predicted at uniform steps (NaN: none yet; the first one seeds it)
     bias_tail: float = 0.0  # log forecast bias of each class (`policy.calibration`): modelled / bootstrap forecast
     bias_bulk: float = 0.0
@@ -149,9 +149,7 @@ class ControlState:
                 kw[name] = _fresh_record(v, flag)
             elif name in _MEASURED:
                 kw[name] = finite_or_nan(v, flag, lo=0)
-            elif name in ("calib_tail", "calib_bulk"):
-                kw[name] = finite(v, flag, lo=0, lo_open=True)
-            elif name == "calib_uniform":
+            elif name in ("calib_tail", "calib_bulk", "calib_uniform"):
                 kw[name] = finite_or_nan(v, flag, lo=0, lo_open=True)
             elif name == "move_dir":
                 kw[name] = one_of(v, flag, (-1, 0, 1))

@@ -23,7 +23,7 @@ import numpy as np
 
 from tailsieve.inputs import check_tail_replicas
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.calibration import calibrate, ema, factors, learn_uniform
+from tailsieve.policy.calibration import calibrate, ema, factors, learn_spread, learn_uniform
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regenerations
 from tailsieve.policy.observed import observed_times, uniform_counterfactual
@@ -194,9 +194,10 @@ class Controller(OuterLoop):
             dealt = bool(lanes.size) and bool((lanes != lanes[:, :1]).any())
         ft = float(np.mean(pred.tail_times(obs.q, obs.m))) if obs.m > 0 and obs.q > 0 else 0.0
         fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times(dealt)))
-        ct, cb, _ = factors(state)
-        step = pred.makespan(obs.q, obs.m, ct, cb) if obs.m > 0 and obs.q > 0 else math.nan
-        state = calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb), forecast_step=step)
+        state = calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb))
+        if obs.m > 0 and obs.q > 0 and modelled is not None:
+            ct, cb, _ = factors(state)
+            state = learn_spread(state, obs, self.config, pred.makespan(obs.q, obs.m, ct, cb))
         if redo is not None and redo.shape[0] == self.router.groups:
             # the uniform boundary priced on the last split step's fresh groups: what a uniform step would have run
             by_request = state.uniform_dispatch == "request"
