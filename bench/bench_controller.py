@@ -87,6 +87,7 @@ class Case:
     controller: str  # JSON of ControllerConfig overrides
     capped: str
     cache: str = ""  # --static-cache folder ("" none)
+    engine_scale: float = 1.0  # --engine-scale: the simulated replicas' τ(b) times this, the policies keep the curve
 
 
 def uniform_runs(run: PolicyRun, skip: int = SKIP_STEPS) -> tuple[int, int]:
@@ -104,7 +105,9 @@ def static_grid(c: Case, wl: Any, curve: Any, cfg: Any, base: float) -> tuple[di
     """The 49 static splits' and verl-lif's speedups over uniform (mean step `base`). They do not depend on the
     controller, so with `--static-cache` they are read from, or written to, one JSON file per case (keyed by
     workload, curve, seed, steps and redraw limit; uniform's mean step is stored and must match)."""
-    path = Path(c.cache) / f"{c.workload}_{c.curve}_{c.seed}_s{c.steps}_r{c.max_redraws}.json" if c.cache else None
+    scale = "" if c.engine_scale == 1.0 else f"_e{c.engine_scale:g}"
+    name = f"{c.workload}_{c.curve}_{c.seed}_s{c.steps}_r{c.max_redraws}{scale}.json"
+    path = Path(c.cache) / name if c.cache else None
     if path is not None and path.exists():
         d = json.loads(path.read_text())
         if math.isclose(d["base"], base, rel_tol=1e-12):
@@ -127,7 +130,7 @@ def run_case(c: Case) -> dict[str, Any]:
     rc = RouterConfig(max_redraws=c.max_redraws)
 
     def cfg(**kw: Any) -> SimConfig:
-        return SimConfig(router=rc, steps=c.steps, seed=c.seed, **kw)
+        return SimConfig(router=rc, steps=c.steps, seed=c.seed, engine_scale=c.engine_scale, **kw)
 
     uniform = run_policy("uniform", wl, curve, cfg())
     base = uniform.mean_step_s()
@@ -240,6 +243,17 @@ def _count(lo: int) -> Any:
     return parse
 
 
+def _scale(text: str) -> float:
+    """argparse type: a finite number > 0 (a one-line usage error otherwise)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
 def check_names(ap: argparse.ArgumentParser, args: argparse.Namespace, curves: list[str]) -> None:
     """Every workload and curve any section will run, checked before the first run (a one-line usage error, not a
     traceback after minutes of runs): `capped` only where it is generated (the main table, `--decompose`)."""
@@ -302,6 +316,9 @@ def main() -> None:
     ap.add_argument("--static-cache", type=Path, help="folder of the static grids and verl-lif per case (and, with "
                     "--fleet, each fleet row's uniform, topq-best, verl-lif and static cells): they do not depend on "
                     "the controller, so a rerun after a controller change reuses them")
+    ap.add_argument("--engine-scale", type=_scale, default=1.0, help="the simulated replicas decode at tau(b) times "
+                    "this while every policy keeps the profiled curve: a fleet slower (> 1) or faster (< 1) than its "
+                    "profile, a model error the calibration must learn (main table only)")
     ap.add_argument("--drift", action="store_true", help="run only the math-drift ramp section (--seeds, --curves)")
     ap.add_argument("--drift-steps", type=_count(1), default=200, help="steps of the math-drift ramp section")
     ap.add_argument("--drift-window", type=_count(1), default=25, help="window of the drift section's switching oracle")
@@ -321,7 +338,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         capped = str(capped_trace(Path(tmp)))
         cache = str(args.static_cache or "")
-        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped, cache)
+        cases = [Case(w, cv, sd, steps, args.max_redraws, policies, args.controller, capped, cache, args.engine_scale)
                  for w in args.workloads.split(",") for cv in curves for sd in seeds]
         # the slow (multi-turn) cases first, so two workers stay busy
         order = sorted(range(len(cases)), key=lambda i: cases[i].workload != "agent-search")

@@ -50,6 +50,15 @@ def test_static_flags_and_policy_selection(capsys: pytest.CaptureFixture[str]) -
     assert doc["policies"]["tailsieve"]["steps"][0]["m"] == 0
 
 
+def test_engine_scale_slows_the_simulated_fleet_and_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    """All-admit step times are linear in τ: --engine-scale 1.5 makes every uniform step exactly 1.5× as long."""
+    base = run_json(capsys, "--policy", "uniform")
+    slow = run_json(capsys, "--policy", "uniform", "--engine-scale", "1.5")
+    assert (base["engine_scale"], slow["engine_scale"]) == (1.0, 1.5)
+    assert [s["makespan_s"] for s in slow["policies"]["uniform"]["steps"]] == pytest.approx(
+        [1.5 * s["makespan_s"] for s in base["policies"]["uniform"]["steps"]])
+
+
 def test_replica_options_and_synthetic_workload(capsys: pytest.CaptureFixture[str]) -> None:
     base = run_json(capsys, "--policy", "uniform", "--workload", "synthetic-math")
     assert base["replay"] == "synthetic"
@@ -108,6 +117,8 @@ def test_progress_names_each_finished_policy(capsys: pytest.CaptureFixture[str])
         (["--spec", "mtp", "--policy", "tailsieve,static"], "give one --policy"),
         (["--spec", "mtp", "--policy", "seer-oracle"], "give one --policy"),
         (["--spec-budgets", "1,2"], "--spec-budgets belongs to the matched-budget table; add --spec METHOD"),
+        (["--engine-scale", "0"], "--engine-scale must be a finite number > 0 and <= 100, got 0.0"),
+        (["--engine-scale", "nan"], "--engine-scale must be a finite number > 0 and <= 100, got nan"),
     ],
 )
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:

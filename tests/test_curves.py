@@ -218,3 +218,11 @@ def test_moe_kernel_knee_of_a_128_expert_model() -> None:
             assert rel[16] <= 0.66 and 0.76 <= rel[32] <= 0.86 and rel[64] >= 0.80
     for rel in moe_levels("Mixtral-8x7B", "balanced").values():  # 8 experts, top-2: the knee at 4 tokens
         assert rel[1] <= 0.8 * rel[4] and all(0.9 * rel[4] <= rel[n] <= 1.1 * rel[4] for n in (8, 16, 32))
+
+
+def test_a_scaled_curve_is_every_point_times_the_factor() -> None:
+    curve = load_curve("h100-llama3-8b")
+    slow = curve.scaled(1.5)
+    assert slow.batch == curve.batch and slow.name == "h100-llama3-8bx1.5"
+    np.testing.assert_allclose(slow.table(300), 1.5 * curve.table(300))  # the extension past b = 64 follows
+    assert curve.scaled(1.0) is curve

@@ -11,13 +11,22 @@ from numpy.typing import NDArray
 
 from conftest import make_curve
 from tailsieve.errors import ConfigError
+from tailsieve.loop import build_loop
 from tailsieve.model.baselines import GroupBatch, get_policy
 from tailsieve.model.makespan import makespan
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
 from tailsieve.policy.step import GroupStatus, Pool
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.replica import ReplicaConfig
-from tailsieve.simulation.runs import ORACLES, SimConfig, check_policy, policy_names, run_policies, run_policy
+from tailsieve.simulation.runs import (
+    ORACLES,
+    SimConfig,
+    check_policy,
+    policy_names,
+    policy_spec,
+    run_policies,
+    run_policy,
+)
 from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 CURVE = make_curve()
@@ -172,6 +181,28 @@ def test_restart_s_is_charged_exactly_when_m_changes() -> None:
     assert extra == pytest.approx([0.0, 7.5, 0.0, 0.0, 0.0])
     with pytest.raises(ConfigError, match="restart_s must be >= 0 and finite, got -1"):
         small_config(restart_s=-1.0)
+
+
+def test_engine_scale_slows_the_replicas_not_the_policies_cost_model() -> None:
+    """All-admit step times are linear in τ: at engine_scale 1.4 every uniform step takes exactly 1.4× as long, and
+    the controller's model error at the uniform boundary is 1.4, which a split it has not run yet borrows
+    (`calibration.model_errors`)."""
+    from tailsieve.policy.calibration import factors
+
+    wl, curve = fake_workload(), make_curve()
+    base = run_policy("uniform", wl, curve, small_config(steps=3))
+    slow = run_policy("uniform", wl, curve, small_config(steps=3, engine_scale=1.4))
+    assert [s.makespan_s for s in slow.steps] == pytest.approx([1.4 * s.makespan_s for s in base.steps])
+    spec = policy_spec("tailsieve", wl, curve, small_config(engine_scale=1.4))
+    assert spec.cost.bulk_curve == curve  # the policy is not told
+    loop = build_loop(spec, wl.prompts)
+    ex = SimExecutor(wl, curve.scaled(1.4), spec.router)
+    out = loop.step(loop.initial(), ex)
+    assert out.plan.m == 0 and out.state.control.calib_uniform == pytest.approx(1.4)
+    assert factors(out.state.control)[:2] == pytest.approx((1.4, 1.4), rel=0.05)  # × the forecast biases (≤ ±2%)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="engine_scale must be > 0 and finite, got"):
+            small_config(engine_scale=bad)
 
 
 @pytest.mark.slow

@@ -70,6 +70,7 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     int_in(args.steps, "--steps", 1, MAX_STEPS)
     check_step_size(args.groups, args.group_size)
     finite(args.restart_s, "--restart-s", lo=0, hi=MAX_SECONDS)
+    engine_scale = finite(getattr(args, "engine_scale", 1.0), "--engine-scale", lo=0, lo_open=True, hi=100)
     replica = replica_config(args, model)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
@@ -81,7 +82,8 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
     return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
                      shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
-                     bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies))
+                     bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies),
+                     engine_scale=engine_scale)
 
 
 def peer_config(args: argparse.Namespace, policies: list[str]) -> PeerConfig:

@@ -73,6 +73,9 @@ def register(sub: Any) -> None:
     p.add_argument("--restart-s", type=float, default=0.0,
                    help="seconds a step pays when m changes (a launcher restarting the moved replicas because the "
                         "pools' flags differ; default 0: restart-free moves)")
+    p.add_argument("--engine-scale", type=float, default=1.0, metavar="X",
+                   help="the simulated replicas decode at tau(b)*X while every policy keeps --curve: a fleet slower "
+                        "(> 1) or faster (< 1) than its profile, a model error the controller must learn (default 1)")
     add_spec_and_output_args(p)
     p.set_defaults(func=run)
 
@@ -117,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
             "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
+            "engine_scale": config.engine_scale,
             "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
                       "long_round_period": config.peers.long_round_period},
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)

@@ -13,7 +13,7 @@ import csv
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -51,6 +51,13 @@ class TpotCurve:
     def is_monotone(self) -> bool:
         """True when τ(b) never decreases with b (the usual case; the exact oracle prunes harder then)."""
         return all(b >= a for a, b in zip(self.tpot_ms, self.tpot_ms[1:], strict=False))
+
+    def scaled(self, factor: float) -> TpotCurve:
+        """τ(b)·`factor` at every point (the extension past the last point follows): an engine slower (> 1) or
+        faster (< 1) than this profile."""
+        if factor == 1.0:
+            return self
+        return replace(self, name=f"{self.name}x{factor:g}", tpot_ms=tuple(t * factor for t in self.tpot_ms))
 
     def table(self, n: int) -> FloatArray:
         """τ(0..n) in seconds as a read-only array of length n + 1 (τ(0) = 0)."""

@@ -51,12 +51,17 @@ class SimConfig:
     restart_s: float = 0.0  # seconds a step pays when m changed (a launcher restarting the moved replicas)
     bias_correction: bool = False  # per-group weights (`analysis.weights`) and the weighted bias keys; opt-in
     peers: PeerConfig = field(default_factory=PeerConfig)  # the peer policies' knobs (docs/peers.md)
+    # the simulated replicas decode at τ(b)·engine_scale while every policy's cost model keeps the profiled curve:
+    # a fleet slower (> 1) or faster (< 1) than its profile, the model error the controller's calibration learns
+    engine_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
             raise ConfigError(f"restart_s must be >= 0 and finite, got {self.restart_s}")
+        if not (self.engine_scale > 0 and math.isfinite(self.engine_scale)):
+            raise ConfigError(f"engine_scale must be > 0 and finite, got {self.engine_scale}")
 
 
 OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every simulated step
@@ -176,7 +181,9 @@ def _run_controller(
     """The step loop on `SimExecutor`; exactly-once consumption is checked every step and over the run."""
     spec = policy_spec(name, workload, curve, config)
     loop = build_loop(spec, workload.prompts)
-    executor = SimExecutor(workload, spec.cost.bulk_curve, spec.router, config.replica, tail_curve=spec.cost.tail_curve)
+    k, tail = config.engine_scale, spec.cost.tail_curve
+    executor = SimExecutor(workload, spec.cost.bulk_curve.scaled(k), spec.router, config.replica,
+                           tail_curve=None if tail is None else tail.scaled(k))
     restarts = SimRestarts(config.restart_s)
     log = RunLog(name)
     state = loop.initial()
@@ -200,7 +207,8 @@ def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig
     consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
     loop = PeerLoop(make_peer(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle,
                               seed=config.seed))
-    executor = SimExecutor(workload, config.spec.bulk.curve(curve), config.router, config.replica)
+    executor = SimExecutor(workload, config.spec.bulk.curve(curve).scaled(config.engine_scale), config.router,
+                           config.replica)
     log = RunLog(name)
     state = loop.initial()
     for i in range(config.steps):
@@ -220,7 +228,7 @@ def _run_oracle(
     With speculation on, every replica runs the bulk pool's configuration (the per-pool split is TailSieve's)."""
     policy = get_policy(name)
     r = config.router.replicas
-    curve = config.spec.bulk.curve(curve)
+    curve = config.spec.bulk.curve(curve).scaled(config.engine_scale)  # an oracle knows the fleet's real speed
     ex = SimExecutor(workload, curve, config.router, config.replica)
     records: list[StepRecord] = []
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
