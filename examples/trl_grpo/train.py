@@ -32,6 +32,7 @@ from tailsieve.engines.rollout.api import RolloutConfig
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import TailSieveError
+from tailsieve.policy.controller import ControllerConfig
 
 # torch, transformers, datasets and trl are imported where they are used, so a bad flag is reported at once
 
@@ -45,6 +46,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--groups", type=int, default=2, help="prompt groups per step, N (default: %(default)s)")
     ap.add_argument("--group-size", type=int, default=4, help="completions per prompt, G (default: %(default)s)")
     ap.add_argument("--rho", type=float, default=0.5, help="over-provisioning ρ (default: %(default)s)")
+    ap.add_argument("--m0", type=int, default=1, help="tail replicas at the first step (default: %(default)s: step 1 "
+                    "is the warm-up that cuts, and the cut groups are regenerated on the tail replica from step 2; at "
+                    "0 the controller starts at the uniform boundary, where on two CPU replicas it stays)")
     ap.add_argument("--max-tokens", type=int, default=24, help="max completion tokens (default: %(default)s)")
     ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: %(default)s)")
     ap.add_argument("--rows", type=int, default=64, help="dataset rows (default: %(default)s)")
@@ -114,6 +118,7 @@ def train(a: argparse.Namespace, work: Path, urls: list[str], model_dir: Path) -
 
     rows = dataset_rows(a.rows)
     config = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy="tailsieve", seed=a.seed,
+                           controller=ControllerConfig(m0=a.m0),
                            sampling=SamplingParams(temperature=1.0, max_tokens=a.max_tokens),
                            faults=FaultPolicy(stall_timeout_s=120.0))
     session = TrlSession(urls, config, rows, checkpoints=work / "checkpoints")
