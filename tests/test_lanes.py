@@ -59,6 +59,12 @@ def test_round_robin_deals_requests_or_whole_groups() -> None:
     assert round_robin_lanes(3, 2, 2, False).tolist() == [[0, 0], [1, 1], [0, 0]]
 
 
+@pytest.mark.parametrize("by_request", [True, False])
+def test_a_pool_of_no_replicas_is_refused(by_request: bool) -> None:
+    with pytest.raises(ValueError, match=r"^round_robin_lanes: n_lanes must be >= 1, got 0$"):
+        round_robin_lanes(2, 3, 0, by_request)
+
+
 def test_prefill_is_paid_once_per_group_per_replica_it_reaches() -> None:
     dealt = round_robin_lanes(2, 3, 4, True)  # group 0 on lanes 0-2, group 1 on lanes 3, 0, 1
     assert lane_prefill(dealt, 4, 0.5).tolist() == [1.0, 1.0, 0.5, 0.5]

@@ -81,8 +81,8 @@ def test_leaving_uniform_needs_a_gain_beyond_the_forecasts_noise() -> None:
     # with the predictor the history term is measured on its pools: eight identical steps leave the prior's share,
     # 0.2²/8/8, so the noise is 2.5% and m_gain (3%) is the gate
     pred = ts.predictor(quiet)
-    qc, _ = ts.split_q(quiet, pred, 2)
+    qc, _ = ts.split_q(quiet, pred, 1)  # R = 2: the one split there is
     a = ts.config.bias_ema
     noise = math.sqrt(2e-6 * a / (2 - a) + 0.2**2 / 8 / 8)
     assert forecast_noise(quiet, a, 0.2**2 / 8 / 8) == pytest.approx(noise) and noise < ts.config.m_gain
-    assert ts.leave_gain(quiet, pred, qc, 2) == ts.config.m_gain
+    assert ts.leave_gain(quiet, pred, qc, 1) == ts.config.m_gain

@@ -45,6 +45,8 @@ def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve:
 def round_robin_lanes(p: int, g: int, n_lanes: int, by_request: bool) -> IntArray:
     """(P, G) lane of every request of P groups of G dealt round-robin (§3.1): request k of the pool to lane
     k mod L (by request), or group i to lane i mod L (by group), as `Router.plan` places them."""
+    if n_lanes < 1:  # a pool of no replicas (m = R or m = 0 for a tail pool) is a caller's error, not a forecast
+        raise ValueError(f"round_robin_lanes: n_lanes must be >= 1, got {n_lanes}")
     if by_request:
         out: IntArray = (np.arange(p * g) % n_lanes).reshape(p, g)
         return out
