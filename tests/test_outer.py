@@ -11,7 +11,7 @@ import pytest
 from conftest import fixed_forecast
 from controller_fixtures import CURVE, history, make, obs
 from tailsieve.errors import ConfigError
-from tailsieve.policy.controller import ControllerConfig, ControlState
+from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.predictor import Predictor
 
 
@@ -323,3 +323,29 @@ def test_the_fastest_feasible_split_is_chosen_and_feasibility_is_asked_only_unti
     out = p.outer(s, p.predictor(s))
     assert out.m == 4  # the fastest feasible split (10 s), one replica away
     assert asked == [2, 1, 4]  # in forecast order, stopping at the first that passes
+
+
+def test_the_outer_loop_is_asked_while_q_climbs_and_a_move_of_m_wins() -> None:
+    """From a start far from the optimum (q0 = 1 at m0 = R/2) the inner loop would climb q in bounded steps; when
+    the split loses to uniform even at the q it is heading to, `tailsieve` returns at once instead of serving every
+    step of the climb. Where the split at that q beats every other option, q moves first (C.1 before C.2), and the
+    literal `tailsieve-paper` keeps C.1 before C.2."""
+    c = make("tailsieve", q0=1, m0=4, m_gain=0.0, min_dwell=1)
+    step = obs(q=1, m=4, tail_s=10.0, bulk_s=10.0)
+
+    def start(ctrl: object) -> ControlState:
+        return replace(ctrl.initial(), dwell=3, history=(history(),))  # type: ignore[attr-defined]
+
+    loses = fixed_forecast("tailsieve", c, lambda q, m: 5.0 if m == 0 else 30.0 - q)
+    out = loses.update(start(loses), step)
+    assert (out.q, out.m, out.note) == (0, 0, "m 4->0")
+
+    pays = fixed_forecast("tailsieve", c, lambda q, m: 50.0 if m == 0 else 30.0 - q if m == 4 else 60.0)
+    out = pays.update(start(pays), step)
+    assert out.m == 4 and out.q > 1 and out.note == f"q 1->{out.q}"
+
+    hierarchy = fixed_forecast("tailsieve", c, lambda q, m: 5.0 if m == 0 else 30.0 - q)
+    type(hierarchy).outer_early = False  # the rule off (a local subclass): the same decision climbs q first
+    out = hierarchy.update(start(hierarchy), step)
+    assert out.m == 4 and out.note == f"q 1->{out.q}"
+    assert not CONTROLLERS["tailsieve-paper"].outer_early and CONTROLLERS["tailsieve"].outer_early

@@ -70,6 +70,7 @@ class Controller(OuterLoop):
     gain_on_target: ClassVar[bool] = False  # the q gain test prices the target, not the bounded step (`_move_q`)
     noise_gate: ClassVar[bool] = False  # leaving uniform needs a gain beyond the forecasts' noise (`leave_gain`)
     by_step: ClassVar[bool] = False  # bootstrap pools drawn within one history step each (`predictor._draw_rows`)
+    outer_early: ClassVar[bool] = False  # the outer loop may move m while q is still moving (`_outer_while_moving`)
 
     def __init__(
         self,
@@ -272,6 +273,7 @@ class TailSieveController(Controller):
     gain_on_target: ClassVar[bool] = True  # the q gain test prices the target, not the bounded step (`_move_q`)
     noise_gate: ClassVar[bool] = True
     by_step: ClassVar[bool] = True
+    outer_early: ClassVar[bool] = True
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
@@ -282,9 +284,9 @@ class TailSieveController(Controller):
         pred = self.predictor(state)
         state = self._calibrate(state, pred, obs, redo)
         if state.m > 0:
-            state, moved = self.inner(state, pred, obs)
+            moved_state, moved = self.inner(state, pred, obs)
             if moved:
-                return state
+                return self._outer_while_moving(state, moved_state, pred, obs)
         if state.hold > 0:
             return replace(state, hold=state.hold - 1, note="hold")
         if obs.warmup:
@@ -293,6 +295,19 @@ class TailSieveController(Controller):
         if self.adapt_m and self.router.replicas >= 2:
             return self.outer(state, pred)
         return state
+
+    def _outer_while_moving(self, state: ControlState, moved: ControlState, pred: Predictor,
+                            obs: StepObservation) -> ControlState:
+        """A decision on which the inner loop moves q (`moved`): with `outer_early`, the outer loop is asked too,
+        pricing this split at the q the inner loop is heading to (its target), and a move of m it makes wins. A
+        start or a shift far from the optimum then does not serve every bounded q step at a split that, even at its
+        best q, loses to uniform or to another m (agent-search from (q0 = 1, m0 = R/2): 8 split steps before the
+        first return, each 20% slower than uniform). Otherwise the hierarchy of C.1/C.2 holds: q first, then m."""
+        if not (self.outer_early and self.adapt_m and self.router.replicas >= 2) or obs.warmup:
+            return moved
+        target, _ = self.best_q(state, pred, state.m)
+        out = self.outer(replace(state, q=int(np.clip(target, 1, self.q_limit()))), pred)
+        return out if out.m != state.m else moved
 
     def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
         """C.1 discrete update toward argmin_q T̂(q, m): damped momentum, bounded step, gain threshold, holds."""
@@ -351,6 +366,7 @@ class TailSievePaperController(TailSieveController):
     gain_on_target: ClassVar[bool] = False
     noise_gate: ClassVar[bool] = False
     by_step: ClassVar[bool] = False
+    outer_early: ClassVar[bool] = False  # C.1 settles q before C.2 moves m
 
     def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
         """C.2 literally: a candidate split keeps the current q."""
