@@ -201,3 +201,15 @@ def test_uniform_steps_refresh_the_candidate_history() -> None:
     assert len(s.tail_history) == 8 and c._calibrated(s, c.predictor(s), 4, 1) < 0.85 * before  # 2 of 8 steps heavy
 
 
+
+
+@pytest.mark.parametrize("name", ["tailsieve", "tailsieve-fixed"])
+def test_a_refused_q_move_keeps_the_damped_velocity(name: str) -> None:
+    """C.1's damped momentum carries over a decision whose gain test refuses the move: T̂ falls by 0.01 s per group
+    (E = 4), so from q = 1 the target is 4, v = 0.5·0 + 0.5·(4 − 1) = 1.5, the gain (0.3%) is below q_gain and q
+    stays, with the velocity halved to 0.75 for the next decision."""
+    c = make(name, q0=1, m0=4, min_dwell=99)
+    f = fixed_forecast(name, c, lambda q, m: 10.0 - 0.01 * q if m == 4 else 50.0)
+    s = replace(f.initial(), history=(history(),))
+    out = f.update(s, obs(q=1, m=4, tail_s=10.0, bulk_s=10.0))
+    assert (out.q, out.m) == (1, 4) and out.velocity == pytest.approx(0.75)

@@ -284,9 +284,10 @@ class TailSieveController(Controller):
         pred = self.predictor(state)
         state = self._calibrate(state, pred, obs, redo)
         if state.m > 0:
-            moved_state, moved = self.inner(state, pred, obs)
+            stepped, moved = self.inner(state, pred, obs)
             if moved:
-                return self._outer_while_moving(state, moved_state, pred, obs)
+                return self._outer_while_moving(state, stepped, pred, obs)
+            state = stepped  # no move: the inner loop's damped velocity is kept
         if state.hold > 0:
             return replace(state, hold=state.hold - 1, note="hold")
         if obs.warmup:
