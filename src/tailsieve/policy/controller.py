@@ -293,9 +293,11 @@ class TailSieveController(Controller):
         if obs.warmup:
             return state
         state = replace(state, settled=state.settled + 1)
-        if self.adapt_m and self.router.replicas >= 2:
-            return self.outer(state, pred)
-        return state
+        return self.outer(state, pred) if self.moves_m() else state
+
+    def moves_m(self) -> bool:
+        """Whether the outer loop runs: a policy that adapts m, on a fleet that can be split."""
+        return self.adapt_m and self.router.replicas >= 2
 
     def _outer_while_moving(self, state: ControlState, moved: ControlState, pred: Predictor,
                             obs: StepObservation) -> ControlState:
@@ -304,10 +306,10 @@ class TailSieveController(Controller):
         start or a shift far from the optimum then does not serve every bounded q step at a split that, even at its
         best q, loses to uniform or to another m (agent-search from (q0 = 1, m0 = R/2): 8 split steps before the
         first return, each 20% slower than uniform). Otherwise the hierarchy of C.1/C.2 holds: q first, then m."""
-        if not (self.outer_early and self.adapt_m and self.router.replicas >= 2) or obs.warmup:
+        if not (self.outer_early and self.moves_m()) or obs.warmup:
             return moved
         target, _ = self.best_q(state, pred, state.m)
-        out = self.outer(replace(state, q=int(np.clip(target, 1, self.q_limit()))), pred)
+        out = self.outer(replace(state, q=target), pred)
         return out if out.m != state.m else moved
 
     def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
