@@ -63,6 +63,10 @@ class SimConfig:
         if not (self.engine_scale > 0 and math.isfinite(self.engine_scale)):
             raise ConfigError(f"engine_scale must be > 0 and finite, got {self.engine_scale}")
 
+    def fleet_curve(self, curve: TpotCurve) -> TpotCurve:
+        """The curve the simulated replicas decode at: the policy's `curve` × `engine_scale`."""
+        return curve.scaled(self.engine_scale)
+
 
 OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every simulated step
 
@@ -181,9 +185,9 @@ def _run_controller(
     """The step loop on `SimExecutor`; exactly-once consumption is checked every step and over the run."""
     spec = policy_spec(name, workload, curve, config)
     loop = build_loop(spec, workload.prompts)
-    k, tail = config.engine_scale, spec.cost.tail_curve
-    executor = SimExecutor(workload, spec.cost.bulk_curve.scaled(k), spec.router, config.replica,
-                           tail_curve=None if tail is None else tail.scaled(k))
+    tail = spec.cost.tail_curve
+    executor = SimExecutor(workload, config.fleet_curve(spec.cost.bulk_curve), spec.router, config.replica,
+                           tail_curve=None if tail is None else config.fleet_curve(tail))
     restarts = SimRestarts(config.restart_s)
     log = RunLog(name)
     state = loop.initial()
@@ -207,8 +211,7 @@ def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig
     consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
     loop = PeerLoop(make_peer(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle,
                               seed=config.seed))
-    executor = SimExecutor(workload, config.spec.bulk.curve(curve).scaled(config.engine_scale), config.router,
-                           config.replica)
+    executor = SimExecutor(workload, config.fleet_curve(config.spec.bulk.curve(curve)), config.router, config.replica)
     log = RunLog(name)
     state = loop.initial()
     for i in range(config.steps):
@@ -228,7 +231,7 @@ def _run_oracle(
     With speculation on, every replica runs the bulk pool's configuration (the per-pool split is TailSieve's)."""
     policy = get_policy(name)
     r = config.router.replicas
-    curve = config.spec.bulk.curve(curve).scaled(config.engine_scale)  # an oracle knows the fleet's real speed
+    curve = config.fleet_curve(config.spec.bulk.curve(curve))  # an oracle knows the fleet's real speed
     ex = SimExecutor(workload, curve, config.router, config.replica)
     records: list[StepRecord] = []
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
