@@ -59,7 +59,11 @@ def test_grpo_trainer_on_tailsieve_rollouts(tmp_path: Path) -> None:
                          f"{sum(r['carried_in'] for r in rows)}")
 
 
-def test_bad_flag_is_one_line_before_any_server() -> None:
-    proc = subprocess.run([sys.executable, str(TRAIN), "--group-size", "1"], capture_output=True, text=True,
-                          env=ENV, timeout=120)
-    assert proc.returncode == 2 and proc.stderr == "train.py: error: --group-size must be >= 2, got 1\n"
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--group-size", "1"], "--group-size must be >= 2, got 1"),
+    (["--m0", "2"], "--m0 must be 0 or 1 (tail replicas of the two), got 2"),
+    (["--m0", "-1"], "--m0 must be 0 or 1 (tail replicas of the two), got -1"),
+])
+def test_bad_flag_is_one_line_before_any_server(flags: list[str], error: str) -> None:
+    proc = subprocess.run([sys.executable, str(TRAIN), *flags], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"train.py: error: {error}\n"

@@ -61,6 +61,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(a, name)}")
     if not 0 < a.rho <= 4:
         ap.error(f"--rho must be in (0, 4], got {a.rho}")
+    if a.m0 not in (0, 1):
+        ap.error(f"--m0 must be 0 or 1 (tail replicas of the two), got {a.m0}")
     if not a.lr > 0:
         ap.error(f"--lr must be > 0, got {a.lr}")
     if a.rows < a.groups * 2:
