@@ -61,7 +61,7 @@ class BadFake(FakeServer):
 
     reply: str = "ok"
     echo: int = 0  # an HTTP status: answer every completion with it, its body echoing the request headers
-    # a generated reply (tests/test_reply_faults.py): request body -> the non-streamed body, or the `data:` events
+    # a generated reply (tests/test_reply_classes.py): request body -> the non-streamed body, or the `data:` events
     custom: Callable[[dict[str, Any]], str | list[str]] | None = None
     shutting_down: bool = False  # `shutdown`: set at the first request; /health then answers 503
 
