@@ -1,0 +1,61 @@
+"""What the launcher tests share (`test_launch.py`, `test_launch_cli.py`): the fake server process
+(tests/fake_vllm_proc.py), a model folder and the fake's record file as fixtures, a launch config on the fake, the
+launch file the CLI reads, and the check that a process group is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
+from tailsieve.model.speculative import SpecConfig, SpecMethod
+
+FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))
+NGRAM = PoolEngine(SpecConfig(SpecMethod.NGRAM, 3), (("prompt_lookup_max", 4),))
+
+
+def model_folder(tmp_path: Path) -> Path:
+    """A model folder the launcher's `check_model` accepts (a `config.json`)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def record_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the fake server processes record their starts (`FAKE_VLLM_RECORD`)."""
+    path = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(path))
+    return path
+
+
+def fake_cfg(model: Path, **kw: object) -> LaunchConfig:
+    base = LaunchConfig(model=str(model), replicas=2, command=FAKE, startup_timeout_s=30, grace_s=3,
+                        places=("0", "1"), memory=1)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def gone(pid: int) -> bool:
+    """The process group of `pid` has no process left (after a short grace for reaping)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def write_cfg(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    path = tmp_path / "launch.toml"
+    cmd = json.dumps(list(FAKE))
+    path.write_text(f'[spec.tail]\nmethod = "ngram"\ntokens = 3\n[launch]\nmodel = "{model}"\ncommand = {cmd}\n'
+                    f'cores = ["0", "1"]\nstartup_timeout_s = 30.0\ngrace_s = 3.0\n{extra}')
+    return path
