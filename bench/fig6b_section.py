@@ -54,6 +54,14 @@ def _settled(path: list[tuple[int, int, bool]], last: int) -> tuple[float, float
     return float(np.mean([x[0] for x in tail])), float(np.mean([x[1] for x in tail]))
 
 
+def split_share(path: list[tuple[int, int, bool]]) -> float:
+    """Share of the second half's steady steps (warm-ups left out) that ran a two-pool split (m > 0): where a
+    controller goes back and forth between the uniform boundary and a split, the settled window catches it at one
+    phase or the other, and this share is the statistic that compares starts (it includes the window)."""
+    half = [m > 0 for _, m, w in path[len(path) // 2:] if not w]
+    return float(np.mean(half)) if half else 0.0
+
+
 def _window_s(res: dict[str, Any], last: int) -> float:
     """Mean step seconds over the last `last` steps (the settled window, warm-ups included: they are steps)."""
     return float(np.mean(res["makespans"][-last:]))
@@ -109,6 +117,9 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
                 tally[p].append(w)
             print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
             print("  " + fig6b_spread(runs, res, u, refs))
+            shares = [split_share(res[t]["path"]) for t in runs]
+            print(f"  share of the second half's steady steps in a split, by start: "
+                  f"{' / '.join(f'{x:.2f}' for x in shares)} (spread {max(shares) - min(shares):.2f})")
     for p, done in tally.items():
         apart = [w for w in workloads if w not in done]
         print(f"{p}: converges on {len(done)} of {len(workloads)} workloads" + (f" (not: {', '.join(apart)})"
