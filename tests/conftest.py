@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from launch_harness import NGRAM, fake_cfg
+from tailsieve.engines.launch import LocalLauncher
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.controller import CONTROLLERS, Controller
 
@@ -104,3 +106,32 @@ def all_text(tmp_path: Path, captured: tuple[str, str]) -> str:
     must appear in none of them)."""
     files = [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     return "\n".join([*captured, *files])
+
+
+# ---- the launcher tests' fixtures (test_launch*.py, test_launcher_seam.py; the rest of their harness:
+# launch_harness.py) ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """A model folder the launcher's `check_model` accepts (a `config.json`)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+@pytest.fixture
+def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the fake server processes (tests/fake_vllm_proc.py) record their starts (`FAKE_VLLM_RECORD`)."""
+    path = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(path))
+    return path
+
+
+@pytest.fixture
+def running(model: Path, tmp_path: Path, record: Path) -> Iterator[LocalLauncher]:
+    """Two fake replicas started by the local launcher, the tail one with ngram flags; stopped after the test."""
+    la = LocalLauncher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
+    try:
+        yield la.start()
+    finally:
+        la.stop()

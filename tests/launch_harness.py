@@ -1,6 +1,6 @@
-"""What the launcher tests share (`test_launch.py`, `test_launch_cli.py`): the fake server process
-(tests/fake_vllm_proc.py), a model folder and the fake's record file as fixtures, a launch config on the fake, the
-launch file the CLI reads, and the check that a process group is gone."""
+"""What the launcher tests share (`test_launch*.py`, `test_launcher_seam.py`): the fake server process
+(tests/fake_vllm_proc.py), a launch config on the fake, the launch file the CLI reads, and the check that a process
+group is gone. Their fixtures (`model`, `record`, `running`) are in conftest.py."""
 
 from __future__ import annotations
 
@@ -11,28 +11,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
 from tailsieve.model.speculative import SpecConfig, SpecMethod
 
 FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))
 NGRAM = PoolEngine(SpecConfig(SpecMethod.NGRAM, 3), (("prompt_lookup_max", 4),))
-
-
-def model_folder(tmp_path: Path) -> Path:
-    """A model folder the launcher's `check_model` accepts (a `config.json`)."""
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    return folder
-
-
-def record_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where the fake server processes record their starts (`FAKE_VLLM_RECORD`)."""
-    path = tmp_path / "record.jsonl"
-    monkeypatch.setenv("FAKE_VLLM_RECORD", str(path))
-    return path
 
 
 def fake_cfg(model: Path, **kw: object) -> LaunchConfig:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from launch_harness import NGRAM, fake_cfg, gone, model_folder, record_file, write_cfg
+from launch_harness import NGRAM, fake_cfg, gone, write_cfg
 from tailsieve.engines.launch import LaunchError
 from tailsieve.engines.launch import LocalLauncher as Launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, PoolEngine, check_model, load_launch_config
@@ -28,23 +27,6 @@ from tailsieve.policy.step import Pool
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    return model_folder(tmp_path)
-
-
-@pytest.fixture
-def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return record_file(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def running(model: Path, tmp_path: Path, record: Path) -> Iterator[Launcher]:
-    la = Launcher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
-    try:
-        yield la.start()
-    finally:
-        la.stop()
 
 
 # ---- commands, placement, configuration (no processes) ------------------------------------------------------------

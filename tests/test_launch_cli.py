@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from launch_harness import NGRAM, fake_cfg, gone, model_folder, record_file, write_cfg
+from launch_harness import NGRAM, fake_cfg, gone, write_cfg
 from tailsieve.cli import main
 from tailsieve.engines.launch import LocalLauncher as Launcher
 from tailsieve.engines.launch.config import LaunchConfig
 
 pytestmark = pytest.mark.timeout(120)
 
-
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    return model_folder(tmp_path)
-
-
-@pytest.fixture
-def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return record_file(tmp_path, monkeypatch)
 
 
 def test_cli_writes_endpoints_and_stops(model: Path, tmp_path: Path, record: Path,

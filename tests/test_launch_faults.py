@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from engine_fake import FakeServer
+from launch_harness import FAKE
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
 from tailsieve.engines.launch.process import exit_how, http_healthy
@@ -28,15 +29,6 @@ from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 
 pytestmark = pytest.mark.timeout(120)
-FAKE = (sys.executable, str(Path(__file__).resolve().parent / "fake_vllm_proc.py"))
-
-
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    return folder
 
 
 def fake_cfg(model: Path, **kw: object) -> LaunchConfig:

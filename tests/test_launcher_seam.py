@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_harness import NGRAM, fake_cfg, gone
 from tailsieve.engines.launch import (
     LAUNCHERS,
     LaunchError,
@@ -26,7 +27,6 @@ from tailsieve.engines.launch.config import LaunchConfig
 from tailsieve.errors import ConfigError
 from tailsieve.policy.router import Router, RouterConfig, RouterState
 from tailsieve.policy.step import GroupRef, Pool
-from test_launch import NGRAM, fake_cfg, gone, model, record, running  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,7 +63,7 @@ class MemLauncher(ReplicaLauncher):
         self.relaunched.append(list(indices))
 
 
-def test_assign_takes_explicit_replica_ids(model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_assign_takes_explicit_replica_ids(model: Path, tmp_path: Path) -> None:
     """The tail pool is whatever ids the plan names (here replica 0, not the last one): only replicas whose flags
     change restart, and an unchanged set restarts nothing."""
     la = MemLauncher(fake_cfg(model, replicas=3, places=(), tail=NGRAM, tail_replicas=1), tmp_path)
@@ -82,7 +82,7 @@ def test_assign_takes_explicit_replica_ids(model: Path, tmp_path: Path) -> None:
         la.assign([0, 0])
 
 
-def test_assign_restarts_exactly_the_named_replica(model: Path, tmp_path: Path, record: Path) -> None:  # noqa: F811
+def test_assign_restarts_exactly_the_named_replica(model: Path, tmp_path: Path, record: Path) -> None:
     cfg = fake_cfg(model, replicas=3, places=("0", "1", "1"), tail=NGRAM)
     with LocalLauncher(cfg, tmp_path / "logs") as la:
         pids = [r.proc.pid for r in la.replicas if r.proc]
@@ -94,7 +94,7 @@ def test_assign_restarts_exactly_the_named_replica(model: Path, tmp_path: Path, 
         assert la.pools == (Pool.TAIL, Pool.BULK, Pool.BULK) and la.healthy(0) and la.failure() is None
 
 
-def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) -> None:  # noqa: F811
+def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) -> None:
     la = running
     router = Router(RouterConfig(groups=2, group_size=2, replicas=2, rho=0.5), [f"p{i}" for i in range(8)])
     state: RouterState = replace(router.initial_state(), candidates=(GroupRef(7, "p7", 1),))
@@ -107,7 +107,7 @@ def test_pool_hook_is_assign_of_the_plans_tail_replicas(running: LocalLauncher) 
     assert la.pool_hook(uniform) > 0 and la.tail_replicas == () and [r.restarts for r in la.replicas] == [0, 2]
 
 
-def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_registry_lists_local_and_refuses_unknown_names(model: Path, tmp_path: Path) -> None:
     assert LAUNCHERS["local"] is LocalLauncher and LocalLauncher.name == "local"
     assert isinstance(make_launcher("local", fake_cfg(model), tmp_path), LocalLauncher)
     with pytest.raises(ConfigError, match=r"^unknown launcher 'k8s' \(valid: local, ray\)$") as e:
