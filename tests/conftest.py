@@ -6,16 +6,17 @@ import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from launch_harness import NGRAM, fake_cfg
-from tailsieve.engines.launch import LocalLauncher
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.controller import CONTROLLERS, Controller
+
+if TYPE_CHECKING:
+    from tailsieve.engines.launch import LocalLauncher
 
 DATA = Path(__file__).resolve().parent / "data"  # small excerpts with their licences (tests/data/README.md)
 
@@ -129,7 +130,12 @@ def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def running(model: Path, tmp_path: Path, record: Path) -> Iterator[LocalLauncher]:
-    """Two fake replicas started by the local launcher, the tail one with ngram flags; stopped after the test."""
+    """Two fake replicas started by the local launcher, the tail one with ngram flags; stopped after the test.
+    (Imported here, not at the top: this file is also copied alone into the pytester sessions of
+    test_conftest_extras.py, where tests/launch_harness.py does not exist.)"""
+    from launch_harness import NGRAM, fake_cfg
+    from tailsieve.engines.launch import LocalLauncher
+
     la = LocalLauncher(fake_cfg(model, tail=NGRAM), tmp_path / "logs")
     try:
         yield la.start()
