@@ -92,6 +92,7 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
           f"same stream: verl-lif and the static grid q in {sorted({q for q, _ in grid})} x m in "
           f"{sorted({m for _, m in grid})}")
     tally: dict[str, list[str]] = {"tailsieve-fixed": [], "tailsieve": []}
+    flat: dict[str, list[str]] = {"tailsieve-fixed": [], "tailsieve": []}  # apart, but within the noise band
     for w in workloads:
         uni = res[task(w, "uniform", 1, 0)]
         u, uw = uni["mean_s"], _window_s(uni, last)
@@ -115,6 +116,8 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
             dq, dm = settled_spread(runs, res, last)
             if dq <= args.fig6b_tol_q and dm <= args.fig6b_tol_m:
                 tally[p].append(w)
+            elif within_band(runs, res, u, refs):
+                flat[p].append(w)
             print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
             print("  " + fig6b_spread(runs, res, u, refs))
             shares = [split_share(res[t]["path"]) for t in runs]
@@ -122,8 +125,12 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
                   f"{' / '.join(f'{x:.2f}' for x in shares)} (spread {max(shares) - min(shares):.2f})")
     for p, done in tally.items():
         apart = [w for w in workloads if w not in done]
+        beyond = [w for w in apart if w not in flat[p]]
         print(f"{p}: converges on {len(done)} of {len(workloads)} workloads" + (f" (not: {', '.join(apart)})"
                                                                                   if apart else ""))
+        if apart:
+            print(f"  of those apart, within the +-2 sigma band of each other and of the best reference: "
+                  f"{', '.join(flat[p]) or 'none'}; beyond it: {', '.join(beyond) or 'none'}")
     print(f"fig6b section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
     return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
 
@@ -161,14 +168,28 @@ def fig6b_spread(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], u:
     reference's, and the ±2σ band of one run's mean. Where the (q, m) verdict says the starts settle apart but the
     speedups lie within the band of each other and of the best reference, the optimum is flat: which (q, m) a run
     ends at is then decided by noise, and no start is slower for it."""
-    speed = [u / res[t]["mean_s"] for t in runs]
-    best = max(u / r["mean_s"] for r in refs.values())
-    band = max(_band(res[t]) for t in runs)
-    spread = max(speed) / min(speed) - 1
-    gap = best / min(speed) - 1
+    speed, best, band, spread, gap = _speeds(runs, res, u, refs)
     flat = "within" if max(spread, gap) <= band else "beyond"
     return (f"run speedups {min(speed):.3f}-{max(speed):.3f} (spread {spread:.1%}), best reference {best:.3f} "
             f"(slowest start {min(speed) / best:.3f}x it); +-2 sigma of a run's mean step {band:.1%}: {flat} the band")
+
+
+def _speeds(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], u: float,
+            refs: dict[str, dict[str, Any]]) -> tuple[list[float], float, float, float, float]:
+    """(run speedups, best reference's, the widest ±2σ band, spread between the runs, gap of the slowest to the
+    best reference)."""
+    speed = [u / res[t]["mean_s"] for t in runs]
+    best = max(u / r["mean_s"] for r in refs.values())
+    band = max(_band(res[t]) for t in runs)
+    return speed, best, band, max(speed) / min(speed) - 1, best / min(speed) - 1
+
+
+def within_band(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], u: float,
+                refs: dict[str, dict[str, Any]]) -> bool:
+    """Whether the starts' run speedups lie within the ±2σ band of each other and of the best reference: a flat
+    optimum, on which the (q, m) a start settles at is decided by noise (`fig6b_spread`)."""
+    _, _, band, spread, gap = _speeds(runs, res, u, refs)
+    return max(spread, gap) <= band
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
