@@ -91,8 +91,7 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
           f"at the same rho, over the run and over the last {last} steps (the settled window); references on the "
           f"same stream: verl-lif and the static grid q in {sorted({q for q, _ in grid})} x m in "
           f"{sorted({m for _, m in grid})}")
-    tally: dict[str, list[str]] = {"tailsieve-fixed": [], "tailsieve": []}
-    flat: dict[str, list[str]] = {"tailsieve-fixed": [], "tailsieve": []}  # apart, but within the noise band
+    verdicts: dict[str, dict[str, str]] = {"tailsieve-fixed": {}, "tailsieve": {}}
     for w in workloads:
         uni = res[task(w, "uniform", 1, 0)]
         u, uw = uni["mean_s"], _window_s(uni, last)
@@ -103,36 +102,51 @@ def fig6b_section(args: argparse.Namespace) -> list[dict[str, Any]]:
         print(f"{w}: references: best over the run {best_run} {u / refs[best_run]['mean_s']:.3f}, best over the "
               f"settled window {best_win} {uw / _window_s(refs[best_win], last):.3f} (verl-lif "
               f"{u / refs['verl-lif']['mean_s']:.3f} / {uw / _window_s(refs['verl-lif'], last):.3f})")
-        for p in ("tailsieve-fixed", "tailsieve"):
+        for p, by_workload in verdicts.items():
             runs = [t for t in tasks if t.workload == w and t.policy == p]
-            print(f"{w} / {p}:")
-            for t in runs:
-                path = res[t]["path"]
-                traj = " ".join("w" if path[i][2] else f"{path[i][0]},{path[i][1]}" for i in range(0, len(path), every))
-                sq, sm = _settled(path, last)
-                window = uw / _window_s(res[t], last)
-                print(f"  q0={t.q0:<2d} m0={t.m0}: {traj} | final ({path[-1][0]},{path[-1][1]}) settled "
-                      f"({sq:.1f},{sm:.1f}) speedup {u / res[t]['mean_s']:.3f}, window {window:.3f}")
-            dq, dm = settled_spread(runs, res, last)
-            if dq <= args.fig6b_tol_q and dm <= args.fig6b_tol_m:
-                tally[p].append(w)
-            elif within_band(runs, res, u, refs):
-                flat[p].append(w)
-            print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
-            print("  " + fig6b_spread(runs, res, u, refs))
-            shares = [split_share(res[t]["path"]) for t in runs]
-            print(f"  share of the second half's steady steps in a split, by start: "
-                  f"{' / '.join(f'{x:.2f}' for x in shares)} (spread {max(shares) - min(shares):.2f})")
-    for p, done in tally.items():
+            by_workload[w] = _report_policy(args, runs, res, (u, uw), refs)
+    _print_tally(verdicts, workloads)
+    print(f"fig6b section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
+    return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
+
+
+def _report_policy(args: argparse.Namespace, runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]],
+                   uniform: tuple[float, float], refs: dict[str, dict[str, Any]]) -> str:
+    """Print one policy's runs on one workload (trajectory, settled (q, m), speedups), its verdict, spread and split
+    shares; return "converge", "flat" (apart, within the noise band: `within_band`) or "beyond"."""
+    u, uw = uniform
+    every, last = args.fig6b_every, args.fig6b_last
+    print(f"{runs[0].workload} / {runs[0].policy}:")
+    for t in runs:
+        path = res[t]["path"]
+        traj = " ".join("w" if path[i][2] else f"{path[i][0]},{path[i][1]}" for i in range(0, len(path), every))
+        sq, sm = _settled(path, last)
+        window = uw / _window_s(res[t], last)
+        print(f"  q0={t.q0:<2d} m0={t.m0}: {traj} | final ({path[-1][0]},{path[-1][1]}) settled "
+              f"({sq:.1f},{sm:.1f}) speedup {u / res[t]['mean_s']:.3f}, window {window:.3f}")
+    dq, dm = settled_spread(runs, res, last)
+    print("  " + fig6b_verdict(runs, res, last, args.fig6b_tol_q, args.fig6b_tol_m))
+    print("  " + fig6b_spread(runs, res, u, refs))
+    shares = [split_share(res[t]["path"]) for t in runs]
+    print(f"  share of the second half's steady steps in a split, by start: "
+          f"{' / '.join(f'{x:.2f}' for x in shares)} (spread {max(shares) - min(shares):.2f})")
+    if dq <= args.fig6b_tol_q and dm <= args.fig6b_tol_m:
+        return "converge"
+    return "flat" if within_band(runs, res, u, refs) else "beyond"
+
+
+def _print_tally(verdicts: dict[str, dict[str, str]], workloads: list[str]) -> None:
+    """Per policy: on how many workloads the starts converge, and of those apart which are within the noise band."""
+    for p, by_workload in verdicts.items():
+        done = [w for w in workloads if by_workload[w] == "converge"]
         apart = [w for w in workloads if w not in done]
-        beyond = [w for w in apart if w not in flat[p]]
         print(f"{p}: converges on {len(done)} of {len(workloads)} workloads" + (f" (not: {', '.join(apart)})"
                                                                                   if apart else ""))
         if apart:
+            flat = [w for w in apart if by_workload[w] == "flat"]
+            beyond = [w for w in apart if by_workload[w] == "beyond"]
             print(f"  of those apart, within the +-2 sigma band of each other and of the best reference: "
-                  f"{', '.join(flat[p]) or 'none'}; beyond it: {', '.join(beyond) or 'none'}")
-    print(f"fig6b section wall time {time.perf_counter() - t0:.0f} s on {args.workers} workers")
-    return [{"workload": t.workload, "policy": t.policy, "q0": t.q0, "m0": t.m0, **res[t]} for t in tasks]
+                  f"{', '.join(flat) or 'none'}; beyond it: {', '.join(beyond) or 'none'}")
 
 
 def settled_spread(runs: list[Fig6bTask], res: dict[Fig6bTask, dict[str, Any]], last: int) -> tuple[float, float]:

@@ -24,9 +24,9 @@ def fake_cfg(model: Path, **kw: object) -> LaunchConfig:
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
-def gone(pid: int) -> bool:
-    """The process group of `pid` has no process left (after a short grace for reaping)."""
-    deadline = time.monotonic() + 5
+def gone(pid: int, timeout_s: float = 5.0) -> bool:
+    """The process group of `pid` has no process left (after a grace of up to `timeout_s` for reaping)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             os.killpg(pid, 0)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_harness import gone
 from tailsieve.cli import main
 from tailsieve.engines.launch import LaunchError, LocalLauncher
 from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
@@ -44,15 +45,7 @@ def complete(url: str, max_tokens: int = 96) -> None:
         assert json.loads(r.read())["usage"]["completion_tokens"] == max_tokens
 
 
-def gone(pid: int) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
+REAP_S = 10.0  # grace for a real vLLM server's engine core and workers to be reaped (`launch_harness.gone`)
 
 
 def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -111,7 +104,7 @@ def test_launch_ngram_tail_profile_rollout_moves_and_stop(tiny_model: Path, tmp_
         pids += [r.proc.pid for r in la.replicas if r.proc]
     finally:
         la.stop()
-    assert pids and all(gone(p) for p in pids)
+    assert pids and all(gone(p, REAP_S) for p in pids)
 
 
 def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_model: Path,  # noqa: F811
@@ -164,7 +157,7 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
         assert first.redispatched > 0 and first.down == (0,)
         assert "served" in timeline, "replica 0 never served again"
         assert la.replicas[0].restarts == 1 and la.replicas[1].restarts == 0 and la.replicas[0].state == "up"
-        assert gone(old_pid)  # the old server's engine core and workers were reaped with it
+        assert gone(old_pid, REAP_S)  # the old server's engine core and workers were reaped with it
         rec = la.recoveries[0]
         assert rec["how"] == "killed by signal SIGKILL" and rec["reaped"] and "back_s" in rec
         events = la.drain_events()
@@ -176,4 +169,4 @@ def test_killed_server_mid_step_is_restarted_while_the_rollout_continues(tiny_mo
               f"{len(batches)} steps; events: {events}")
     finally:
         la.stop()
-    assert all(gone(r.proc.pid) for r in la.replicas if r.proc)
+    assert all(gone(r.proc.pid, REAP_S) for r in la.replicas if r.proc)
