@@ -12,44 +12,48 @@ from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_INT, MAX_LENGTH, finite, finite_or_nan, int_in, json_object, one_of
+from tailsieve.policy.decision import Decision
+
+
+def _knob(default: Any, help: str) -> Any:
+    """A `ControllerConfig` field with its one help line (CLI flags are derived from these: `cli.flags`)."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    """Every constant of the controller; defaults documented in README (Controller section)."""
+    """Every constant of the controllers, each with one help line (docs/controller.md, "Constants"). The first six
+    are the paired rule's (`tailsieve`, `tailsieve-fixed`); the last five are the paper's literal rules
+    (`tailsieve-paper`, §3.2, App. C)."""
 
-    q0: int = 1  # initial isolation size (§4.4 default)
-    m0: int | None = 0  # initial tail replicas: start at the uniform boundary; None = R // 2
-    ema: float = 0.3  # weight of the newest measurement in rate / calibration EMAs
-    bias_ema: float = 0.1  # weight of the newest step in the forecast-bias EMAs (mostly luck per step: slow)
-    momentum: float = 0.5  # damping of the q update (C.1 "damped momentum")
-    max_q_step: int = 2  # bounded change of q per decision (at least E/4: the bound scales with the range)
-    q_gain: float = 0.03  # apply a q change only if the predicted makespan improves by more than this fraction
-    m_gain: float = 0.03  # switching threshold of the outer loop
-    m_radius: int = 2  # C.2's radius: splits this near m are always scored (the outer loop scans the whole range)
-    min_dwell: int = 3  # steady steps in isolation before the uniform boundary is reconsidered
-    leave_confirm: int = 2  # after a return to uniform: decisions in a row the leave test must pass to leave again
-    history_steps: int = 16  # consumed batches kept as response-work history
-    calib_bounds: tuple[float, float] = (0.5, 2.0)
-    move_cost_s: float = 0.0  # prior restart seconds of a pool move (learnt from StepObservation.restart_s)
-    move_horizon: int = 8  # steps in which a pool move's predicted gain must repay its restart
+    q0: int = _knob(1, "initial isolation size q (the paper's default, §4.4)")
+    m0: int | None = _knob(0, "initial tail replicas m (0: start at the uniform boundary; None: R // 2)")
+    history_steps: int = _knob(16, "steps of response-work history every forecast is priced on (H)")
+    z: float = _knob(2.0, "a move's paired gain must clear its switching cost by z standard errors")
+    horizon: int = _knob(8, "steps over which a move's gain must repay its one-time cost")
+    move_cost_s: float = _knob(0.0, "prior restart seconds of a pool move, until one is measured")
+    ema: float = _knob(0.3, "weight of the newest step in the model-error, restart and rate averages")
+    momentum: float = _knob(0.5, "paper: damping of the q update (C.1 damped momentum)")
+    max_q_step: int = _knob(2, "paper: most groups one q move shifts (C.1 bounded step)")
+    gain: float = _knob(0.03, "paper: least predicted fractional gain for a move of q or m")
+    m_radius: int = _knob(2, "paper: C.2's radius of candidate tail-pool sizes around m")
 
     def __post_init__(self) -> None:
         if self.q0 < 0:
             raise ConfigError(f"q0 must be >= 0, got {self.q0}")
         if self.m0 is not None and self.m0 < 0:
             raise ConfigError(f"m0 must be >= 0, got {self.m0}")
-        for name in ("ema", "momentum", "bias_ema"):
+        for name in ("ema", "momentum", "gain"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{name} must lie in [0, 1], got {v}")
-        if self.max_q_step < 1 or self.m_radius < 1 or self.history_steps < 1:
-            raise ConfigError("max_q_step, m_radius and history_steps must be >= 1")
-        if not (self.move_cost_s >= 0 and math.isfinite(self.move_cost_s)):
-            raise ConfigError(f"move_cost_s must be >= 0 and finite, got {self.move_cost_s}")
-        for name in ("move_horizon", "leave_confirm"):
+        for name in ("history_steps", "horizon", "max_q_step", "m_radius"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.z >= 0 and math.isfinite(self.z)):
+            raise ConfigError(f"z must be >= 0 and finite, got {self.z}")
+        if not (self.move_cost_s >= 0 and math.isfinite(self.move_cost_s)):
+            raise ConfigError(f"move_cost_s must be >= 0 and finite, got {self.move_cost_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,40 +89,31 @@ class StepObservation:
 
 @dataclass(frozen=True, slots=True)
 class ControlState:
-    """Controller state between steps; `q`, `m` are what the next step should run."""
+    """Controller state between steps; `q`, `m` are what the next step should run, `decision` why."""
 
     q: int
     m: int
-    hold: int = 0
-    velocity: float = 0.0
-    rate_tail: float = math.nan
+    hold: int = 0  # paper: settle steps left after a move of q (App. E)
+    velocity: float = 0.0  # paper: the damped q velocity (C.1)
+    rate_tail: float = math.nan  # paper: EMA of the tail pool's groups per second (NaN: none yet)
     rate_bulk: float = math.nan
-    calib_tail: float = math.nan  # measured / modelled at two-pool steps (NaN: none yet, `calibration.model_errors`)
+    calib_tail: float = math.nan  # model error, measured / modelled at two-pool steps (NaN: none yet)
     calib_bulk: float = math.nan
-    calib_uniform: float = math.nan  # measured / predicted at uniform steps (NaN: none yet; the first one seeds it)
-    bias_tail: float = 0.0  # log forecast bias of each class (`policy.calibration`): modelled / bootstrap forecast
-    bias_bulk: float = 0.0
-    bias_uniform: float = 0.0
-    bias_step: float = 0.0  # log spread bias of a two-pool step's E[max] (`policy.calibration`)
-    var_uniform: float = math.nan  # step-to-step spread of the uniform bias's log-ratios (NaN: none seen yet)
-    var_step: float = math.nan  # the same for the two-pool step's spread bias (`calibration.forecast_noise`)
-    seen_step: int = 0  # two-pool steps the spread bias has learnt from (its first ones are averaged, not EMA'd)
-    settled: int = 0
-    dwell: int = 0  # steps since the last switch between uniform and isolation
+    calib_uniform: float = math.nan  # the same at uniform steps
     move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
     last_m: int = 0  # m of the last executed step (a change in m is a pool move)
-    move_dir: int = 0  # direction of the last move of m between two-pool splits (+1, −1; 0: none)
-    since_move: int = 0  # steps since that move
-    reversals: int = 0  # moves of m in a row that reversed the one before (each doubles the dwell a reversal needs)
-    returns: int = 0  # returns from a split to uniform so far (after one, a leave waits `min_dwell`, `leave_confirm`)
-    leave_streak: int = 0  # decisions in a row at uniform whose best split passed the leave test (`leave_confirm`)
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     # the last two-pool step's fresh groups as they ran (`policy.fresh.fresh_record`; empty: none pending): its cut
     # groups are completed once their regenerations are seen, the next step
     last_fresh: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
-    note: str = ""
+    decision: Decision | None = None  # the decision that set (q, m) (None: the initial state)
+
+    @property
+    def note(self) -> str:
+        """The decision's one-line note ('' before the first decision)."""
+        return "" if self.decision is None else self.decision.note
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict: NaN (not measured yet) as null, the histories as nested lists."""
@@ -127,20 +122,25 @@ class ControlState:
             v = getattr(self, f.name)
             if f.name in (*_HISTORIES, "last_fresh"):
                 out[f.name] = [a.tolist() for a in v]
+            elif f.name == "decision":
+                out[f.name] = None if v is None else v.to_json()
             else:
                 out[f.name] = None if isinstance(v, float) and math.isnan(v) else v
         return out
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "control") -> ControlState:
-        """Inverse of `to_json`, field by field (q and m required, the rest default as in older files): counts are
-        integers >= 0, estimates finite (calibrations > 0; null: not measured yet), histories (rows, G) tables of
-        token counts; a ConfigError naming the field otherwise."""
+        """Inverse of `to_json`, field by field (q and m required, the rest default; the fields of the controller
+        before issue 40, `_RETIRED`, are read and dropped): counts are integers >= 0, estimates finite
+        (calibrations > 0; null: not measured yet), histories (rows, G) tables of token counts; a ConfigError
+        naming the field otherwise."""
         names = [f.name for f in fields(cls)]
-        d = json_object(obj, where, ("q", "m"), names)
+        d = json_object(obj, where, ("q", "m"), (*names, *_RETIRED))
         kw: dict[str, Any] = {}
         for name, v in d.items():
             flag = f"{where}.{name}"
+            if name in _RETIRED:
+                continue
             if name in _COUNTS:
                 kw[name] = int_in(v, flag, 0, MAX_INT)
             elif name in _HISTORIES:
@@ -151,23 +151,21 @@ class ControlState:
                 kw[name] = finite_or_nan(v, flag, lo=0)
             elif name in ("calib_tail", "calib_bulk", "calib_uniform"):
                 kw[name] = finite_or_nan(v, flag, lo=0, lo_open=True)
-            elif name == "move_dir":
-                kw[name] = one_of(v, flag, (-1, 0, 1))
             elif name == "uniform_dispatch":
                 kw[name] = one_of(v, flag, ("group", "request"))
-            elif name == "note":
-                if not isinstance(v, str):
-                    raise ConfigError(f"{flag} must be text, got {v!r}"[:300])
-                kw[name] = v
-            else:  # velocity and the log biases: any finite number
+            elif name == "decision":
+                kw[name] = None if v is None else Decision.from_json(v, flag)
+            else:  # velocity: any finite number
                 kw[name] = finite(v, flag)
         return cls(**kw)
 
 
-_COUNTS = ("q", "m", "hold", "settled", "dwell", "last_m", "since_move", "reversals", "returns", "leave_streak",
-           "seen_step")
-_MEASURED = ("rate_tail", "rate_bulk", "move_cost_s", "var_uniform", "var_step")  # NaN until the first measurement
+_COUNTS = ("q", "m", "hold", "last_m")
+_MEASURED = ("rate_tail", "rate_bulk", "move_cost_s")  # NaN until the first measurement
 _HISTORIES = ("history", "tail_history")
+# fields of the controller before issue 40 (saved states of older runs): read and dropped
+_RETIRED = ("bias_tail", "bias_bulk", "bias_uniform", "bias_step", "var_uniform", "var_step", "seen_step", "settled",
+            "dwell", "move_dir", "since_move", "reversals", "returns", "leave_streak", "note")
 
 
 def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:

@@ -1,15 +1,17 @@
-"""Hierarchical controller (§3.2, App. C.1–C.2), pure: a frozen state and a step observation in, a new state out.
+"""The controllers (§3.2, App. C), pure: a frozen `ControlState` and a `StepObservation` in, a new state out, its
+`Decision` (reason as data) attached. Registry `CONTROLLERS` (name → class, filled by `@register`):
 
-Registry `CONTROLLERS` (name → class, filled by `@register`): `uniform`, `static`, `tailsieve-fixed`,
-`tailsieve` and `tailsieve-paper`. Each has one required method, `update`; `initial` and the outer loop's hooks
-(`split_q`, `q_after_move`) have defaults, so a variant overrides a hook instead of the base checking its name.
+| name | file | q | m |
+|---|---|---|---|
+| `uniform` | here | 0 | 0 |
+| `static` | here | fixed | fixed |
+| `tailsieve-paper` | `paper.py` | C.1's rate balance | C.2's radius, one replica per move |
+| `tailsieve` | `tailsieve_rule.py` | the paired rule over every m at its best q and the uniform boundary ||
+| `tailsieve-fixed` | `fixed.py` | the paired rule | R/2, never moves |
 
-`tailsieve-paper` follows the paper literally: the inner loop moves q toward q* = N·r̄_tail/(r̄_bulk + r̄_tail)
-from EMA-smoothed pool rates. That rule has a fixed point wherever the two pools finish together, and the tail
-pool's time barely grows with q at low concurrency, so it tends to stay at q = 1. `tailsieve` replaces the rate
-model by the calibrated predictor (`predictor.py`): the inner loop moves q toward argmin_q T̂(q, m) and the
-measured/predicted ratio of each pool (EMA) corrects the forecasts online. Both keep damping (momentum), a
-bounded step, a gain threshold, and the settle holds (one step after an increase, two after a decrease).
+`Controller` holds what every adaptive policy shares: learning from a step (`learn`: the response-work history, the
+model error, the price of a pool move) and pricing an option on the predictor (`times`, `best_q`, `feasible`). A
+policy implements one method, `update`.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ import numpy as np
 
 from tailsieve.inputs import check_tail_replicas
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.calibration import calibrate, ema, factors, learn_spread, learn_uniform
+from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regenerations
-from tailsieve.policy.observed import observed_times, uniform_counterfactual
-from tailsieve.policy.outer import OuterLoop
-from tailsieve.policy.predictor import Predictor, split_half_candidates
+from tailsieve.policy.observed import observed_times
+from tailsieve.policy.predictor import FloatArray, Predictor, split_half_candidates
 from tailsieve.policy.router import RouterConfig
 from tailsieve.registry import Registry
 
-__all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "StepObservation", "TailSieveController",
-           "TailSieveFixedController", "TailSievePaperController", "register"]
+__all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "Decision", "Reason", "StepObservation",
+           "TailSieveController", "TailSieveFixedController", "TailSievePaperController", "register"]
 
 
 def _controller_class(obj: object) -> str | None:
@@ -55,22 +57,11 @@ def register(name: str) -> Callable[[C], C]:
     return CONTROLLERS.register(name)
 
 
-class Controller(OuterLoop):
+class Controller:
     """Base: decides (q, m) for the next step. Subclasses implement `update`."""
 
     name: ClassVar[str] = ""
     min_replicas: ClassVar[int] = 2  # replicas a run needs: a tail and a bulk pool (uniform: 1)
-    # outer-loop rules beyond C.2 (on for `tailsieve`, off for the literal `tailsieve-paper`): leave uniform straight
-    # to the best split; no reversal of a move of m before `min_dwell` steps
-    jump_from_uniform: ClassVar[bool] = False
-    guard_reversal: ClassVar[bool] = False
-    price_return: ClassVar[bool] = False  # a return to uniform must repay the waiting candidates' step
-    choose_placement: ClassVar[bool] = False  # uniform steps deal requests or whole groups, whichever forecasts faster
-    scan_m: ClassVar[bool] = False  # the outer loop scores splits over the whole range of m, not only its radius
-    gain_on_target: ClassVar[bool] = False  # the q gain test prices the target, not the bounded step (`_move_q`)
-    noise_gate: ClassVar[bool] = False  # leaving uniform needs a gain beyond the forecasts' noise (`leave_gain`)
-    by_step: ClassVar[bool] = False  # bootstrap pools drawn within one history step each (`predictor._draw_rows`)
-    outer_early: ClassVar[bool] = False  # the outer loop may move m while q is still moving (`_outer_while_moving`)
 
     def __init__(
         self,
@@ -93,20 +84,38 @@ class Controller(OuterLoop):
         self.fixed_q, self.fixed_m = q, m
 
     def initial(self) -> ControlState:
-        """State before the first step."""
+        """State before the first step: (q0, m0) (m0 None: R // 2), the uniform boundary placing whole groups."""
         r = self.router.replicas
         m0 = min(self.config.m0 if self.config.m0 is not None else r // 2, max(r - 1, 0))
-        # before any step is seen: deal requests unless a prompt prefill makes splitting a group costly
-        dealt = "request" if self.choose_placement and self.prefill_s <= 0 else "group"
-        return ControlState(q=max(self.config.q0, 1) if m0 > 0 else 0, m=m0, uniform_dispatch=dealt)
+        q0 = max(self.config.q0, 1) if m0 > 0 else 0
+        return ControlState(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Next state after observing one step."""
         raise NotImplementedError
 
-    # helpers shared by the adaptive controllers -------------------------------------------------------------
-    def _with_history(self, state: ControlState, obs: StepObservation,
-                      redo: np.ndarray | None = None) -> ControlState:
+    # learning from a step --------------------------------------------------------------------------------------
+    def learn(self, state: ControlState, obs: StepObservation) -> tuple[ControlState, Predictor]:
+        """The state after one step, before deciding: the last split step's fresh groups completed by this step's
+        regenerations, this step's fresh groups and candidates added to the history, the model errors and the
+        price of a pool move updated; and the predictor over the new history."""
+        redo = self._completed_last(state, obs)
+        state = self._with_history(state, obs, redo)
+        state = self._learn_move_cost(state, obs)
+        if obs.warmup:
+            return state, self.predictor(state)
+        if obs.work is not None:
+            modelled = observed_times(obs.work, tail_curve=self.tail_curve, bulk_curve=self.curve,
+                                      kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
+            return calibrate(state, obs, self.config.ema, modelled), self.predictor(state)
+        pred = self.predictor(state)  # no per-request record: against the forecast at the executed split
+        ft = float(np.mean(pred.tail_times(obs.q, obs.m))) if obs.m > 0 and obs.q > 0 else 0.0
+        fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times()))
+        return calibrate(state, obs, self.config.ema, (ft, fb)), pred
+
+    def _with_history(self, state: ControlState, obs: StepObservation, redo: np.ndarray | None) -> ControlState:
+        """§3.2's response-work history: each step's fresh groups (cut members completed, `policy.fresh`), and the
+        candidates regenerated (at a uniform step, the split-half stand-ins its batch holds)."""
         keep = self.config.history_steps
         past = state.history
         if redo is not None and past:  # the last step's sample, its cut groups completed by their regenerations
@@ -118,21 +127,16 @@ class Controller(OuterLoop):
             # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
             tails = (*tails, obs.consumed_lengths[: obs.q + obs.pinned])[-2 * keep :]
         elif obs.m == 0 and not obs.warmup and self.router.extra > 0 and len(obs.consumed_lengths) > 1:
-            # a uniform step regenerates no candidate, but its groups tell what a tail pool would have run: select
-            # on one half of each group, regenerate with the other (the predictor's split-half prior); without
-            # this one heavy observed step would price every split for as long as the controller stays uniform
             tails = (*tails, self.uniform_candidates(obs.consumed_lengths))[-2 * keep :]
         last: tuple[np.ndarray, ...] = ()
         if obs.work is not None and obs.work.uids is not None and obs.m > 0 and obs.q > 0 and not obs.warmup:
             rec = fresh_record(obs.work)
             last = () if rec is None or rec[:, 1].all() else (rec,)
-        state = replace(state, history=hist, tail_history=tails, last_fresh=last)
-        return self._learn_move_cost(state, obs)
+        return replace(state, history=hist, tail_history=tails, last_fresh=last)
 
-    def completed_last(self, state: ControlState, obs: StepObservation) -> np.ndarray | None:
-        """The last two-pool step's fresh groups with their cut members completed (`policy.fresh.complete`), now that
-        this step regenerated them (None: nothing pending): what that step's fresh work really was, as well as it can
-        be told; it replaces the sample made at the cutoff and prices the uniform boundary (`_calibrate`)."""
+    def _completed_last(self, state: ControlState, obs: StepObservation) -> np.ndarray | None:
+        """The last two-pool step's fresh groups with their cut members completed by this step's regenerations
+        (`policy.fresh.complete`; None: nothing pending)."""
         if not state.last_fresh or obs.work is None or not state.history:
             return None
         rec = state.last_fresh[0]
@@ -150,12 +154,16 @@ class Controller(OuterLoop):
         """EMA of the restart seconds of the steps whose m changed and that restarted replicas; remembers m."""
         cost = state.move_cost_s
         if obs.m != state.last_m and obs.restart_s > 0:
-            a = self.config.ema
-            cost = ema(cost, obs.restart_s, a)
+            cost = ema(cost, obs.restart_s, self.config.ema)
         return replace(state, move_cost_s=cost, last_m=obs.m)
 
+    def move_cost(self, state: ControlState) -> float:
+        """Seconds a pool move costs: the measured restart EMA, else the configured prior."""
+        return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
+
+    # pricing options ---------------------------------------------------------------------------------------------
     def predictor(self, state: ControlState) -> Predictor:
-        """The forecast model over the current history."""
+        """The forecast model over the current history, pool k drawn within history step k mod H."""
         return Predictor(
             np.concatenate(state.history),
             candidates=np.concatenate(state.tail_history) if state.tail_history else None,
@@ -170,61 +178,55 @@ class Controller(OuterLoop):
             candidate_steps=state.tail_history,
             prefill_s=self.prefill_s,
             uniform_by_request=state.uniform_dispatch == "request",
-            blocks=tuple(h.shape[0] for h in state.history) if self.by_step else None,
+            blocks=tuple(h.shape[0] for h in state.history),
         )
 
-    def _calibrated(self, state: ControlState, pred: Predictor, q: int, m: int) -> float:
+    def times(self, state: ControlState, pred: Predictor, q: int, m: int, dispatch: str | None = None) -> FloatArray:
+        """(K,) calibrated step seconds per bootstrap pool: max(c_tail·T_tail, c_bulk·T_bulk) for a split (§3.2),
+        c_uniform·T_uniform at the uniform boundary with `dispatch` (default: the state's placement)."""
         ct, cb, cu = factors(state)
-        if m == 0:  # the uniform boundary with the state's placement
-            return float(np.mean(pred.uniform_times(state.uniform_dispatch == "request"))) * cu
-        return pred.makespan(q, m, ct, cb) * math.exp(state.bias_step)
-
-    def _calibrate(self, state: ControlState, pred: Predictor, obs: StepObservation,
-                   redo: np.ndarray | None = None) -> ControlState:
-        """The model error and forecast bias after a step (`policy.calibration`): the model on the step's own
-        requests (`policy.observed`) against the measured times and against the bootstrap forecast at the
-        executed split (at uniform steps: with the placement that ran)."""
-        if obs.warmup:
-            return state
-        modelled = None
-        dealt = state.uniform_dispatch == "request"
-        if obs.work is not None:
-            modelled = observed_times(obs.work, tail_curve=self.tail_curve, bulk_curve=self.curve,
-                                      kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
-            lanes = obs.work.lanes
-            dealt = bool(lanes.size) and bool((lanes != lanes[:, :1]).any())
-        ft = float(np.mean(pred.tail_times(obs.q, obs.m))) if obs.m > 0 and obs.q > 0 else 0.0
-        fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times(dealt)))
-        state = calibrate(state, obs, self.config, modelled=modelled, forecast=(ft, fb))
-        if obs.m > 0 and obs.q > 0 and modelled is not None:
-            ct, cb, _ = factors(state)
-            state = learn_spread(state, obs, self.config, pred.makespan(obs.q, obs.m, ct, cb))
-        if redo is not None and redo.shape[0] == self.router.groups:
-            # the uniform boundary priced on the last split step's fresh groups: what a uniform step would have run
-            by_request = state.uniform_dispatch == "request"
-            cf = uniform_counterfactual(redo, self.router.replicas, by_request, self.curve,
-                                        kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
-            state = learn_uniform(state, cf, float(np.mean(pred.uniform_times(by_request))), self.config)
-        return state
+        if m == 0:
+            dealt = (dispatch or state.uniform_dispatch) == "request"
+            out: FloatArray = pred.uniform_times(dealt) * cu
+            return out
+        return pred.split_times(q, m, ct, cb)
 
     def q_limit(self) -> int:
         """q never exceeds the candidates a step produces (E), nor N − 1."""
         return max(1, min(self.router.extra, self.router.groups - 1))
 
-    def best_q(self, state: ControlState, pred: Predictor, m: int, *, coarse: bool = False) -> tuple[int, float]:
-        """argmin_q of the calibrated T̂(q, m) over 1..q_limit (a coarse grid plus a window when the range is wide;
-        `coarse`: the grid alone, for splits far from the current one)."""
+    def q_grid(self, around: int | None = None) -> list[int]:
+        """The isolation sizes priced at a split: all of 1..q_limit up to 12, else 8 spread over the range, the
+        limit, and `around` ± 1, 2, 4."""
         qmax = self.q_limit()
-        grid = set(np.linspace(1, qmax, 8 if coarse else 12).astype(int)) | {qmax}
-        if qmax <= (12 if coarse else 24):
-            qs = set(range(1, qmax + 1))
-        elif coarse:
-            qs = grid
-        else:
-            qs = grid | set(range(max(1, state.q - 6), min(qmax, state.q + 6) + 1))
+        if qmax <= 12:
+            return list(range(1, qmax + 1))
+        qs = set(np.linspace(1, qmax, 8).round().astype(int).tolist()) | {qmax}
+        if around is not None:
+            qs |= {around + d for d in (-4, -2, -1, 0, 1, 2, 4) if 1 <= around + d <= qmax}
+        return sorted(qs)
+
+    def best_q(self, state: ControlState, pred: Predictor, m: int, around: int | None = None) -> tuple[int, float]:
+        """argmin over `q_grid` of the calibrated T̂(q, m) (ties: the smaller q), and that T̂."""
+        qs = self.q_grid(around)
         pred.prefetch(qs, m)
-        scored = sorted((self._calibrated(state, pred, q, m), q) for q in qs)
-        return scored[0][1], scored[0][0]
+        scored = min((float(np.mean(self.times(state, pred, q, m))), q) for q in qs)
+        return scored[1], scored[0]
+
+    def feasible(self, state: ControlState, pred: Predictor, mc: int, deadline: float) -> bool:
+        """C.2 deadline feasibility of moving the split from m to `mc` (both > 0) at the current predicted barrier:
+        the pool gaining replicas must absorb at least the groups the losing pool can no longer finish by the
+        deadline (G_tail(m) ≥ D_bulk(m), or mirrored)."""
+        n, q, m = self.router.groups, state.q, state.m
+        ct, cb, _ = factors(state)
+        if mc > m:
+            qmax = min(n - 1, 4 * self.router.extra + 4)
+            gained = max(0, pred.tail_capacity(deadline / ct, mc, qmax) - q)
+            dropped = max(0, (n - q) - pred.bulk_capacity(deadline / cb, q, mc))
+        else:
+            gained = max(0, pred.bulk_capacity(deadline / cb, q, mc) - (n - q))
+            dropped = max(0, q - pred.tail_capacity(deadline / ct, mc, q))
+        return gained >= dropped
 
 
 @register("uniform")
@@ -235,11 +237,11 @@ class UniformController(Controller):
 
     def initial(self) -> ControlState:
         """Always the uniform boundary."""
-        return ControlState(q=0, m=0)
+        return ControlState(q=0, m=0, decision=Decision(0, 0, Reason.FIXED))
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Nothing to adapt."""
-        return state
+        return replace(state, decision=Decision(state.q, state.m, Reason.FIXED))
 
 
 @register("static")
@@ -253,140 +255,15 @@ class StaticController(Controller):
         m = self.fixed_m if self.fixed_m is not None else max(1, r // 4)
         if r >= 2:
             check_tail_replicas(m, r)
-        return ControlState(q=q, m=m if r >= 2 else 0)
+        m = m if r >= 2 else 0
+        return ControlState(q=q, m=m, decision=Decision(q, m, Reason.FIXED))
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Nothing to adapt."""
-        return state
+        return replace(state, decision=Decision(state.q, state.m, Reason.FIXED))
 
 
-@register("tailsieve")
-class TailSieveController(Controller):
-    """Both loops, with the predictive inner loop (see module docstring)."""
-
-    adapt_m: ClassVar[bool] = True
-    jump_from_uniform: ClassVar[bool] = True
-    guard_reversal: ClassVar[bool] = True
-    price_return: ClassVar[bool] = True
-    choose_placement: ClassVar[bool] = True
-    scan_m: ClassVar[bool] = True
-    gain_on_target: ClassVar[bool] = True  # the q gain test prices the target, not the bounded step (`_move_q`)
-    noise_gate: ClassVar[bool] = True
-    by_step: ClassVar[bool] = True
-    outer_early: ClassVar[bool] = True
-
-    def update(self, state: ControlState, obs: StepObservation) -> ControlState:
-        """Learn from the step, then move q (inner loop) or, once q has settled, m (outer loop)."""
-        redo = self.completed_last(state, obs)
-        # a note says what this decision did or refused and why; none: it kept (q, m) for want of a reason to move
-        state = replace(self._with_history(state, obs, redo), dwell=state.dwell + (0 if obs.warmup else 1),
-                        since_move=state.since_move + 1, note="")
-        pred = self.predictor(state)
-        state = self._calibrate(state, pred, obs, redo)
-        if state.m > 0:
-            stepped, moved = self.inner(state, pred, obs)
-            if moved:
-                return self._outer_while_moving(state, stepped, pred, obs)
-            state = stepped  # no move: the inner loop's damped velocity is kept
-        if state.hold > 0:
-            return replace(state, hold=state.hold - 1, note="hold")
-        if obs.warmup:
-            return state
-        state = replace(state, settled=state.settled + 1)
-        return self.outer(state, pred) if self.moves_m() else state
-
-    def moves_m(self) -> bool:
-        """Whether the outer loop runs: a policy that adapts m, on a fleet that can be split."""
-        return self.adapt_m and self.router.replicas >= 2
-
-    def _outer_while_moving(self, state: ControlState, moved: ControlState, pred: Predictor,
-                            obs: StepObservation) -> ControlState:
-        """A decision on which the inner loop moves q (`moved`): with `outer_early`, the outer loop is asked too,
-        pricing this split at the q the inner loop is heading to (its target), and a move of m it makes wins. A
-        start or a shift far from the optimum then does not serve every bounded q step at a split that, even at its
-        best q, loses to uniform or to another m (agent-search from (q0 = 1, m0 = R/2): 8 split steps before the
-        first return, each 20% slower than uniform). Otherwise the hierarchy of C.1/C.2 holds: q first, then m."""
-        if not (self.outer_early and self.moves_m()) or obs.warmup:
-            return moved
-        target, _ = self.best_q(state, pred, state.m)
-        out = self.outer(replace(state, q=target), pred)
-        return out if out.m != state.m else moved
-
-    def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
-        """C.1 discrete update toward argmin_q T̂(q, m): damped momentum, bounded step, gain threshold, holds."""
-        if state.hold > 0:
-            return state, False
-        target, _ = self.best_q(state, pred, state.m)
-        return self._move_q(state, float(target), lambda q: self._calibrated(state, pred, q, state.m))
-
-    def q_step(self) -> int:
-        """Most groups one q move shifts: `max_q_step`, at least a quarter of the range 1..q_limit (so q can cross
-        a wide range, E = 52 at N = 512, in a bounded number of decisions)."""
-        return max(self.config.max_q_step, -(-self.q_limit() // 4)) if self.gain_on_target else self.config.max_q_step
-
-    def _move_q(self, state: ControlState, target: float, cost: Callable[[int], float]) -> tuple[ControlState, bool]:
-        """Damped momentum toward `target`, a bounded step; taken only if the gain test passes. With
-        `gain_on_target` the test prices where the moves are heading (T̂ at the target), not the bounded step:
-        on a flat stretch of T̂(q) a capped step gains nothing and would be refused forever."""
-        cfg = self.config
-        q = min(state.q, self.q_limit())
-        v = cfg.momentum * state.velocity + (1 - cfg.momentum) * (target - q)
-        step = round(v)
-        if step == 0 and abs(target - q) >= 1:
-            step = int(np.sign(target - q))
-        bound = self.q_step()
-        new_q = int(np.clip(q + np.clip(step, -bound, bound), 1, self.q_limit()))
-        goal = int(np.clip(round(target), 1, self.q_limit())) if self.gain_on_target else new_q
-        if new_q != q and cost(new_q) > cost(q) * (1 + cfg.q_gain):
-            new_q = goal  # the bounded step lands on a worse stretch of T̂(q) (a cliff of pinned candidates): go on
-        if new_q == q or cost(goal) > cost(q) * (1 - cfg.q_gain):
-            return replace(state, q=q, velocity=v if new_q == q else v * 0.5), False
-        hold = 1 if new_q > q else 2
-        return replace(state, q=new_q, velocity=v, hold=hold, settled=0, note=f"q {q}->{new_q}"), True
-
-
-@register("tailsieve-fixed")
-class TailSieveFixedController(TailSieveController):
-    """Inner loop only, m fixed at R/2 (the paper's fixed-allocation variant)."""
-
-    adapt_m: ClassVar[bool] = False
-
-    def initial(self) -> ControlState:
-        """m = R // 2 for the whole run."""
-        r = self.router.replicas
-        return ControlState(q=max(self.config.q0, 1), m=r // 2 if r >= 2 else 0)
-
-
-@register("tailsieve-paper")
-class TailSievePaperController(TailSieveController):
-    """The paper's literal rules: rate-balance inner loop (§3.2), outer loop over m with q held (C.2)."""
-
-    jump_from_uniform: ClassVar[bool] = False  # C.2: one replica per move, from the uniform boundary too
-    guard_reversal: ClassVar[bool] = False
-    price_return: ClassVar[bool] = False
-    choose_placement: ClassVar[bool] = False  # uniform group routing, as the paper's baseline
-    scan_m: ClassVar[bool] = False  # C.2's radius only
-    gain_on_target: ClassVar[bool] = False
-    noise_gate: ClassVar[bool] = False
-    by_step: ClassVar[bool] = False
-    outer_early: ClassVar[bool] = False  # C.1 settles q before C.2 moves m
-
-    def split_q(self, state: ControlState, pred: Predictor, m: int) -> tuple[int, float]:
-        """C.2 literally: a candidate split keeps the current q."""
-        q = max(state.q, 1)
-        return q, self._calibrated(state, pred, q, m)
-
-    def q_after_move(self, state: ControlState, pred: Predictor, new_m: int, best: int | None) -> int:
-        """C.2 literally: q is held across a move of m."""
-        return max(state.q, 1)
-
-    def inner(self, state: ControlState, pred: Predictor, obs: StepObservation) -> tuple[ControlState, bool]:
-        """q* = N·r̄_tail/(r̄_bulk + r̄_tail) from EMA rates r_bulk = (N−q)/T_bulk, r_tail = q/T_tail."""
-        n, a = self.router.groups, self.config.ema
-        if obs.warmup or obs.q <= 0 or obs.tail_s <= 0 or obs.bulk_s <= 0 or state.hold > 0:
-            return state, False
-        rt, rb = obs.q / obs.tail_s, (n - obs.q) / obs.bulk_s
-        rt, rb = ema(state.rate_tail, rt, a), ema(state.rate_bulk, rb, a)
-        state = replace(state, rate_tail=rt, rate_bulk=rb)
-        target = n * rt / (rb + rt)
-        return self._move_q(state, target, lambda q: max(q / rt, (n - q) / rb))
+# the adaptive policies, one file each; imported last, they register themselves on the registry above
+from tailsieve.policy.paper import TailSievePaperController  # noqa: E402
+from tailsieve.policy.tailsieve_rule import TailSieveController  # noqa: E402
+from tailsieve.policy.fixed import TailSieveFixedController  # noqa: E402, I001
