@@ -88,13 +88,16 @@ def curves(draw: st.DrawFn, monotone: bool | None = None) -> TpotCurve:
     return TpotCurve(name="rand", batch=tuple(batch), tpot_ms=tuple(vals))
 
 
-def fixed_forecast(name: str, like: Controller, cost: Callable[[int, int], float]) -> Any:
-    """A controller of registry `name`, with `like`'s router, curve and config, whose calibrated forecast T̂(q, m) is
-    `cost(q, m)` and every move of m feasible: the outer loop's rules without the model."""
+def fixed_forecast(name: str, like: Controller, cost: Callable[[int, int], Any]) -> Any:
+    """A controller of registry `name`, with `like`'s router, curve and config, whose calibrated forecast of (q, m)
+    is `cost(q, m)` on every bootstrap pool (a number: the same on each, so a paired gain has no spread; or a (K,)
+    array, one value per pool) and every move of m feasible: the decision rules without the model. (The one-time
+    cost of a move, `TailSieveController.cost`, still prices the return step on the real predictor.)"""
 
     class Fixed(CONTROLLERS[name]):  # type: ignore[misc,valid-type]
-        def _calibrated(self, state: object, pred: object, q: int, m: int) -> float:
-            return cost(q, m)
+        def times(self, state: object, pred: Any, q: int, m: int, dispatch: str | None = None) -> Any:
+            k = pred.fresh.shape[0]
+            return np.broadcast_to(np.asarray(cost(q, m), dtype=np.float64), (k,)).copy()
 
         def feasible(self, *a: object) -> bool:
             return True

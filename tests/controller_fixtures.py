@@ -1,5 +1,5 @@
-"""Shared helpers of the controller tests (test_controller.py, test_outer.py): a curve, small deterministic
-histories and observations, and a controller by name on a small fleet."""
+"""Shared helpers of the controller tests (test_controller.py, test_tailsieve_rule.py, test_paper.py): a curve, small
+deterministic histories and observations, and a controller by name on a small fleet."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Shared CLI flags (`tailsieve.cli.flags`): one definition per flag across commands, one name one meaning, no
-abbreviations, and the policy flags checked by the spec and the registries (so a plugin is a valid value)."""
+abbreviations, the policy flags checked by the spec and the registries (so a plugin is a valid value), and the
+controller's flags derived from `ControllerConfig`'s fields (one per field, its type and help, checked as parsed)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import json
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from tailsieve.cli import build_parser, main
-from tailsieve.cli.flags import FLAGS
+from tailsieve.cli.flags import FLAGS, controller_config
+from tailsieve.cli.rollout_cmd import build_configs
+from tailsieve.cli.sim_args import build_config
+from tailsieve.policy.control_state import ControllerConfig
+from tailsieve.policy.controller_knobs import Knob, knobs
 from tailsieve.policy.ranking import RANKINGS
 
 
@@ -81,3 +87,68 @@ def test_a_plugin_ranking_runs_in_simulate(plugin: str, capsys: pytest.CaptureFi
     assert main([*argv, "--ranking", "ts_cli_plug:nope"]) == 1
     assert capsys.readouterr().err == ("tailsieve simulate: error: candidate ranking plugin 'ts_cli_plug:nope': module "
                                        "'ts_cli_plug' has no attribute 'nope'\n")
+
+
+# ---- the controller's flags, derived from ControllerConfig (issue 40) -------------------------------------------
+
+
+def parsed(cmd: str, *argv: str) -> argparse.Namespace:
+    return sub_parsers()[cmd].parse_args(list(argv))
+
+
+@pytest.mark.parametrize("cmd", ["simulate", "plan", "rollout"])
+def test_every_controller_field_is_a_flag_with_its_type_and_help(cmd: str) -> None:
+    parser = sub_parsers()[cmd]
+    for f in fields(ControllerConfig):
+        a = option(parser, "--" + f.name.replace("_", "-"))
+        assert a is not None, f"{cmd} has no flag for ControllerConfig.{f.name}"
+        assert a.dest == f.name and a.default == argparse.SUPPRESS and a.help is not None
+        assert a.help.startswith(f.metadata["help"]) and f"(default: {f.default}" in a.help
+        value = {"int": "3", "float": "0.5", "int | None": "2"}[str(f.type)]
+        assert type(a.type(value)) is {"int": int, "float": float, "int | None": int}[str(f.type)]  # type: ignore[misc]
+    assert option(parser, "--m0").type("none") is None  # type: ignore[union-attr,misc]
+    assert {k.name for k in knobs()} == {f.name for f in fields(ControllerConfig)}
+
+
+@pytest.mark.parametrize(("cmd", "argv", "message"), [
+    ("simulate", ["--z", "-1"], "tailsieve simulate: error: --z must be >= 0 and finite, got -1.0"),
+    ("simulate", ["--horizon", "0"], "tailsieve simulate: error: --horizon must be >= 1, got 0"),
+    ("plan", ["--history-steps", "0"], "tailsieve plan: error: --history-steps must be >= 1, got 0"),
+    ("plan", ["--ema", "1.5"], "tailsieve plan: error: --ema must lie in [0, 1], got 1.5"),
+    ("rollout", ["--prompts", "p", "--out", "o", "--move-cost-s", "inf"],
+     "tailsieve rollout: error: --move-cost-s must be >= 0 and finite, got inf"),
+    ("rollout", ["--prompts", "p", "--out", "o", "--m0", "-2"], "tailsieve rollout: error: --m0 must be >= 0, got -2"),
+    ("simulate", ["--z", "x"], "tailsieve simulate: error: argument --z: invalid float value: 'x'"),
+    ("simulate", ["--m0", "half"], "tailsieve simulate: error: argument --m0: invalid int or none value: 'half'"),
+])
+def test_a_bad_controller_value_is_one_line_and_exit_2(cmd: str, argv: list[str], message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([cmd, *argv])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+def test_controller_flags_reach_the_config() -> None:
+    args = parsed("simulate", "--history-steps", "4", "--z", "1.5", "--q0", "3", "--m0", "none")
+    assert build_config(args, ["uniform", "tailsieve"]).controller == ControllerConfig(q0=3, m0=None, history_steps=4,
+                                                                                        z=1.5)
+    assert build_config(parsed("simulate"), ["uniform"]).controller == ControllerConfig()  # unset: the defaults
+    args = parsed("plan", "--horizon", "3", "--momentum", "0.25")
+    assert build_config(args, ["static", "tailsieve"]).controller == ControllerConfig(horizon=3, momentum=0.25)
+    args = parsed("rollout", "--prompts", "p", "--out", "o", "--policy", "tailsieve,uniform", "--gain", "0.1",
+                  "--max-q-step", "4", "--m-radius", "1", "--ema", "0.5", "--move-cost-s", "12")
+    want = ControllerConfig(gain=0.1, max_q_step=4, m_radius=1, ema=0.5, move_cost_s=12.0)
+    assert {n: c.controller for n, c in build_configs(args).items()} == {"tailsieve": want, "uniform": want}
+    assert controller_config(args, ControllerConfig(q0=5)) == replace(want, q0=5)  # over another base
+
+
+def test_a_flag_of_a_new_field_needs_no_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailsieve.cli import flags as flags_module
+
+    more = (*knobs(), Knob("patience", int, False, 3, "steps to wait"))
+    monkeypatch.setattr(flags_module, "knobs", lambda: more)
+    p = argparse.ArgumentParser()
+    flags_module.add_controller_flags(p)
+    a = option(p, "--patience")
+    assert a is not None and a.help == "steps to wait (default: 3)" and a.type("4") == 4  # type: ignore[misc]

@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import fixed_forecast
 from controller_fixtures import CURVE, history, make, obs
 from tailsieve.errors import ConfigError
 from tailsieve.model.makespan import finish_times
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_finish_times
 from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import RouterConfig
@@ -29,36 +29,68 @@ def test_lane_finish_times_match_closed_form() -> None:
 
 
 def test_hold_one_step_after_increase_two_after_decrease() -> None:
-    c = make("tailsieve-paper", q0=1, m0=2, q_gain=0.0, momentum=0.0)
+    """`tailsieve-paper`'s C.1 with App. E's holds: q* = N·r_tail/(r_bulk + r_tail); the first step's rates seed the
+    EMAs, so from q = 1 (tail 10 s, bulk 100 s) r_tail = 0.1, r_bulk = 0.15, q* = 6.4, the step is bounded at 2 and
+    the predicted makespan falls from max(10, 100) to max(30, 13/0.15)."""
+    c = make("tailsieve-paper", q0=1, m0=2, gain=0.0, momentum=0.0)
     s = c.initial()
-    # tail far faster than bulk: q* > q, so q increases and holds one step
     s1 = c.update(s, obs(q=1, m=2, tail_s=10.0, bulk_s=100.0))
-    assert s1.q > 1 and s1.hold == 1
+    assert (s1.q, s1.hold, s1.rate_tail, s1.rate_bulk) == (3, 1, pytest.approx(0.1), pytest.approx(0.15))
+    assert s1.decision == Decision(3, 2, Reason.MOVE_Q, (3, 2), pytest.approx(100 - 13 / 0.15))  # type: ignore[arg-type]
     s2 = c.update(s1, obs(q=s1.q, m=2, tail_s=500.0, bulk_s=10.0))
-    assert s2.q == s1.q and s2.hold == 0  # held, even though the tail is now slower
+    assert (s2.q, s2.hold, s2.decision) == (s1.q, 0, Decision(3, 2, Reason.HOLD))  # held, though the tail is slower
+    assert s2.rate_tail == s1.rate_tail  # a held step teaches C.1 nothing
     s3 = c.update(s2, obs(q=s1.q, m=2, tail_s=500.0, bulk_s=10.0))
-    assert s3.q < s1.q and s3.hold == 2  # decrease, then two held steps
+    assert s3.q < s1.q and s3.hold == 2 and s3.decision is not None and s3.decision.reason is Reason.MOVE_Q
     s4 = c.update(s3, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0))
     s5 = c.update(s4, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0))
-    assert s4.q == s5.q == s3.q
+    assert s4.q == s5.q == s3.q and (s4.hold, s5.hold) == (1, 0)
+    assert all(x.decision is not None and x.decision.reason is Reason.HOLD for x in (s4, s5))
     assert c.update(s5, obs(q=s3.q, m=2, tail_s=1.0, bulk_s=100.0)).q > s3.q
 
 
 def test_q_step_is_bounded_and_capped_by_candidates() -> None:
-    c = make("tailsieve-paper", q0=1, m0=2, q_gain=0.0, momentum=0.0, max_q_step=2)
+    c = make("tailsieve-paper", q0=1, m0=2, gain=0.0, momentum=0.0, max_q_step=2)
     s = c.update(c.initial(), obs(q=1, m=2, tail_s=1.0, bulk_s=1000.0))
     assert s.q == 3  # q* ≈ N, but the step is bounded by 2
     assert c.q_limit() == RouterConfig(groups=16, rho=0.25).extra == 4
     for _ in range(6):
-        s = replace(s, hold=0)
-        s = c.update(s, obs(q=s.q, m=2, tail_s=1.0, bulk_s=1000.0))
+        s, _moved = c.inner(replace(s, hold=0), obs(q=s.q, m=2, tail_s=1.0, bulk_s=1000.0))
     assert s.q == 4  # never more than the E candidates a step produces
 
 
 def test_gain_threshold_blocks_small_moves() -> None:
-    c = make("tailsieve-paper", q0=2, m0=2, q_gain=0.5, momentum=0.0)
+    """From q = 2 (tail 10 s, bulk 12 s): q* = 16·0.2/(14/12 + 0.2) ≈ 2.34 is within a group of q: no step. A cut
+    that gains 50% is blocked by a threshold above its gain and taken below it."""
+    c = make("tailsieve-paper", q0=2, m0=2, gain=0.5, momentum=0.0)
     s = c.update(c.initial(), obs(q=2, m=2, tail_s=10.0, bulk_s=12.0))
     assert s.q == 2
+    # from q = 3: tail 30 s, bulk 13 s: r_tail = 0.1, r_bulk = 1, q* = 16/11 ≈ 1.45: down by 2 (bounded), the
+    # makespan from max(30, 13) = 30 to max(10, 15) = 15, a 50% gain
+    for gain, moves in ((0.51, False), (0.49, True)):
+        ctl = make("tailsieve-paper", q0=3, m0=2, gain=gain, momentum=0.0)
+        out, moved = ctl.inner(ctl.initial(), obs(q=3, m=2, tail_s=30.0, bulk_s=13.0))
+        assert moved == moves and out.q == (1 if moves else 3)
+        assert out.decision == (Decision(1, 2, Reason.MOVE_Q, (1, 2), 15.0) if moves else ctl.initial().decision)
+
+
+def test_a_refused_q_move_keeps_the_damped_velocity() -> None:
+    """`tailsieve-paper`'s damped momentum carries over a decision whose gain test refuses the move. From q = 1 with
+    tail 2 s, bulk 10 s: r_tail = 0.5, r_bulk = 1.5, q* = 4, v = 0.5·0 + 0.5·(4 − 1) = 1.5, a step of 2 to q = 3;
+    the makespan max(x/0.5, (16 − x)/1.5) falls from 10 to 8.67 (13%). Below a 20% gain it stays and halves v to
+    0.75; at 10% it moves and keeps v."""
+    refused = make("tailsieve-paper", q0=1, m0=4, gain=0.2)
+    out, moved = refused.inner(refused.initial(), obs(q=1, m=4, tail_s=2.0, bulk_s=10.0))
+    assert not moved and (out.q, out.m, out.hold) == (1, 4, 0)
+    assert (out.rate_tail, out.rate_bulk, out.velocity) == pytest.approx((0.5, 1.5, 0.75))
+    taken = make("tailsieve-paper", q0=1, m0=4, gain=0.1)
+    out, moved = taken.inner(taken.initial(), obs(q=1, m=4, tail_s=2.0, bulk_s=10.0))
+    assert moved and (out.q, out.hold, out.velocity) == (3, 1, pytest.approx(1.5))
+    assert out.decision == Decision(3, 4, Reason.MOVE_Q, (3, 4), pytest.approx(10 - 13 / 1.5))  # type: ignore[arg-type]
+    # the next decision starts from the damped velocity: v = 0.5·0.75 + 0.5·(q* − q)
+    again, _ = refused.inner(replace(refused.initial(), velocity=0.75, rate_tail=0.5, rate_bulk=1.5),
+                             obs(q=1, m=4, tail_s=2.0, bulk_s=10.0))
+    assert again.velocity == pytest.approx((0.5 * 0.75 + 0.5 * 3) * 0.5)
 
 
 def test_predictor_uniform_equals_closed_form() -> None:
@@ -75,6 +107,16 @@ def test_static_and_config_validation() -> None:
         ControllerConfig(ema=1.5)
     with pytest.raises(ConfigError, match="q0 must be >= 0"):
         ControllerConfig(q0=-1)
+    with pytest.raises(ConfigError, match=r"^gain must lie in \[0, 1\], got 1.5$"):
+        ControllerConfig(gain=1.5)
+    with pytest.raises(ConfigError, match=r"^horizon must be >= 1, got 0$"):
+        ControllerConfig(horizon=0)
+    with pytest.raises(ConfigError, match=r"^history_steps must be >= 1, got 0$"):
+        ControllerConfig(history_steps=0)
+    with pytest.raises(ConfigError, match=r"^z must be >= 0 and finite, got inf$"):
+        ControllerConfig(z=math.inf)
+    with pytest.raises(ConfigError, match=r"^move_cost_s must be >= 0 and finite, got -1$"):
+        ControllerConfig(move_cost_s=-1)
 
 
 @pytest.mark.parametrize("kv_ms_per_1k", [0.0, 0.04, 1.5])
@@ -117,22 +159,39 @@ def test_pinned_candidates_cannot_be_cut_in_the_bulk_forecast() -> None:
     assert not CONTROLLERS["tailsieve"](rc, CURVE).predictor(ControlState(q=1, m=1, history=(h,))).pinned
 
 
+def _learnt(c, state: ControlState, step: StepObservation):  # type: ignore[no-untyped-def]
+    """The predictor `learn` prices a step against (no per-request record: the forecast at the executed split)."""
+    return c.learn(state, replace(step, tail_s=1.0, bulk_s=1.0))[1]
+
+
 def test_uniform_boundary_has_its_own_calibration() -> None:
-    """A uniform step calibrates the uniform forecast only (its first ratio seeds it); a two-pool step the pools
-    only; T̂(0, 0) uses the uniform factor once one was measured (the bulk factor before)."""
-    c = make("tailsieve", q0=1, m0=0, m_gain=1.0)
+    """Without a per-request record `learn` measures a step against the forecast at its own split on the history
+    that includes it: a uniform step calibrates the uniform forecast only (its first ratio seeds it), a two-pool
+    step the two pools only; until a pool is measured it borrows the uniform boundary's factor."""
+    c = make("tailsieve", q0=1, m0=0)
     s0 = c.initial()
-    assert np.isnan(s0.calib_uniform)
-    pred = c.predictor(replace(s0, history=(history(),)))
-    truth = float(np.mean(pred.bulk_times(0, 0)))
-    s1 = c._calibrate(replace(s0, history=(history(),)), pred, obs(q=0, m=0, tail_s=0.0, bulk_s=1.5 * truth))
-    assert s1.calib_uniform == pytest.approx(1.5) and math.isnan(s1.calib_bulk)
-    assert c._calibrated(s1, pred, 0, 0) == pytest.approx(1.5 * truth)
-    assert factors(s1)[:2] == pytest.approx((1.5, 1.5))  # no split measured yet: the fleet's model error is 1.5
-    fb = float(np.mean(pred.bulk_times(2, 2)))
-    ft = float(np.mean(pred.tail_times(2, 2)))
-    s2 = c._calibrate(s1, pred, obs(q=2, m=2, tail_s=ft, bulk_s=0.5 * fb))
-    assert s2.calib_uniform == pytest.approx(1.5) and s2.calib_bulk == pytest.approx(0.5)  # the first ratio seeds it
+    assert np.isnan(s0.calib_uniform) and s0.uniform_dispatch == "request"
+    step0 = obs(q=0, m=0, tail_s=0.0, bulk_s=1.0)
+    truth = float(np.mean(_learnt(c, s0, step0).uniform_times()))
+    s1, pred = c.learn(s0, replace(step0, bulk_s=1.5 * truth))
+    assert s1.calib_uniform == pytest.approx(1.5) and math.isnan(s1.calib_bulk) and math.isnan(s1.calib_tail)
+    np.testing.assert_allclose(c.times(s1, pred, 0, 0), 1.5 * pred.uniform_times(True))
+    assert factors(s1) == pytest.approx((1.5, 1.5, 1.5))  # no split measured yet: the fleet's model error is 1.5
+    np.testing.assert_allclose(c.times(s1, pred, 2, 2), 1.5 * pred.split_times(2, 2))
+    step1 = obs(q=2, m=2, tail_s=1.0, bulk_s=1.0, seed=1)
+    p1 = _learnt(c, s1, step1)
+    ft, fb = float(np.mean(p1.tail_times(2, 2))), float(np.mean(p1.bulk_times(2, 2)))
+    s2, pred2 = c.learn(s1, replace(step1, tail_s=2.0 * ft, bulk_s=0.5 * fb))
+    assert (s2.calib_tail, s2.calib_bulk, s2.calib_uniform) == pytest.approx((2.0, 0.5, 1.5))  # first ratios seed
+    np.testing.assert_allclose(c.times(s2, pred2, 2, 2), np.maximum(2.0 * pred2.tail_times(2, 2),
+                                                                   0.5 * pred2.bulk_times(2, 2)))
+    s3, _ = c.learn(s2, replace(step1, tail_s=ft, bulk_s=fb))  # the same step again, at the model: the EMA moves
+    a = c.config.ema
+    assert (s3.calib_tail, s3.calib_bulk) == pytest.approx(((1 - a) * 2.0 + a * ft / float(np.mean(
+        _learnt(c, s2, step1).tail_times(2, 2))), (1 - a) * 0.5 + a * fb / float(np.mean(
+            _learnt(c, s2, step1).bulk_times(2, 2)))))
+    warm, _ = c.learn(s2, replace(step1, warmup=True, tail_s=99.0, bulk_s=99.0))
+    assert (warm.calib_tail, warm.calib_bulk, warm.calib_uniform) == (s2.calib_tail, s2.calib_bulk, s2.calib_uniform)
 
 
 def test_candidates_are_bootstrapped_by_selector_rank_from_whole_steps() -> None:
@@ -156,31 +215,21 @@ def test_candidates_are_bootstrapped_by_selector_rank_from_whole_steps() -> None
 
 def test_pinned_candidates_join_the_tail_history() -> None:
     """The consumed groups right after the q tail groups that ran pinned (`StepObservation.pinned`) are regenerated
-    candidates too: the tail history keeps all q + pinned of them, in the selector's order."""
-    c = make("tailsieve")
+    candidates too: `learn` keeps all q + pinned of them in the tail history, in the selector's order; the history
+    gains the whole consumed batch (no per-request record), both capped by `history_steps`."""
+    c = make("tailsieve", history_steps=3)
     o = replace(obs(q=1, m=2, tail_s=1.0, bulk_s=1.0), pinned=2)
-    s = c._with_history(ControlState(q=1, m=2), o)
+    s, _ = c.learn(ControlState(q=1, m=2), o)
     np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:3])
-    s = c._with_history(ControlState(q=1, m=2), replace(o, pinned=0))
+    np.testing.assert_array_equal(s.history[-1], o.consumed_lengths)
+    s, _ = c.learn(ControlState(q=1, m=2), replace(o, pinned=0))
     np.testing.assert_array_equal(s.tail_history[-1], o.consumed_lengths[:1])
-
-
-def test_the_q_gain_test_prices_the_target_not_the_bounded_step() -> None:
-    """T̂(q) flat up to q = E, better at E: every bounded step alone gains nothing, the target gains 50%.
-    `tailsieve-fixed` walks there in steps of at most max(2, E/4); the literal rule tests the step and stays."""
-    c = make("tailsieve-fixed", n=64, r=8, rho=0.5, q0=1)  # E = 32
-    cost = lambda q, m: 5.0 if q == 32 else 10.0  # noqa: E731
-    f = fixed_forecast("tailsieve-fixed", c, cost)
-    lit = fixed_forecast("tailsieve-paper", c, cost)
-    assert f.q_step() == 8 and lit.q_step() == 2
-    s = ControlState(q=1, m=4)
-    qs = [1]
-    for _ in range(12):
-        s, moved = f._move_q(replace(s, hold=0), 32.0, lambda q: cost(q, 4))
-        qs.append(s.q)
-    assert qs[-1] == 32 and max(np.diff(qs)) <= 8
-    held, moved = lit._move_q(ControlState(q=1, m=4), 32.0, lambda q: cost(q, 4))
-    assert held.q == 1 and not moved
+    warm, _ = c.learn(ControlState(q=1, m=2), replace(o, warmup=True))
+    assert warm.tail_history == () and len(warm.history) == 1  # a warm-up step regenerates no candidate
+    for k in range(8):
+        s, _ = c.learn(s, replace(obs(q=1, m=2, tail_s=1.0, bulk_s=1.0, seed=k + 1), pinned=2))
+    assert len(s.history) == 3 and len(s.tail_history) == 6  # H steps of history, 2H of candidates
+    np.testing.assert_array_equal(s.history[0], history(seed=6))
 
 
 def test_uniform_steps_refresh_the_candidate_history() -> None:
@@ -194,22 +243,11 @@ def test_uniform_steps_refresh_the_candidate_history() -> None:
     assert pseudo.tolist() == np.concatenate([batch[top, 2:]] * 2, axis=1).tolist()
     heavy = np.full((4, 4), 16384, dtype=np.int64)
     s = ControlState(q=0, m=0, history=(batch,), tail_history=(heavy, heavy))
-    before = c._calibrated(s, c.predictor(s), 4, 1)
+    before = c.predictor(s).makespan(4, 1)
     for k in range(6):
-        s = c._with_history(s, StepObservation(step=k, q=0, m=0, warmup=False, candidates=0, tail_s=0.0,
-                                                bulk_s=1.0, consumed_lengths=history(n=16, seed=k + 1)))
-    assert len(s.tail_history) == 8 and c._calibrated(s, c.predictor(s), 4, 1) < 0.85 * before  # 2 of 8 steps heavy
+        step = StepObservation(step=k, q=0, m=0, warmup=False, candidates=0, tail_s=0.0, bulk_s=1.0,
+                               consumed_lengths=history(n=16, seed=k + 1))
+        s, _ = c.learn(s, step)
+        assert s.tail_history[-1].tolist() == c.uniform_candidates(step.consumed_lengths).tolist()
+    assert len(s.tail_history) == 8 and c.predictor(s).makespan(4, 1) < 0.85 * before  # 2 of 8 steps heavy
 
-
-
-
-@pytest.mark.parametrize("name", ["tailsieve", "tailsieve-fixed"])
-def test_a_refused_q_move_keeps_the_damped_velocity(name: str) -> None:
-    """C.1's damped momentum carries over a decision whose gain test refuses the move: T̂ falls by 0.01 s per group
-    (E = 4), so from q = 1 the target is 4, v = 0.5·0 + 0.5·(4 − 1) = 1.5, the gain (0.3%) is below q_gain and q
-    stays, with the velocity halved to 0.75 for the next decision."""
-    c = make(name, q0=1, m0=4, min_dwell=99)
-    f = fixed_forecast(name, c, lambda q, m: 10.0 - 0.01 * q if m == 4 else 50.0)
-    s = replace(f.initial(), history=(history(),))
-    out = f.update(s, obs(q=1, m=4, tail_s=10.0, bulk_s=10.0))
-    assert (out.q, out.m) == (1, 4) and out.velocity == pytest.approx(0.75)

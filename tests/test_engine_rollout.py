@@ -21,6 +21,7 @@ from tailsieve.engines.transport.engine_client import Api, SamplingParams
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.policy.controller import ControllerConfig, ControlState
+from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.step import GroupRef, GroupStatus, Pool, StepPlan
 from tailsieve.workloads import load_workload
 
@@ -133,13 +134,21 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
             assert type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
     priced = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, move_cost_s=12.5)))))
     assert priced.move_cost_s == 12.5
-    held = control_from_json(json.loads(json.dumps(control_to_json(replace(state.control, reversals=3, move_dir=-1)))))
-    assert (held.reversals, held.move_dir) == (3, -1)
-    learnt = replace(state.control, bias_tail=0.05, bias_bulk=-0.02, bias_uniform=0.01, bias_step=0.07, returns=2,
-                     uniform_dispatch="request")
+    assert state.control.decision is not None and loaded.control.note == state.control.note  # derived, not saved
+    unpaid = Decision(2, 1, Reason.UNPAID, (3, 2), 0.5, 0.25, 120.0)
+    learnt = replace(state.control, calib_tail=1.25, calib_bulk=0.8, calib_uniform=1.1, uniform_dispatch="request",
+                     hold=2, velocity=-0.75, decision=unpaid)
     back = control_from_json(json.loads(json.dumps(control_to_json(learnt))))
-    assert (back.bias_tail, back.bias_bulk, back.bias_uniform, back.bias_step) == (0.05, -0.02, 0.01, 0.07)
-    assert (back.returns, back.uniform_dispatch) == (2, "request")
+    assert (back.calib_tail, back.calib_bulk, back.calib_uniform) == (1.25, 0.8, 1.1)
+    assert (back.uniform_dispatch, back.hold, back.velocity, back.decision) == ("request", 2, -0.75, unpaid)
+    assert back.note == unpaid.note == "unpaid; (3, 2): +0.50 s/step ± 0.25, cost 120.0 s"
+    # a state saved by the controller before issue 40: its retired fields are read and dropped, the rest kept
+    older = control_to_json(state.control) | {"bias_tail": 0.05, "bias_step": 0.07, "reversals": 3, "move_dir": -1,
+                                             "returns": 2, "dwell": 4, "leave_streak": 1, "note": "m 1->0"}
+    read = control_from_json(json.loads(json.dumps(older)))
+    assert (read.q, read.m, read.decision, read.note) == (state.control.q, state.control.m, state.control.decision,
+                                                          state.control.note)
+    assert not any(hasattr(read, k) for k in ("bias_tail", "reversals", "returns", "dwell", "leave_streak"))
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3

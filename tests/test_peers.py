@@ -16,6 +16,7 @@ from tailsieve.analysis.fidelity import batch_fidelity
 from tailsieve.analysis.metrics import summarize
 from tailsieve.cli import main
 from tailsieve.errors import ConfigError
+from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
 from tailsieve.policy.router import RouterConfig
 from tailsieve.policy.step import GroupRef, InvariantError
@@ -245,10 +246,15 @@ def test_simulate_rejects_bad_peer_flags(args: list[str], msg: str, capsys: pyte
 
 
 def test_tailsieve_delays_are_at_most_one_step_at_the_default_redraw_limit() -> None:
+    """Started in a split (m0 = R/2: isolation does not pay on this workload, so from the uniform boundary the
+    controller would never cut a group), every cut group is regenerated the very next step, and the return to
+    uniform runs the waiting candidates at once: no group waits two steps."""
     runs = run_policies(["tailsieve"], fake_workload(60), make_curve(),
-                        SimConfig(router=RouterConfig(groups=16, group_size=4, replicas=4, rho=0.25), steps=12))
+                        SimConfig(router=RouterConfig(groups=16, group_size=4, replicas=4, rho=0.25), steps=12,
+                                  controller=ControllerConfig(m0=2)))
+    assert any(r.m > 0 for r in runs["tailsieve"].steps)
     delays = np.concatenate(runs["tailsieve"].batch_delays)
-    assert delays.max() >= 1  # cut groups are regenerated the step after
+    assert delays.max() == 1  # cut groups are regenerated the step after, never later
     s = summarize(runs)["tailsieve"]
     assert s.batch is not None and s.batch.off_policy_token_share == 0.0 and s.batch.dropped_prompt_share == 0.0
     assert s.batch.delayed_prompt_share == pytest.approx(float((np.concatenate(

@@ -37,3 +37,15 @@ def test_a_uniform_forecast_by_step_is_the_mean_of_the_steps_own_makespans() -> 
     assert float(np.mean(by_step.uniform_times())) == pytest.approx(0.055)
     pooled = Predictor(history, **kw)
     assert float(np.mean(pooled.uniform_times())) > 0.055
+
+
+def test_a_pool_holds_its_steps_own_groups_without_replacement() -> None:
+    """A pool no wider than its step is a permutation of the step's rows (its realized work: a step's one capped
+    group is in every pool from that step); past the step's size the rest is drawn with replacement."""
+    rows = _draw_rows(12, (5, 7), 6, 5, np.random.default_rng(1))
+    for k, row in enumerate(rows):
+        lo, hi = ((0, 5), (5, 12))[k % 2]
+        assert len(set(row.tolist())) == 5 and row.min() >= lo and row.max() < hi
+    assert all(sorted(r.tolist()) == [0, 1, 2, 3, 4] for r in rows[::2])
+    wide = _draw_rows(12, (5, 7), 2, 9, np.random.default_rng(1))
+    assert sorted(wide[0, :5].tolist()) == [0, 1, 2, 3, 4] and wide[0].max() < 5

@@ -66,7 +66,8 @@ def test_tiny_run_by_hand() -> None:
                               "paired_steps": 2, "note": "within noise of uniform (±100.0% at 2σ over 2 paired steps)"}
     assert doc["steps"][3] == record_json(POLICY.steps[3]) == {
         "step": 3, "makespan_s": 5.0, "tail_s": 0.0, "bulk_s": 5.0, "q": 3, "m": 3, "candidates": 0,
-        "wasted_tokens": 0, "batch_mean_length": 11.0, "warmup": False, "note": "n3", "redraws_max": 0}
+        "wasted_tokens": 0, "batch_mean_length": 11.0, "warmup": False, "note": "n3", "redraws_max": 0,
+        "decision": None}
 
 
 def test_without_uniform_speedup_and_bias_are_none() -> None:

@@ -209,19 +209,23 @@ def test_engine_scale_slows_the_replicas_not_the_policies_cost_model() -> None:
 def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> None:
     """rare-cap (isolation pays, so the controller leaves uniform and moves m) with a 120 s restart per pool move:
     the controller that learns the price moves less and beats one that ignores it (a horizon so long that any gain
-    repays any restart). Measured: 1 move against 3, 109.1 s against 115.9 s per step."""
+    repays any restart). Measured: 1 move against 4, 112.4 s against 121.1 s per step."""
     from tailsieve.model.curves import load_curve
     from tailsieve.policy.controller import ControllerConfig
+    from tailsieve.policy.decision import Reason
 
     wl, curve = load_workload("rare-cap"), load_curve("h100-llama3-8b")
     runs = {name: run_policy("tailsieve", wl, curve, SimConfig(steps=40, restart_s=120.0, controller=ctl))
-            for name, ctl in (("aware", ControllerConfig()), ("blind", ControllerConfig(move_horizon=10**9)))}
+            for name, ctl in (("aware", ControllerConfig()), ("blind", ControllerConfig(horizon=10**9)))}
     moves = {k: sum(a.m != b.m for a, b in zip(r.steps, r.steps[1:], strict=False)) for k, r in runs.items()}
     assert moves["aware"] < moves["blind"]
+    # what the aware controller turned down, it turned down for the restart: a gain beyond noise, unpaid
+    refused = [r.decision for r in runs["aware"].steps if r.decision is not None and r.decision.reason is Reason.UNPAID]
+    assert refused and all(d.cost_s == pytest.approx(120.0) and d.gain_s > 0 for d in refused)
     assert runs["aware"].mean_step_s() < runs["blind"].mean_step_s()
     free = run_policy("tailsieve", wl, curve, SimConfig(steps=40, controller=ControllerConfig()))
     blind_free = run_policy("tailsieve", wl, curve,
-                            SimConfig(steps=40, controller=ControllerConfig(move_horizon=10**9)))
+                            SimConfig(steps=40, controller=ControllerConfig(horizon=10**9)))
     assert [s.m for s in free.steps] == [s.m for s in blind_free.steps]  # without restarts the price changes nothing
 
 

@@ -30,7 +30,7 @@ def spec(**kw: object) -> PolicySpec:
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"policy": "nope"}, "unknown policy 'nope' (valid: uniform, static, tailsieve, tailsieve-fixed, tailsieve-paper)"),
+    ({"policy": "nope"}, "unknown policy 'nope' (valid: uniform, static, tailsieve-paper, tailsieve, tailsieve-fixed)"),
     ({"router": RouterConfig(replicas=1)},
      "policy tailsieve needs at least 2 replicas (a tail and a bulk pool), got R=1"),
     ({"policy": "static", "m": 4}, "m must lie in 0..3 (R=4 replicas), got m=4"),

@@ -6,6 +6,7 @@ its prompt again). The simulator prices the prefill per prompt per replica, the 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,9 @@ from conftest import make_curve
 from tailsieve.loop import SKIP_STEPS, make_controller
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.control_state import ControlState
+from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_prefill, round_robin_lanes
+from tailsieve.policy.paired import paired_gain
 from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
 from tailsieve.simulation.executor import shared_prefill
@@ -65,9 +68,17 @@ def test_tailsieve_deals_requests_unless_the_prefill_makes_splitting_a_group_dea
     hist = np.array([[400, 400, 400, 400]] * 3 + [[10, 10, 10, 10]] * 5, dtype=np.int64)  # every pool draws a long one
     for prefill_s, want in ((0.0, "request"), (5.0, "group")):
         c = _controller(prefill_s)
-        s = ControlState(q=0, m=0, history=(hist,))
-        _, dealt = c.uniform_option(s, c.predictor(s))
-        assert dealt == want
+        other = "group" if want == "request" else "request"
+        s = ControlState(q=0, m=0, history=(hist,) * 4, uniform_dispatch=other)
+        pred = c.predictor(s)
+        assert np.mean(c.times(s, pred, 0, 0, want)) < np.mean(c.times(s, pred, 0, 0, other))
+        out = c.decide(s, pred)
+        # the paired rule switches the placement: its gain is the paired one over the four history steps
+        g, se, _ = paired_gain(c.times(s, pred, 0, 0, other), c.times(s, pred, 0, 0, want), 4)
+        assert (out.q, out.m, out.uniform_dispatch) == (0, 0, want)
+        assert out.decision == Decision(0, 0, Reason.PLACEMENT, (0, 0), g, se, 0.0)
+        kept = c.decide(replace(s, uniform_dispatch=want), pred)  # already there: no placement move
+        assert kept.uniform_dispatch == want and kept.decision is not None and not kept.decision.moved
     assert _controller(0.0).initial().uniform_dispatch == "request"
     assert _controller(1.0).initial().uniform_dispatch == "group"
     assert make_controller("uniform", RouterConfig(), bulk_curve=FLAT).initial().uniform_dispatch == "group"

@@ -18,8 +18,8 @@ price of a pool move.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.control_state import StepWork
 from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.decision import Decision
 from tailsieve.policy.peers import PeerPolicy, PeerState, PeerStep
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState
 from tailsieve.policy.spec import PolicySpec
@@ -69,9 +70,15 @@ class StepRecord:
     wasted_tokens: int
     batch_mean_length: float
     warmup: bool = False
-    note: str = ""
+    note: str = ""  # the decision's note (`Decision.note`); a peer's or a baseline's own remark
     redraws_max: int = 0  # most times a consumed group of this step had been cut before (GroupRef.cuts)
     dealt: bool = False  # a uniform step whose groups were dealt over several replicas (not uniform's group routing)
+    decision: Decision | None = None  # the controller's decision after this step (None: a peer, a baseline)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as plain JSON (the decision by `Decision.to_json`, null when none): a rollout's step line."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "decision": None if self.decision is None else self.decision.to_json()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +227,7 @@ class StepLoop:
             batch_mean_length=float(batch.mean()) if batch.size else 0.0, warmup=plan.warmup, note=cstate.note,
             redraws_max=max((o.ref.cuts for o in done), default=0),
             dealt=plan.m == 0 and not plan.warmup and any(len(set(plan.placement[r.uid])) > 1 for r in plan.bulk),
+            decision=cstate.decision,
         )
         return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
 

@@ -35,10 +35,12 @@ MISSING = "-"  # table cell of a value that needs uniform when uniform did not r
 
 
 def record_json(r: StepRecord) -> dict[str, Any]:
-    """One step record as JSON (the `steps` entries of `simulate --json` and report.json)."""
+    """One step record as JSON (the `steps` entries of `simulate --json` and report.json): the controller's
+    decision after the step as `Decision.to_json` (null for a peer or a baseline), and its `note`."""
     return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
             "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
-            "warmup": r.warmup, "note": r.note, "redraws_max": r.redraws_max}
+            "warmup": r.warmup, "note": r.note, "redraws_max": r.redraws_max,
+            "decision": None if r.decision is None else r.decision.to_json()}
 
 
 def _bias_json(b: LengthBias | None, t: Truncation | None, w: Weighting | None = None) -> dict[str, Any] | None:

@@ -1,9 +1,14 @@
 """Flags that several commands share, each defined once: its name, type, meaning and help (`add(p, name, …)`).
 
 A command passes only what differs (a default, `required`, a sentence of help naming its own use); the meaning
-stays the one written here. The policy flags (`--policy`, `--q`, `--m`, `--q0`, `--m0`, `--ranking`, `--max-redraws`,
-`--dispatch`) are checked once, by `PolicySpec` and `RouterConfig` (`tailsieve.policy.spec`), not by argparse:
-a plugin ranking (`pkg.module:function`) or an entry point is as valid as a built-in one.
+stays the one written here. The policy flags (`--policy`, `--q`, `--m`, `--ranking`, `--max-redraws`, `--dispatch`)
+are checked once, by `PolicySpec` and `RouterConfig` (`tailsieve.policy.spec`), not by argparse: a plugin ranking
+(`pkg.module:function`) or an entry point is as valid as a built-in one.
+
+The controller's flags are derived, one per `ControllerConfig` field (`add_controller_flags`: `--q0`, `--m0`,
+`--history-steps`, `--z`, …; type, default and help from the field), so a new constant is a flag of `simulate`,
+`plan` and `rollout` with no edit here. Each value is checked by `ControllerConfig` as it is parsed (a bad one is
+argparse's one-line error, exit 2); `controller_config(args)` builds the config from the flags given.
 
 One name, one meaning: `--served-model-name` is the name a server serves (launch, profile, rollout), `--model`
 only a model folder or hub id (`launch`); `--model` of profile and rollout is a hidden deprecated alias. Every
@@ -14,12 +19,18 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from tailsieve.errors import ConfigError
+from tailsieve.policy.control_state import ControllerConfig
+from tailsieve.policy.controller_knobs import Knob, controller_from_mapping, knobs, renamed
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 
-__all__ = ["FLAGS", "add", "add_served_model_name"]
+__all__ = ["FLAGS", "add", "add_controller_flags", "add_served_model_name", "controller_config", "controller_flag",
+           "controller_help"]
 
 FLAGS: dict[str, dict[str, Any]] = {
     # the step shape and the prompt order
@@ -34,8 +45,6 @@ FLAGS: dict[str, dict[str, Any]] = {
     # the policy (checked by PolicySpec / RouterConfig)
     "--q": {"type": int, "help": "static policy: isolated groups q"},
     "--m": {"type": int, "help": "static policy: tail replicas m (0 = uniform)"},
-    "--q0": {"type": int, "help": "adaptive controllers: initial q (default: ControllerConfig.q0)"},
-    "--m0": {"type": int, "help": "adaptive controllers: initial m (default: ControllerConfig.m0)"},
     "--ranking": {"default": DEFAULT_RANKING,
                   "help": "candidate ranking: a registered name (least-progress, stream-order), a plugin "
                           "pkg.module:function or an entry point of tailsieve.rankings (default: %(default)s; "
@@ -98,3 +107,60 @@ def add_served_model_name(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", dest="model", metavar="NAME",
                    help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--model", dest="model", action=_DeprecatedModel, help=argparse.SUPPRESS)
+
+
+def controller_flag(name: str) -> str:
+    """The flag of `ControllerConfig` field `name`: `history_steps` → `--history-steps`."""
+    return "--" + name.replace("_", "-")
+
+
+def _parse(knob: Knob) -> Callable[[str], Any]:
+    """The argparse type of a field: its kind, and `none` for None where the field allows it."""
+    def parse(text: str) -> Any:
+        if knob.optional and text.strip().lower() == "none":
+            return None
+        return knob.kind(text)
+
+    parse.__name__ = knob.kind.__name__ + (" or none" if knob.optional else "")  # argparse's "invalid int value"
+    return parse
+
+
+CONTROLLER_GROUP = "controller constants (ControllerConfig, docs/controller.md)"
+
+
+class _Knob(argparse.Action):
+    """Stores a controller flag's value once `ControllerConfig` accepts it (else argparse's one-line error)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            replace(ControllerConfig(), **{self.dest: values})
+        except ConfigError as exc:
+            parser.error(renamed(str(exc), controller_flag))
+        setattr(namespace, self.dest, values)
+
+
+def add_controller_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per `ControllerConfig` field (`--history-steps` for `history_steps`), in its own group: its type
+    from the field (`int | None` takes `none`), its help the field's help line and default. An unset flag leaves no
+    attribute on the parsed namespace, so `controller_config` keeps the field's default."""
+    taken = {a.dest for a in p._actions}
+    group = p.add_argument_group(CONTROLLER_GROUP)
+    for k in knobs():
+        if k.name in taken:
+            raise ValueError(f"{p.prog}: the controller field {k.name} clashes with another flag's destination")
+        group.add_argument(controller_flag(k.name), dest=k.name, type=_parse(k), action=_Knob,
+                           default=argparse.SUPPRESS, metavar=k.name.upper(), help=controller_help(k))
+
+
+def controller_help(k: Knob) -> str:
+    """A controller flag's help: the field's help line and its default (`none` spells None)."""
+    default = "none" if k.default is None else k.default
+    return f"{k.help} (default: {default}{'; none for None' if k.optional else ''})".replace("%", "%%")
+
+
+def controller_config(args: argparse.Namespace, base: ControllerConfig | None = None) -> ControllerConfig:
+    """`base` (default: the defaults) with the controller flags that were given (`add_controller_flags`); a
+    one-line ConfigError naming the flag when the values do not go together."""
+    given = {k.name: getattr(args, k.name) for k in knobs() if hasattr(args, k.name)}
+    return controller_from_mapping(given, "controller flags", base, spell=controller_flag)

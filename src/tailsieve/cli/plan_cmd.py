@@ -20,7 +20,7 @@ from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
-from tailsieve.cli.flags import add
+from tailsieve.cli.flags import add, add_controller_flags
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
@@ -55,7 +55,8 @@ def register(sub: Any) -> None:
     add(p, "--seed")
     add(p, "--json")
     plan_spec.add_arguments(p)
-    p.set_defaults(func=run, q=None, m=None, q0=None, m0=None, dispatch="request", ranking=DEFAULT_RANKING,
+    add_controller_flags(p)
+    p.set_defaults(func=run, q=None, m=None, dispatch="request", ranking=DEFAULT_RANKING,
                    shuffle=False, restart_s=0.0, config=None, tail_spec=None, bulk_spec=None)
 
 

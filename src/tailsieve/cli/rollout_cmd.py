@@ -26,7 +26,7 @@ from tailsieve.cli._common import (
     progress_enabled,
     trace_columns,
 )
-from tailsieve.cli.flags import add, add_served_model_name
+from tailsieve.cli.flags import add, add_controller_flags, add_served_model_name, controller_config
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.kinds import DEFAULT_KIND
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
@@ -43,7 +43,7 @@ from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finit
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import dispatch_of
 from tailsieve.policy.spec import check_loop_policy
@@ -87,8 +87,6 @@ def register(sub: Any) -> None:
     add(p, "--rho")
     add(p, "--q")
     add(p, "--m")
-    add(p, "--q0")
-    add(p, "--m0")
     add(p, "--dispatch")
     add(p, "--ranking")
     add(p, "--max-redraws")
@@ -108,6 +106,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-seed", action="store_true", help="send no per-request seed")
     add(p, "--shuffle")
     add_fault_args(p)
+    add_controller_flags(p)
     p.set_defaults(func=run)
 
 
@@ -194,7 +193,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         "completions" if args.api == "auto" else args.api)
     replay = (load_workload(args.replay_lengths, mode=args.replay_mode, **trace_columns(args))
               if args.replay_lengths else None)
-    ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
+    ctl = controller_config(args)
     faults = fault_policy(args)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
@@ -279,7 +278,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             launcher.start()
             endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]  # after start: Ray places replicas
-            return _run(args, with_move_price(configs, launcher), endpoints, prompts, out, launcher)
+            # the slowest start-up prices a pool move, unless --move-cost-s was given
+            priced = configs if hasattr(args, "move_cost_s") else with_move_price(configs, launcher)
+            return _run(args, priced, endpoints, prompts, out, launcher)
         finally:
             launcher.stop()
 

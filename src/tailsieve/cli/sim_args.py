@@ -14,12 +14,12 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import progress_console, trace_columns
+from tailsieve.cli.flags import controller_config
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
-from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of
 from tailsieve.simulation.replica import ReplicaConfig
@@ -79,9 +79,8 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     dispatch = dispatch_of(args.dispatch)
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
                           dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
-    ctl = ControllerConfig(**{k: v for k, v in (("q0", args.q0), ("m0", args.m0)) if v is not None})
-    return SimConfig(router=router, replica=replica, controller=ctl, steps=args.steps, q=args.q, m=args.m,
-                     shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
+    return SimConfig(router=router, replica=replica, controller=controller_config(args), steps=args.steps, q=args.q,
+                     m=args.m, shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
                      bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies),
                      engine_scale=engine_scale)
 

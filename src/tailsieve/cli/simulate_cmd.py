@@ -18,7 +18,7 @@ from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
-from tailsieve.cli.flags import add
+from tailsieve.cli.flags import add, add_controller_flags
 from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
@@ -53,8 +53,6 @@ def register(sub: Any) -> None:
                    help=f"repeatable (or comma-separated); 'all' (default) = {', '.join(policy_names())}")
     add(p, "--q")
     add(p, "--m")
-    add(p, "--q0")
-    add(p, "--m0")
     add(p, "--ranking")
     add(p, "--max-redraws")
     add(p, "--dispatch")
@@ -77,6 +75,7 @@ def register(sub: Any) -> None:
                    help="the simulated replicas decode at tau(b)*X while every policy keeps --curve: a fleet slower "
                         "(> 1) or faster (< 1) than its profile, a model error the controller must learn (default 1)")
     add_spec_and_output_args(p)
+    add_controller_flags(p)
     p.set_defaults(func=run)
 
 

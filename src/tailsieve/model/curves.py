@@ -220,9 +220,14 @@ def builtin_curves() -> dict[str, TpotCurve]:
 
 
 def load_curve(spec: str | Path | TpotCurve) -> TpotCurve:
-    """A curve by built-in name or file path (JSON or CSV); the one entry point every command uses."""
+    """A curve by built-in name, file path (JSON or CSV) or 'family:SEED' (a generated regime's curve,
+    `model.curve_family`); the one entry point every command uses."""
     if isinstance(spec, TpotCurve):
         return spec
+    if isinstance(spec, str) and spec.startswith("family:"):
+        from tailsieve.model.curve_family import family_curve, parse_family_seed  # it imports this module
+
+        return family_curve(parse_family_seed(spec, "curve", CurveError))
     curves = builtin_curves()
     if isinstance(spec, str) and spec in curves:
         return curves[spec]

@@ -4,7 +4,7 @@ paired rule weighed (docs/controller.md, "The rule"). Every step records one; it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from tailsieve.errors import ConfigError
@@ -13,7 +13,7 @@ from tailsieve.inputs import MAX_INT, finite, int_in, json_object
 __all__ = ["Decision", "Reason"]
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     """Why a decision kept or changed (q, m)."""
 
     START = "start"  # the state before the first step
@@ -78,7 +78,7 @@ class Decision:
         """Inverse of `to_json`; a ConfigError naming the field otherwise."""
         d = json_object(obj, where, ("q", "m", "reason"), ("q", "m", "reason", "option", "gain_s", "se_s", "cost_s"))
         reasons = {r.value: r for r in Reason}
-        if d["reason"] not in reasons:
+        if not isinstance(d["reason"], str) or d["reason"] not in reasons:  # a list or an object is unhashable
             raise ConfigError(f"{where}.reason must be one of {', '.join(reasons)}, got {d['reason']!r}"[:300])
         option = d.get("option")
         if option is not None:

@@ -14,10 +14,11 @@ group completes at F(longest member). On the lengths grid the sum is one cumulat
 costs a bincount of the candidate groups it moves plus a few passes over the grid (about 0.3 ms at that scale).
 
 What it misses: the lane-to-lane spread (a lane that drew several long requests finishes late). Measured on the
-KodCode trace at N = 4096, G = 16, R = 512 it forecasts the bulk pool 3–8% early and the tail pool 0–4% early; the
-controller's calibration factors (measured / forecast pool time) absorb such a bias online. Group-atomic lanes
-(uniform, `Dispatch.GROUP`) put G correlated requests on one lane, where the spread dominates (the same forecast
-was 22–28% early for uniform), so those stay exact (`Predictor.use_mean_field`).
+KodCode trace at N = 4096, G = 16, R = 512 it forecasts the bulk pool 3–8% early; it is used for the bulk pool's
+cutoff only (the tail pool and the uniform boundary run to completion and are priced exactly by per-lane sums,
+`Predictor._run_out`), and not for pinned candidates, whose last completion is a lane maximum
+(`Controller.best_q`). Group-atomic lanes (uniform, `Dispatch.GROUP`) put G correlated requests on one lane, where
+the spread dominates, so those stay exact (`Predictor.use_mean_field`).
 """
 
 from __future__ import annotations
@@ -83,9 +84,8 @@ class MeanFieldPools:
         self._offs = offs
         w = c_idx.shape[1]
         self.width = w
-        # the longest member of candidates 0..r (prefix) and r..W−1 (suffix), and the fresh groups' longest members
-        # in order: F is non-decreasing, so a pool's last completion and its k-th are F at these grid indices
-        self.cand_prefix_max = np.maximum.accumulate(self.cand_gmax, axis=1) if w else self.cand_gmax
+        # the longest member of candidates r..W−1 (suffix), and the fresh groups' longest members in order: F is
+        # non-decreasing, so a pool's last pinned completion and its k-th are F at these grid indices
         self.cand_suffix_max = (np.maximum.accumulate(self.cand_gmax[:, ::-1], axis=1)[:, ::-1] if w
                                 else self.cand_gmax)
         self.fresh_sorted = np.sort(self.fresh_gmax, axis=1)
@@ -142,14 +142,6 @@ class MeanFieldPools:
         tot = np.stack([self._running[(kind, q, extra)][0] for kind, q in keys])
         share = np.stack([self._running[(kind, q, extra)][1] for kind, q in keys])
         return tot, share
-
-    def tail_last(self, qs: list[int], n_lanes: int, curve: TpotCurve, kv_s_per_token: float) -> FloatArray:
-        """(Q, K) last completion of the candidates 0..q − 1 of each pool on `n_lanes` lanes, for each q in `qs`:
-        F at their longest member (F is non-decreasing)."""
-        f = self.finish_from(*self.pool_running([("tail", q) for q in qs], 0), n_lanes, curve, kv_s_per_token)
-        last = np.stack([self.cand_prefix_max[:, min(q, self.width) - 1] for q in qs])  # (Q, K)
-        out: FloatArray = np.take_along_axis(f, last[:, :, None], axis=2)[:, :, 0]
-        return out
 
     def bulk_finish(self, qs: list[int], extra: int, n_lanes: int, curve: TpotCurve,
                     kv_s_per_token: float) -> FloatArray:

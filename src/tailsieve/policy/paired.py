@@ -42,14 +42,16 @@ class Paired:
 
 
 def t_quantile(z: float, dof: int) -> float:
-    """The Student-t quantile at the upper-tail probability of the normal quantile `z`, `dof` degrees of freedom
-    (Cornish–Fisher expansion to 1/dof², within 1% of the exact value for dof ≥ 3 and z ≤ 3); `z` itself when dof
-    is unbounded, infinite below one degree of freedom."""
+    """The Student-t quantile at the upper-tail probability of the normal quantile `z`, `dof` degrees of freedom: the
+    Cornish–Fisher expansion in 1/dof to the fourth order (Abramowitz & Stegun 26.7.5), infinite below one degree
+    of freedom."""
     if dof < 1:
         return math.inf
-    g1 = (z ** 3 + z) / 4
-    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
-    return z + g1 / dof + g2 / dof ** 2
+    g = ((z ** 3 + z) / 4,
+         (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160)
+    return z + float(sum(gi / float(dof) ** (i + 1) for i, gi in enumerate(g)))
 
 
 def paired_gain(current: NDArray[np.float64], option: NDArray[np.float64], steps: int) -> tuple[float, float, int]:

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from tailsieve.policy.base import register
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.control_state import ControlState, StepObservation
-from tailsieve.policy.controller import register
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.paired import Paired, paired_gain, value
 from tailsieve.policy.paper import TailSievePaperController
@@ -76,7 +76,7 @@ class TailSieveController(TailSievePaperController):
     def cost(self, state: ControlState, pred: Predictor, option: Option) -> float:
         """One-time seconds of moving to `option`: a restart when m changes; for a return to the uniform boundary
         also its first step's excess, the E waiting candidates run to completion among its N groups."""
-        q, m, dispatch = option
+        _, m, dispatch = option
         c = self.move_cost(state) if m != state.m else 0.0
         if m == 0 and state.m > 0:
             dealt = dispatch == "request"
@@ -104,7 +104,7 @@ class TailSieveController(TailSievePaperController):
         for v, opt, p in scored:
             if v <= 0:
                 break
-            q, m, dispatch = opt
+            m = opt[1]
             if state.m > 0 and m > 0 and m != state.m and not self.feasible(state, pred, m, deadline):
                 refused = refused or (opt, p)
                 continue
@@ -114,7 +114,10 @@ class TailSieveController(TailSievePaperController):
         v, opt, p = scored[0]
         if not math.isfinite(v):  # fewer than two history steps: nothing to compare on yet
             return replace(state, decision=Decision(state.q, state.m, Reason.STAY))
-        return replace(state, decision=self._decision(state, Reason.UNPAID if p.beyond_noise else Reason.STAY, opt, p))
+        unpaid = [(o, x) for _, o, x in scored if x.beyond_noise]  # beyond noise, not worth its cost
+        if unpaid:
+            return replace(state, decision=self._decision(state, Reason.UNPAID, *unpaid[0]))
+        return replace(state, decision=self._decision(state, Reason.STAY, opt, p))
 
     def _option_times(self, state: ControlState, pred: Predictor, opt: Option) -> FloatArray:
         q, m, dispatch = opt

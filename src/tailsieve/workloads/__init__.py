@@ -2,9 +2,10 @@
 
 `workload.py` (replay modes, `load_workload`), `traces.py` (trace files), `synthetic.py` (the calibrated generator),
 `regimes.py` (video/VLM RL, multi-turn agentic search, drifting low-prompt-share math, rare prompt-independent
-cap hits).
+cap hits), `family.py` (the generated regime family `family:SEED`, issue 40).
 """
 
+from tailsieve.workloads.family import FamilyRegime, Split, family_regime, family_workload
 from tailsieve.workloads.workload import (
     GeneratorSource,
     LengthSource,
@@ -22,14 +23,18 @@ from tailsieve.workloads.workload import (
 )
 
 __all__ = [
+    "FamilyRegime",
     "GeneratorSource",
     "LengthSource",
     "MultiTurnSource",
     "RecordedSource",
     "ReplayMode",
     "ResampleSource",
+    "Split",
     "Workload",
     "bundled_workloads",
+    "family_regime",
+    "family_workload",
     "generator_names",
     "load_workload",
     "parse_mode",

@@ -285,6 +285,16 @@ def parse_mode(mode: ReplayMode | str) -> ReplayMode:
         raise ConfigError(f"unknown replay mode '{mode}' (choose {', '.join(m.value for m in ReplayMode)})") from None
 
 
+def _family(spec: str, seed: int, length_column: str | None, prompt_column: str | None) -> Workload:
+    """A regime of the generated family ('family:SEED', `workloads.family`), its lengths drawn with `seed`."""
+    from tailsieve.workloads.family import family_workload, parse_family_seed  # family imports this module
+
+    if length_column is not None or prompt_column is not None:
+        raise ConfigError(f"workload '{spec}' is generated, not read from a file: a length or prompt column applies "
+                          "to trace files only")
+    return family_workload(parse_family_seed(spec, "workload", ConfigError), draw_seed=int(seed))
+
+
 def load_workload(
     spec: str | Path | None = None,
     *,
@@ -293,12 +303,15 @@ def load_workload(
     length_column: str | None = None,
     prompt_column: str | None = None,
 ) -> Workload:
-    """A workload by bundled name or trace path (None: kodcode-r1); synthetic names ignore `mode` and refuse columns."""
+    """A workload by bundled name, trace path or 'family:SEED' (a generated regime, `workloads.family`; None:
+    kodcode-r1); generated names ignore `mode` and refuse columns."""
     m = parse_mode(mode)
     if seed < 0 or seed != math.floor(seed):
         raise ConfigError(f"seed must be a non-negative integer, got {seed}")
     if spec is None:
         spec = "synthetic-math" if m is ReplayMode.SYNTHETIC else DEFAULT_TRACE
+    if isinstance(spec, str) and spec.startswith("family:"):
+        return _family(spec, seed, length_column, prompt_column)
     if isinstance(spec, str) and spec in generator_names():
         if length_column is not None or prompt_column is not None:
             raise ConfigError(f"workload '{spec}' is generated, not read from a file: a length or prompt column "

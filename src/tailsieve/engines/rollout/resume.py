@@ -27,6 +27,7 @@ from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import loads_json, read_text
 from tailsieve.loop import StepRecord
+from tailsieve.policy.decision import Decision
 from tailsieve.policy.router import Router
 
 STATE_FILE, STEPS_FILE, ASIDE = "state.json", "steps.jsonl", "uncommitted"
@@ -65,10 +66,15 @@ _RECORD_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
 def step_record(row: Mapping[str, Any]) -> StepRecord:
-    """A `StepRecord` from a step line, each field of its declared type (ValueError / TypeError otherwise)."""
+    """A `StepRecord` from a step line, each field of its declared type, the decision by `Decision.from_json` (null
+    or absent in older files: None); ValueError / TypeError otherwise (a bad decision: a ConfigError naming its
+    field)."""
     kw: dict[str, Any] = {}
     for name, f in StepRecord.__dataclass_fields__.items():
         if name not in row:
+            continue
+        if name == "decision":
+            kw[name] = None if row[name] is None else Decision.from_json(row[name], "decision")
             continue
         typ, v = _RECORD_TYPES[str(f.type)], row[name]
         if typ is float and v is None:  # NaN written by an older json.dumps as null

@@ -3,7 +3,8 @@
     DIR/report.json                 same keys as `simulate --json` ("policies" → mean_step_s, speedup, steps …)
     DIR/<policy>/batch-00003.jsonl  one line per consumed group: prompt id, samples, token counts, finish reasons
                                     (and "weight", the bias-correction weight, when the run has it on)
-    DIR/<policy>/steps.jsonl        one line per step: the step record plus the consumed lengths (for resume),
+    DIR/<policy>/steps.jsonl        one line per step: the step record (its "decision" an object or null,
+                                    `Decision.to_json`) plus the consumed lengths (for resume),
                                     redraws and truncated flags per consumed group (absent in older files: 0 and
                                     unknown), restart_s (replica restarts before the step, in makespan_s), and
                                     "weights" (bias correction on)
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ class PolicyOutput:
         lengths = np.array([g.lengths for g in batch.groups], dtype=np.int64)
         uids = [g.uid for g in batch.groups]
         pids = tuple(g.prompt_id for g in batch.groups)
-        line = asdict(batch.record) | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
+        line = batch.record.to_json() | {"lengths": lengths.tolist(), "uids": uids, "prompt_ids": list(pids),
                                        "redispatched": batch.redispatched, "down": list(batch.down),
                                        "started_at": batch.started_at, "restart_s": batch.restart_s,
                                        "redraws": list(batch.redraws),

@@ -11,13 +11,16 @@ import math
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tailsieve.engines.transport.engine_client import Endpoint, SamplingParams
 from tailsieve.errors import TailSieveError
+from tailsieve.inputs import loads_json
+from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
+from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import RouterConfig, dispatch_of
 from tailsieve.policy.spec import FleetCost, PolicySpec
@@ -102,6 +105,16 @@ def _opt_int(value: Any) -> int | None:
     return None if value in (None, "") else int(value)
 
 
+def controller(value: Any) -> ControllerConfig:
+    """The `controller` setting: a mapping of `ControllerConfig` field → value (from a parser hook), or its JSON
+    object (`TAILSIEVE_CONTROLLER='{"z": 1.5, "m0": 1}'`); unset: the defaults. One-line ConfigError otherwise."""
+    where = "tailsieve_controller (TAILSIEVE_CONTROLLER)"
+    if value is None or value == "":
+        return ControllerConfig()
+    table = value if isinstance(value, Mapping) else loads_json(str(value), where, line=False)
+    return controller_from_mapping(table, where, spell=lambda k: f"tailsieve_controller.{k}")
+
+
 def _flag(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() not in ("0", "false", "no", "off", "")
 
@@ -124,6 +137,8 @@ class SlimeSettings:
     m: int | None = None
     ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`, or a plugin path)
     dispatch: str = "request"  # round-robin unit inside a pool: request or group
+    # the controller's constants: `tailsieve_controller` / `TAILSIEVE_CONTROLLER`, field name → value (`controller`)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
 
     @classmethod
     def from_args(cls, args: Any) -> SlimeSettings:
@@ -139,7 +154,10 @@ class SlimeSettings:
                       None if raw_seed in (None, "", "none") else int(raw_seed),
                       getattr(args, "save", None), getattr(args, "load", None),
                       _opt_int(setting(args, "q", None)), _opt_int(setting(args, "m", None)),
-                      str(setting(args, "ranking", DEFAULT_RANKING)), str(setting(args, "dispatch", "request")))
+                      str(setting(args, "ranking", DEFAULT_RANKING)), str(setting(args, "dispatch", "request")),
+                      controller(setting(args, "controller", None)))
+        except TailSieveError as exc:
+            raise SlimeIntegrationError(str(exc)) from None
         except (TypeError, ValueError) as exc:
             raise SlimeIntegrationError(f"bad TailSieve setting: {exc}") from None
         if out.groups < 1 or out.group_size < 1 or not (0.0 <= out.rho <= 1.0) or math.isnan(out.rho):
@@ -158,7 +176,7 @@ class SlimeSettings:
         try:
             rc = RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
                               dispatch=dispatch_of(self.dispatch), max_redraws=self.max_redraws, ranking=self.ranking)
-            return PolicySpec(self.policy, rc, FleetCost.load(self.curve), q=self.q, m=self.m)
+            return PolicySpec(self.policy, rc, FleetCost.load(self.curve), self.controller, q=self.q, m=self.m)
         except TailSieveError as exc:
             raise SlimeIntegrationError(str(exc)) from None
 

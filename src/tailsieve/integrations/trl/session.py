@@ -30,6 +30,7 @@ from tailsieve.engines.rollout.weight_sync import WeightUpdate
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.errors import TailSieveError
 from tailsieve.integrations.trl.probe import ProbeResult, greedy_agreement
+from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.step import GroupStatus
 
 __all__ = ["PendingStep", "PushRecord", "StepStats", "TrlIntegrationError", "TrlSession"]
@@ -88,8 +89,13 @@ class TrlSession:
     """TailSieve steps over `dataset` on `endpoints` (see the module docstring); `close()` when done."""
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig, dataset: Sequence[Mapping[str, Any]],
-                 *, checkpoints: str | Path, prompt_key: str = "prompt", tokenizer: Any = None) -> None:
-        self.config = dataclasses.replace(config, logprobs=True)
+                 *, checkpoints: str | Path, prompt_key: str = "prompt", tokenizer: Any = None,
+                 controller: Mapping[str, Any] | None = None) -> None:
+        try:  # any `ControllerConfig` field by name, over `config.controller` (`controller_from_mapping`)
+            ctl = controller_from_mapping(controller, "TrlSession controller", config.controller)
+        except TailSieveError as exc:
+            raise TrlIntegrationError(str(exc)) from None
+        self.config = dataclasses.replace(config, logprobs=True, controller=ctl)
         self.dataset = dataset
         self.prompt_key = prompt_key
         self.checkpoints = Path(checkpoints)

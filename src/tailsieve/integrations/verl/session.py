@@ -25,6 +25,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.loop import LoopState, StepLoop, StepOutput, build_loop
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
+from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig, dispatch_of
 from tailsieve.policy.spec import FleetCost, PolicySpec
@@ -100,8 +101,10 @@ class TailSieveSettings:
     ranking: str = DEFAULT_RANKING
     q: int | None = None  # static policy only
     m: int | None = None
-    q0: int | None = None  # adaptive controllers' initial q and m (None: `ControllerConfig`'s)
+    q0: int | None = None  # adaptive controllers' initial q and m (None: `ControllerConfig`'s; also `controller`)
     m0: int | None = None
+    # any `ControllerConfig` field by name (`+trainer.v1.tailsieve.controller.z=1.5`; `controller_from_mapping`)
+    controller: Mapping[str, Any] | None = None
     dispatch: str = "request"  # round-robin unit inside a pool: request or group
     curve: str = "h100-llama3-8b"  # the cost model: a curve or `tailsieve profile`'s model file (τ(b) and kv term)
     tail_curve: str | None = None  # the tail pool's own measured curve (None: `curve`)
@@ -113,6 +116,23 @@ class TailSieveSettings:
         CONTROLLERS.check(self.policy)
         if not self.poll_s > 0 or not self.abort_timeout_s > 0:
             raise ConfigError("trainer.v1.tailsieve.poll_s and abort_timeout_s must be > 0")
+        self.controller_config()  # a bad controller field fails at construction, in one line
+
+    def controller_config(self) -> ControllerConfig:
+        """`controller` (field name → value, each checked once) with `q0` and `m0` on top; a field given both ways
+        is a ConfigError."""
+        where = "trainer.v1.tailsieve.controller"
+        if self.controller is not None and not isinstance(self.controller, Mapping):
+            raise ConfigError(f"{where} must be a mapping of controller fields, got {type(self.controller).__name__}")
+        table = dict(self.controller or {})
+        for name in ("q0", "m0"):
+            value = getattr(self, name)
+            if value is not None and name in table:
+                raise ConfigError(f"trainer.v1.tailsieve.{name} and trainer.v1.tailsieve.controller.{name} are both "
+                                  "set: give one")
+            if value is not None:
+                table[name] = value
+        return controller_from_mapping(table, where)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None) -> TailSieveSettings:
@@ -122,6 +142,8 @@ class TailSieveSettings:
         unknown = sorted(set(raw) - set(valid))
         if unknown:
             raise ConfigError(f"unknown trainer.v1.tailsieve key(s) {', '.join(unknown)} (valid: {', '.join(valid)})")
+        if isinstance(raw.get("controller"), Mapping):  # hydra's DictConfig: a plain dict of its values
+            raw["controller"] = dict(raw["controller"])
         return cls(**raw)
 
     def spec(self, groups: int, group_size: int, replicas: int) -> PolicySpec:
@@ -129,10 +151,8 @@ class TailSieveSettings:
         rc = RouterConfig(groups=groups, group_size=group_size, replicas=replicas, rho=self.rho,
                           dispatch=dispatch_of(self.dispatch),
                           max_redraws=self.max_redraws, ranking=self.ranking)
-        base = ControllerConfig()
-        ctl = ControllerConfig(q0=base.q0 if self.q0 is None else self.q0, m0=base.m0 if self.m0 is None else self.m0)
         cost = FleetCost.load(self.curve, tail_curve=self.tail_curve, kv_ms_per_1k=self.kv_ms_per_1k)
-        return PolicySpec(self.policy, rc, cost, ctl, q=self.q, m=self.m)
+        return PolicySpec(self.policy, rc, cost, self.controller_config(), q=self.q, m=self.m)
 
     def loop(self, groups: int, group_size: int, replicas: int, prompts: Sequence[str]) -> StepLoop:
         """The step loop (router + controller) for N groups of G on `replicas` servers drawing from `prompts`

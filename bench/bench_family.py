@@ -1,0 +1,278 @@
+"""The controller over the generated regime family (`family:SEED`, issue 40; docs/workloads.md): how far `tailsieve`
+stays from the better of the best static split in hindsight and verl's balancer, across many regimes.
+
+Run: `python bench/bench_family.py [--split tune|validation] [--seeds A..B | COUNT] [--quick] [--steps 30]
+[--policies tailsieve,tailsieve-fixed,tailsieve-paper] [--controller JSON] [--workers 2] [--json out.json]`.
+
+For every regime of the split (`--seeds COUNT`: its first COUNT seeds; `A..B`: its seeds in A..B; even seeds tune,
+odd seeds validate: tune only on `--split tune`) it runs, on one prompt stream and one set of length draws
+(`SimConfig(router=regime's N, G, R, engine_scale=regime's, steps, seed=SEED)`, the lengths drawn with seed SEED):
+uniform, verl-lif, the adaptive policies, and a coarse static grid in two stages: q = E at up to 8 values of m
+spread over 1..R-1, then q = E/2 and E/4 at the best m and its two grid neighbours (the best static in hindsight
+almost always has q = E). Reference = max(best static, verl-lif). Per regime it prints the speedups over uniform,
+ts/ref (tailsieve / reference), ts/fix (tailsieve / tailsieve-fixed), m0 (steady steps tailsieve spent at m = 0)
+and the paired noise band: the std of the per-step difference (policy - reference run) over the steady steps
+(after SKIP_STEPS) / sqrt(n), as a share of the reference's mean step. Then the distribution over regimes: for each
+adaptive policy P, P / reference and P / tailsieve-fixed (median, p5, min; the share of regimes with
+P >= fixed - 1%), the minimum P / uniform, and the median noise band.
+
+`--quick` (< 5 min on 2 cores): the 12 cheapest of the split's first 32 regimes, 20 steps. A full split (32
+regimes, 30 steps) takes ~30-40 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tailsieve.policy.controller import ControllerConfig
+from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.runs import SKIP_STEPS, PolicyRun, SimConfig, policy_names, run_policy, static_grid
+from tailsieve.workloads.family import Split, family_regime, family_workload, split_of, split_seeds
+
+DEFAULT_COUNT = 32
+QUICK_POOL, QUICK_COUNT, QUICK_STEPS = 32, 12, 20
+GRID_M = 8  # m values of the grid's first stage
+
+
+@dataclass(frozen=True)
+class Task:
+    seed: int
+    steps: int
+    policies: tuple[str, ...]
+    controller: str  # JSON of ControllerConfig fields
+
+
+def cost(seed: int) -> float:
+    """A rough relative simulation cost: requests per step, ~10x per request for multi-turn regimes."""
+    r = family_regime(seed)
+    return r.router.groups * r.router.group_size * (10.0 if r.multi_turn else 1.0)
+
+
+def spaced(top: int, count: int) -> list[int]:
+    """Up to `count` integers strictly inside 0..top+1, evenly spread (m = 1 .. R-1)."""
+    return sorted({min(max(round(k * (top + 1) / (count + 1)), 1), top) for k in range(1, count + 1)})
+
+
+def coarse_grid(wl: Any, curve: Any, cfg: SimConfig) -> tuple[dict[tuple[int, int], float], PolicyRun]:
+    """The two-stage static grid: mean step per (q, m) and the fastest run."""
+    e, r = cfg.router.extra, cfg.router.replicas
+    ms = spaced(r - 1, GRID_M)
+    first = static_grid(wl, curve, cfg, qs=[e], ms=ms)
+    i = ms.index(first.m)
+    near = ms[max(i - 1, 0):i + 2]
+    qs = sorted({max(1, round(e / 2)), max(1, round(e / 4))} - {e})
+    means, best = dict(first.mean_s), first.best
+    if qs:
+        second = static_grid(wl, curve, cfg, qs=qs, ms=near)
+        means.update(second.mean_s)
+        if second.mean_s[(second.q, second.m)] < first.mean_s[(first.q, first.m)]:
+            best = second.best
+    return means, best
+
+
+def makespans(run: PolicyRun) -> np.ndarray:
+    return np.array([s.makespan_s for s in run.steps[SKIP_STEPS:]])
+
+
+def noise_band(run: PolicyRun, ref: PolicyRun) -> float:
+    """std of the per-step paired difference (run - ref) over the steady steps / sqrt(n), over ref's mean step."""
+    d = makespans(run) - makespans(ref)
+    if d.size < 2:
+        return float("nan")
+    return float(d.std(ddof=1) / np.sqrt(d.size) / makespans(ref).mean())
+
+
+def run_regime(t: Task) -> dict[str, Any]:
+    """Uniform, verl-lif, the coarse static grid and the adaptive policies on one regime; one JSON-able row."""
+    t0 = time.perf_counter()
+    regime = family_regime(t.seed)
+    wl = family_workload(t.seed, draw_seed=t.seed)
+    curve = regime.curve
+
+    def cfg(**kw: Any) -> SimConfig:
+        return SimConfig(router=RouterConfig(**regime.router.kwargs()), engine_scale=regime.engine_scale,
+                         steps=t.steps, seed=t.seed, **kw)
+
+    uniform = run_policy("uniform", wl, curve, cfg())
+    base = uniform.mean_step_s()
+    verl = run_policy("verl-lif", wl, curve, cfg())
+    means, best = coarse_grid(wl, curve, cfg())
+    best_qm = min(means, key=lambda k: means[k])
+    sp_best, sp_verl = base / means[best_qm], base / verl.mean_step_s()
+    ref_run = best if sp_best >= sp_verl else verl
+    row: dict[str, Any] = {
+        "seed": t.seed, "split": str(regime.split), "describe": regime.describe(), "replicas": regime.router.replicas,
+        "groups": regime.router.groups, "group_size": regime.router.group_size, "multi_turn": regime.multi_turn,
+        "cap": regime.cap, "loop_share": regime.loop_share, "prompt_share": regime.prompt_share,
+        "engine_scale": regime.engine_scale, "uniform_s": base, "verl": sp_verl, "best": sp_best,
+        "best_qm": list(best_qm), "reference": max(sp_best, sp_verl),
+        "reference_policy": "static" if sp_best >= sp_verl else "verl-lif",
+        "static": {f"{q},{m}": base / v for (q, m), v in means.items()}, "policies": {}}
+    ctl = ControllerConfig(**json.loads(t.controller))
+    for p in t.policies:
+        run = run_policy(p, wl, curve, cfg(controller=ctl))
+        sp = base / run.mean_step_s()
+        steady = [s for s in run.steps[SKIP_STEPS:] if not s.warmup]
+        row["policies"][p] = {"speedup": sp, "ratio_ref": sp / row["reference"], "final_qm": [run.final_q, run.final_m],
+                              "m0_steps": sum(s.m == 0 for s in steady), "steady_steps": len(steady),
+                              "noise": noise_band(run, ref_run)}
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def short(row: dict[str, Any]) -> str:
+    """A compact regime label: kind, cap, loops (p: prompt-dependent), prompt share."""
+    kind = "agent" if row["multi_turn"] else "1turn"
+    loops = "L0" if row["loop_share"] == 0 else f"L{100 * row['loop_share']:.1f}%" + (
+        "p" if "prompt-dep" in row["describe"] else "")
+    return f"{kind} {row['cap'] // 1024}k {loops} ps{row['prompt_share']:.2f}"
+
+
+def ratio(row: dict[str, Any], a: str, b: str) -> float | None:
+    pol = row["policies"]
+    return pol[a]["speedup"] / pol[b]["speedup"] if a in pol and b in pol else None
+
+
+def print_rows(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
+    head = f"{'seed':>5s} {'regime':26s} {'R':>4s} {'N':>5s} {'G':>3s} {'unif s':>7s} {'verl':>6s} {'best':>6s} " \
+           f"{'(q,m)':>9s} " + " ".join(f"{p[:14]:>14s}" for p in policies)
+    ts = "tailsieve" in policies
+    head += f" {'ts/ref':>6s} {'ts/fix':>6s} {'m0':>5s}" if ts else ""
+    print(head)
+    for r in rows:
+        qm = "({},{})".format(*r["best_qm"])
+        line = (f"{r['seed']:5d} {short(r):26s} {r['replicas']:4d} {r['groups']:5d} {r['group_size']:3d} "
+                f"{r['uniform_s']:7.1f} {r['verl']:6.3f} {r['best']:6.3f} {qm:>9s} "
+                + " ".join(f"{r['policies'][p]['speedup']:14.3f}" for p in policies))
+        if ts:
+            t = r["policies"]["tailsieve"]
+            fix = ratio(r, "tailsieve", "tailsieve-fixed")
+            line += f" {t['ratio_ref']:6.3f} {'' if fix is None else f'{fix:6.3f}':>6s} " \
+                    f"{t['m0_steps']:2d}/{t['steady_steps']:<2d}"
+        print(line)
+
+
+def dist(xs: list[float]) -> str:
+    a = np.asarray(xs, dtype=np.float64)
+    return f"median {np.median(a):.3f}  p5 {np.percentile(a, 5):.3f}  min {a.min():.3f}"
+
+
+def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[str, Any]:
+    """Print and return the distribution over regimes of each adaptive policy's ratios."""
+    out: dict[str, Any] = {}
+    print(f"\ndistribution over {len(rows)} regimes (reference = max(best static, verl-lif); noise = paired 1-sigma "
+          "band of policy/reference, median over regimes)")
+    for p in policies:
+        ref = [r["policies"][p]["ratio_ref"] for r in rows]
+        uni = [r["policies"][p]["speedup"] for r in rows]
+        noise = [r["policies"][p]["noise"] for r in rows]
+        s: dict[str, Any] = {"ratio_ref": _stats(ref), "min_speedup": min(uni),
+                             "noise_median": float(np.nanmedian(noise)) if not np.isnan(noise).all() else None}
+        print(f"  {p:16s} / reference: {dist(ref)}   min / uniform {min(uni):.3f}   "
+              f"noise {100 * (s['noise_median'] or float('nan')):.2f}%")
+        if p != "tailsieve-fixed" and "tailsieve-fixed" in policies:
+            fix = [ratio(r, p, "tailsieve-fixed") or 0.0 for r in rows]
+            share = float(np.mean([f >= 0.99 for f in fix]))
+            s["ratio_fixed"] = {**_stats(fix), "share_ge_fixed_minus_1pct": share}
+            print(f"  {p:16s} / tailsieve-fixed: {dist(fix)}   share >= fixed - 1%: {share:.0%}")
+        out[p] = s
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs, dtype=np.float64)
+    return {"median": float(np.median(a)), "p5": float(np.percentile(a, 5)), "min": float(a.min())}
+
+
+def parse_seeds(text: str, split: Split) -> list[int]:
+    """'COUNT' (the split's first COUNT seeds) or 'A..B' (the split's seeds in A..B)."""
+    if ".." in text:
+        lo, _, hi = text.partition("..")
+        if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
+            raise argparse.ArgumentTypeError(f"--seeds must be COUNT or A..B with 0 <= A <= B, got {text!r}")
+        return [s for s in range(int(lo), int(hi) + 1) if split_of(s) is split]
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--seeds must be COUNT (>= 1) or A..B, got {text!r}")
+    return split_seeds(split, int(text))
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], tuple[str, ...]]:
+    """Seeds and policies, and the controller JSON checked against ControllerConfig's fields (one-line errors)."""
+    try:
+        seeds = parse_seeds(args.seeds, Split(args.split))
+    except argparse.ArgumentTypeError as exc:
+        ap.error(str(exc))
+    if not seeds:
+        ap.error(f"--seeds {args.seeds!r} holds no seed of the {args.split} split")
+    policies = tuple(dict.fromkeys(p for p in args.policies.split(",") if p))
+    known = set(policy_names())
+    bad = [p for p in policies if p not in known or p in ("uniform", "static")]
+    if bad or not policies:
+        ap.error(f"--policies: unknown or non-adaptive {', '.join(bad) or '(none given)'}")
+    try:
+        ctl = json.loads(args.controller)
+    except json.JSONDecodeError as exc:
+        ap.error(f"--controller is not JSON: {exc}")
+    if not isinstance(ctl, dict):
+        ap.error("--controller must be a JSON object of ControllerConfig fields")
+    fields = {f.name for f in dataclasses.fields(ControllerConfig)}
+    unknown = sorted(set(ctl) - fields)
+    if unknown:
+        ap.error(f"--controller: no ControllerConfig field {', '.join(unknown)} (fields: {', '.join(sorted(fields))})")
+    try:
+        ControllerConfig(**ctl)
+    except (TypeError, ValueError) as exc:
+        ap.error(f"--controller: {str(exc).splitlines()[0]}")
+    return seeds, policies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--split", choices=[s.value for s in Split], default=Split.VALIDATION.value)
+    ap.add_argument("--seeds", default=str(DEFAULT_COUNT), help=f"COUNT or A..B (default {DEFAULT_COUNT})")
+    ap.add_argument("--quick", action="store_true", help=f"the {QUICK_COUNT} cheapest of the split's first "
+                    f"{QUICK_POOL} regimes, {QUICK_STEPS} steps (< 5 min on 2 cores)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--policies", default="tailsieve,tailsieve-fixed,tailsieve-paper")
+    ap.add_argument("--controller", default="{}", help="JSON object of ControllerConfig fields")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the rows and the summary here")
+    args = ap.parse_args()
+    seeds, policies = check_args(ap, args)
+    steps = args.steps
+    if args.steps < SKIP_STEPS + 2 or args.workers < 1:
+        ap.error(f"--steps must be >= {SKIP_STEPS + 2} and --workers >= 1")
+    if args.quick:
+        pool = split_seeds(Split(args.split), QUICK_POOL)
+        seeds, steps = sorted(sorted(pool, key=cost)[:QUICK_COUNT]), min(steps, QUICK_STEPS)
+    print(f"family {args.split} split, {len(seeds)} regimes (seeds {','.join(map(str, seeds))}), {steps} steps, "
+          f"mean over steps {SKIP_STEPS}+; policies {','.join(policies)}; controller {args.controller}"
+          + (" [--quick]" if args.quick else ""), flush=True)
+    t0 = time.perf_counter()
+    tasks = [Task(s, steps, policies, args.controller) for s in seeds]
+    order = sorted(range(len(tasks)), key=lambda i: -cost(tasks[i].seed))  # costliest first: workers stay busy
+    with ProcessPoolExecutor(args.workers) as ex:
+        done = dict(zip(order, ex.map(run_regime, [tasks[i] for i in order]), strict=True))
+    rows = [done[i] for i in range(len(tasks))]
+    print_rows(rows, policies)
+    summ = summary(rows, policies)
+    wall = time.perf_counter() - t0
+    print(f"wall time {wall:.0f} s on {args.workers} workers (cpu {sum(r['seconds'] for r in rows):.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({"split": args.split, "steps": steps, "seeds": seeds, "quick": args.quick,
+                                         "policies": list(policies), "controller": json.loads(args.controller),
+                                         "skip_steps": SKIP_STEPS, "rows": rows, "summary": summ,
+                                         "wall_s": wall}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
