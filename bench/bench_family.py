@@ -25,14 +25,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import tailsieve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SKIP_STEPS, PolicyRun, SimConfig, policy_names, run_policy, static_grid
@@ -235,6 +237,19 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
     return seeds, policies
 
 
+def run_all(tasks: list[Task], workers: int, t0: float) -> list[dict[str, Any]]:
+    """Every regime on `workers` processes, the costliest first (so the workers stay busy); a progress line on
+    stderr as each finishes; rows in task order."""
+    with ProcessPoolExecutor(workers) as ex:
+        futures = {ex.submit(run_regime, t): i for i, t in sorted(enumerate(tasks), key=lambda it: -cost(it[1].seed))}
+        done: dict[int, dict[str, Any]] = {}
+        for f in as_completed(futures):
+            row = done[futures[f]] = f.result()
+            print(f"[{len(done)}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {row['describe']} "
+                  f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    return [done[i] for i in range(len(tasks))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", choices=[s.value for s in Split], default=Split.VALIDATION.value)
@@ -256,13 +271,10 @@ def main() -> None:
         seeds, steps = sorted(sorted(pool, key=cost)[:QUICK_COUNT]), min(steps, QUICK_STEPS)
     print(f"family {args.split} split, {len(seeds)} regimes (seeds {','.join(map(str, seeds))}), {steps} steps, "
           f"mean over steps {SKIP_STEPS}+; policies {','.join(policies)}; controller {args.controller}"
-          + (" [--quick]" if args.quick else ""), flush=True)
+          + (" [--quick]" if args.quick else "") + f"; tailsieve from {Path(tailsieve.__file__).parent}", flush=True)
     t0 = time.perf_counter()
     tasks = [Task(s, steps, policies, args.controller) for s in seeds]
-    order = sorted(range(len(tasks)), key=lambda i: -cost(tasks[i].seed))  # costliest first: workers stay busy
-    with ProcessPoolExecutor(args.workers) as ex:
-        done = dict(zip(order, ex.map(run_regime, [tasks[i] for i in order]), strict=True))
-    rows = [done[i] for i in range(len(tasks))]
+    rows = run_all(tasks, args.workers, t0)
     print_rows(rows, policies)
     summ = summary(rows, policies)
     wall = time.perf_counter() - t0

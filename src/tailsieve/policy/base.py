@@ -193,11 +193,12 @@ class Controller:
         return sorted(qs)
 
     def best_q(self, state: ControlState, pred: Predictor, m: int, around: int | None = None) -> tuple[int, float]:
-        """argmin over `q_grid` of the calibrated T̂(q, m) (ties: the smaller q), and that T̂. Where the mean field
-        prices the bulk pool and non-isolated candidates run pinned, q = E: a pinned group holds the cutoff from
-        its own replica, which the mean lane does not see (at N = 1496 on 184 replicas it forecast q = 1 at 449 s
-        against 517 s exact), and isolating every candidate is the best static split nearly everywhere there."""
-        qs = [self.q_limit()] if pred.use_mean_field and pred.pinned else self.q_grid(around)
+        """argmin over `q_grid` of the calibrated T̂(q, m) (ties: the smaller q), and that T̂. Where non-isolated
+        candidates run pinned (the default redraw limit), q = E: a candidate left in the bulk pool holds its cutoff,
+        the stand-in candidates of uniform steps know the selector only from half-groups and rate a pinned one too
+        short, and the mean field cannot see a pinned group hold the cutoff from its own replica; the best static
+        split in hindsight isolates every candidate in 29 of the first 30 tuning regimes of the family."""
+        qs = [self.q_limit()] if pred.pinned else self.q_grid(around)
         pred.prefetch(qs, m)
         scored = min((float(np.mean(self.times(state, pred, q, m))), q) for q in qs)
         return scored[1], scored[0]
