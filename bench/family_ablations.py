@@ -15,8 +15,8 @@ import numpy as np
 import tailsieve.policy.paired as paired
 import tailsieve.policy.predictor as predictor
 import tailsieve.policy.tailsieve_rule as rule
-from tailsieve.policy.base import Controller
 from tailsieve.policy.control_state import ControlState
+from tailsieve.policy.controller_base import Controller
 
 FloatArray = np.ndarray
 
@@ -52,6 +52,15 @@ def _no_return_cost(self: rule.TailSieveController, state: ControlState, pred: o
     return self.move_cost(state) if option[1] != state.m else 0.0
 
 
+def _q_search(self: Controller, state: ControlState, pred: predictor.Predictor, m: int,
+              around: int | None = None) -> tuple[int, float]:
+    """q searched over the grid at the pinned redraw limit too (before issue 40: argmin of the mean T̂)."""
+    qs = self.q_grid(around)
+    pred.prefetch(qs, m)
+    best = min((float(np.mean(self.times(state, pred, q, m))), q) for q in qs)
+    return best[1], best[0]
+
+
 def _apply(patches: list[tuple[object, str, object]]) -> None:
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -83,6 +92,8 @@ ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
                        lambda: _apply([(Controller, "learn", _uncalibrated_learn())])),
     "with-replacement": ("pools drawn from their step with replacement",
                          lambda: _apply([(predictor, "_draw_rows", _with_replacement)])),
+    "q-search": ("q searched over 1..E at every split instead of q = E at the pinned redraw limit",
+                 lambda: _apply([(Controller, "best_q", _q_search)])),
     "no-feasibility": ("C.2's feasibility not asked for moves between splits",
                        lambda: _apply([(Controller, "feasible", lambda self, *a: True)])),
 }

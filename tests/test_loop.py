@@ -118,7 +118,7 @@ def test_sim_restarts_charge_a_changed_pool_only() -> None:
 
 
 def test_run_log_refuses_a_draw_consumed_twice_and_a_lost_one() -> None:
-    outs = run_sync(make_loop(), 4)
+    outs = run_sync(make_loop(policy="static"), 4)  # a split at every step: candidates wait after each cut
     log = RunLog("tailsieve")
     for out in outs:
         log.add_output(out)

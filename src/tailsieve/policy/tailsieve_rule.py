@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tailsieve.policy.base import register
+from tailsieve.policy.controller_base import register
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.control_state import ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
