@@ -145,9 +145,12 @@ def test_update_runs_warmup_then_c1_then_the_hold_then_c2() -> None:
 
 @pytest.mark.parametrize("name", ["tailsieve-paper", "tailsieve"])
 def test_the_initial_state_is_q0_at_m0(name: str) -> None:
-    """(q0, m0); m0 None is R // 2; at m = 0 there is no isolation (q = 0); m0 is clipped to R − 1."""
-    assert (make(name, q0=3, m0=2).initial().q, make(name, q0=3, m0=2).initial().m) == (3, 2)
+    """(q0, m0); m0 None is R // 2; at m = 0 there is no isolation (q = 0); m0 is clipped to R − 1. `tailsieve`
+    starts a split at q = E at the default (pinned) redraw limit, the only q its rule runs there."""
+    e = make(name).q_limit()
+    q3, q1 = (3, 1) if name == "tailsieve-paper" else (e, e)
+    assert (make(name, q0=3, m0=2).initial().q, make(name, q0=3, m0=2).initial().m) == (q3, 2)
     assert make(name, q0=3, m0=None).initial().m == 4
     assert (make(name, q0=3, m0=0).initial().q, make(name, q0=3, m0=0).initial().m) == (0, 0)
-    assert make(name, q0=0, m0=1).initial().q == 1 and make(name, m0=99).initial().m == 7
-    assert make(name, m0=2).initial().decision == Decision(1, 2, Reason.START)
+    assert make(name, q0=0, m0=1).initial().q == q1 and make(name, m0=99).initial().m == 7
+    assert make(name, m0=2).initial().decision == Decision(q1, 2, Reason.START)

@@ -13,13 +13,25 @@ import numpy as np
 import pytest
 
 from conftest import fixed_forecast, make_curve
-from controller_fixtures import history, make, obs
+from controller_fixtures import history, obs
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.paired import paired_gain, t_quantile, value
 from tailsieve.policy.predictor import Predictor
-from tailsieve.policy.router import RouterConfig
+from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig
+
+CURVE = make_curve()
+SEARCHED = 2  # a redraw limit above 1: candidates left in the bulk pool are redrawn, so q is searched on `q_grid`
+
+
+def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25, max_redraws: int = DEFAULT_REDRAWS,
+         **cfg: object) -> Any:
+    """`controller_fixtures.make` with the router's redraw limit: at the default (1) the candidates not isolated run
+    pinned and every split isolates q = E (`Controller.best_q`); from 2 on q is the best of `q_grid`."""
+    rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho, max_redraws=max_redraws)
+    return CONTROLLERS[name](rc, CURVE, ControllerConfig(**cfg))  # type: ignore[arg-type]
+
 
 HIST = tuple(history(seed=k) for k in range(4))  # four history steps of 16 groups: K = 12 pools, 3 per step
 K = 12
@@ -63,8 +75,9 @@ def brute(cur: np.ndarray, opt: np.ndarray, steps: int, cost: float, cfg: Contro
 def test_a_move_happens_exactly_when_its_value_is_positive(where: str) -> None:
     """(2, 3) → (3, 4) gains ḡ ± s per step over the four history steps and costs a restart (m changes): the move is
     taken when horizon·(ḡ − t·s) exceeds the restart seconds by 1%, refused as UNPAID when they exceed it by 1%; the
-    decision carries the option, ḡ, s and the cost, equal to the brute-force values."""
-    base = make("tailsieve")
+    decision carries the option, ḡ, s and the cost, equal to the brute-force values (t from the config's z). The
+    option (3, 4) is m = 4 at its best q of the grid: a redraw limit of 2, where q is searched."""
+    base = make("tailsieve", max_redraws=SEARCHED)
     f = fixed_forecast("tailsieve", base, priced(3.0))
     s = ControlState(q=2, m=3, history=HIST)
     pred = f.predictor(s)
@@ -75,7 +88,8 @@ def test_a_move_happens_exactly_when_its_value_is_positive(where: str) -> None:
     for factor, moves in ((0.99, True), (1.01, False)):
         price = v0 * factor
         if where == "prior":
-            ctl, state = fixed_forecast("tailsieve", make("tailsieve", move_cost_s=price), priced(3.0)), s
+            ctl, state = fixed_forecast("tailsieve", make("tailsieve", max_redraws=SEARCHED, move_cost_s=price),
+                                        priced(3.0)), s
         else:
             ctl, state = f, replace(s, move_cost_s=price)
         out = ctl.decide(state, pred)
@@ -91,8 +105,9 @@ def test_a_move_happens_exactly_when_its_value_is_positive(where: str) -> None:
 
 def test_a_gain_within_its_noise_stays_and_says_so() -> None:
     """The same mean gain with a spread ten times larger: ḡ − t·s < 0, so no restart price is small enough; the
-    decision is STAY (not UNPAID) and still names the option and its evidence."""
-    f = fixed_forecast("tailsieve", make("tailsieve"), priced(3.0, spread=10.0))
+    decision is STAY (not UNPAID) and still names the option and its evidence. (The numbers are for z = 2, set
+    explicitly; q searched at a redraw limit of 2, as above.)"""
+    f = fixed_forecast("tailsieve", make("tailsieve", max_redraws=SEARCHED, z=2.0), priced(3.0, spread=10.0))
     s = ControlState(q=2, m=3, history=HIST)
     pred = f.predictor(s)
     g, se, v = brute(f.times(s, pred, 2, 3), f.times(s, pred, 3, 4), 4, 0.0, f.config)
@@ -103,24 +118,26 @@ def test_a_gain_within_its_noise_stays_and_says_so() -> None:
 
 
 def test_a_move_of_q_at_the_same_split_costs_nothing() -> None:
-    """(2, 3) → (4, 3): no restart, so any gain beyond t·s moves q, even with a huge restart price."""
+    """(2, 3) → (3, 3): no restart, so any gain beyond t·s moves q, even with a huge restart price (q searched: a
+    redraw limit of 2; q = 3 lies inside 1..E = 4, an option only the search finds)."""
     def cost(q: int, m: int) -> np.ndarray:
-        return 20.0 + SWING - (1.0 + 0.1 * NOISE if (q, m) == (4, 3) else 0.0) if m == 3 else 40.0 + SWING
+        return 20.0 + SWING - (1.0 + 0.1 * NOISE if (q, m) == (3, 3) else 0.0) if m == 3 else 40.0 + SWING
 
-    f = fixed_forecast("tailsieve", make("tailsieve", move_cost_s=1e6), cost)
+    f = fixed_forecast("tailsieve", make("tailsieve", max_redraws=SEARCHED, move_cost_s=1e6), cost)
     s = ControlState(q=2, m=3, history=HIST)
     pred = f.predictor(s)
-    g, se, v = brute(f.times(s, pred, 2, 3), f.times(s, pred, 4, 3), 4, 0.0, f.config)
+    g, se, v = brute(f.times(s, pred, 2, 3), f.times(s, pred, 3, 3), 4, 0.0, f.config)
     out = f.decide(s, pred)
-    assert v > 0 and (out.q, out.m) == (4, 3)
-    assert out.decision == Decision(4, 3, Reason.MOVE_Q, (4, 3), pytest.approx(g), pytest.approx(se), 0.0)  # type: ignore[arg-type]
+    assert v > 0 and (out.q, out.m) == (3, 3)
+    assert out.decision == Decision(3, 3, Reason.MOVE_Q, (3, 3), pytest.approx(g), pytest.approx(se), 0.0)  # type: ignore[arg-type]
 
 
 def test_leaving_uniform_goes_straight_to_the_best_split_and_pays_a_restart() -> None:
     """From the uniform boundary every m of the grid is an option at its best q of the q grid: on a 64-replica
     fleet the best split (m = 24) is reached in one decision, not one replica at a time; the move costs the restart
-    price. (E = 128: q is priced on 8 points spread over 1..128, 37 the nearest to the forecast's optimum 40.)"""
-    c = make("tailsieve", n=512, r=64, move_cost_s=5.0)
+    price. (E = 128 and a redraw limit of 2: q is priced on 8 points spread over 1..128, 37 the nearest to the
+    forecast's optimum 40.)"""
+    c = make("tailsieve", n=512, r=64, max_redraws=SEARCHED, move_cost_s=5.0)
     assert 24 in c.m_grid(0) and c.q_grid() == [1, 19, 37, 55, 74, 92, 110, 128]
     f = fixed_forecast("tailsieve", c, lambda q, m: 100.0 if m == 0 else 60.0 + abs(m - 24) + abs(q - 40) / 10)
     s = ControlState(q=0, m=0, history=(history(n=512, seed=1), history(n=512, seed=2)))
@@ -132,8 +149,9 @@ def test_leaving_uniform_goes_straight_to_the_best_split_and_pays_a_restart() ->
 
 def test_the_options_are_every_m_at_its_best_q_and_both_placements() -> None:
     """R = 8: the uniform boundary dealt and grouped and m = 1..7, each at the q of least forecast (ties: the
-    smaller q); the current option is not among them. On a large fleet, 12 spread over the range and m ± 2^i."""
-    c = make("tailsieve", r=8)
+    smaller q; a redraw limit of 2, where q is searched); the current option is not among them. On a large fleet, 12
+    spread over the range and m ± 2^i."""
+    c = make("tailsieve", r=8, max_redraws=SEARCHED)
     f = fixed_forecast("tailsieve", c, lambda q, m: 10.0 + abs(q - (m % 4 + 1)))
     s = ControlState(q=4, m=3, history=HIST, uniform_dispatch="group")
     opts = f.options(s, f.predictor(s))
@@ -148,14 +166,44 @@ def test_the_options_are_every_m_at_its_best_q_and_both_placements() -> None:
     assert big.m_grid(30) == sorted(spread | around | {30}) and big.m_grid(0) == sorted(spread)
 
 
+@pytest.mark.parametrize("name", ["tailsieve", "tailsieve-fixed"])
+@pytest.mark.parametrize(("n", "r", "rho"), [(16, 8, 0.25), (512, 64, 0.25), (4, 4, 1.0)])  # q_limit 4, 128, N − 1
+def test_at_the_default_redraw_limit_every_split_isolates_all_candidates(name: str, n: int, r: int, rho: float) -> None:
+    """At the default redraw limit (1) a candidate left in the bulk pool would run pinned (`Predictor.pinned`): every
+    split's option is q = `q_limit()` = min(E, N − 1), whatever the forecast says of q (rising, falling or least
+    inside the range); the current split is not among the options. With the same forecast at a redraw limit of 2
+    the q grid is searched: q is the argmin over `q_grid` (ties: the smaller q)."""
+    c = make(name, n=n, r=r, rho=rho)
+    qmax = c.q_limit()
+    assert c.router.max_redraws == DEFAULT_REDRAWS == 1 and qmax == min(c.router.extra, n - 1)
+    hist = tuple(history(n=n, seed=k) for k in range(2))
+    for shape in (lambda q: float(q), lambda q: -float(q), lambda q: abs(q - 2.0)):
+        def cost(q: int, m: int, shape: Any = shape) -> float:
+            return 10.0 + m + float(shape(q))
+
+        f = fixed_forecast(name, c, cost)
+        searched = fixed_forecast(name, make(name, n=n, r=r, rho=rho, max_redraws=SEARCHED), cost)
+        for q in (1, qmax):
+            s = ControlState(q=q, m=r // 2, history=hist)
+            pred = f.predictor(s)
+            assert pred.pinned and not searched.predictor(s).pinned
+            for mc in f.m_grid(s.m):
+                assert f.best_q(s, pred, mc, around=q) == (qmax, cost(qmax, mc))
+                best = min((cost(x, mc), x) for x in searched.q_grid(q))[1]
+                assert searched.best_q(s, searched.predictor(s), mc, around=q) == (best, cost(best, mc))
+            splits = [(qmax, mc, "") for mc in f.m_grid(s.m) if (qmax, mc) != (s.q, s.m)]
+            assert f.options(s, pred) == [(0, 0, d) for d in f.placements()] + splits
+
+
 def test_the_decision_is_the_brute_force_argmax_of_the_value() -> None:
     """On the real predictor (a heavy-tailed history, R = 4): every option priced by hand — both placements, each m
     at the q of least mean forecast over all q — with `paired_gain` and `value`, the restart price when m changes
-    and the calibrated excess of the return step; the decision is the option of largest V, moved to when V > 0."""
+    and the calibrated excess of the return step; the decision is the option of largest V, moved to when V > 0.
+    (A redraw limit of 2, where q is searched; t from the config's z.)"""
     hist = tuple(history(seed=k, tail=12.0) for k in range(4))
     seen = set()
     for (q, m), price in (((1, 1), 0.0), ((1, 1), 3.0), ((1, 1), 60.0), ((0, 0), 0.0), ((3, 2), 1.0)):
-        c = make("tailsieve", r=4, move_cost_s=price)
+        c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=price)
         s = ControlState(q=q, m=m, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="request")
         pred = c.predictor(s)
         here = c.times(s, pred, q, m)
@@ -194,8 +242,9 @@ def test_the_decision_is_the_brute_force_argmax_of_the_value() -> None:
 def test_the_best_feasible_split_is_taken_and_feasibility_is_asked_in_order_of_value() -> None:
     """C.2's feasibility filters moves between two splits, in order of value, at the current forecast as the
     deadline: the choice is the best feasible option; a move of q at the same m and the uniform boundary are not
-    asked; when every positive move is infeasible the decision is INFEASIBLE, naming the best refused."""
-    c = make("tailsieve", q0=1, m0=3)
+    asked; when every positive move is infeasible the decision is INFEASIBLE, naming the best refused. (The forecast
+    is the same for every q: at a redraw limit of 2, where q is searched, each split is at its smallest q, 1.)"""
+    c = make("tailsieve", q0=1, m0=3, max_redraws=SEARCHED)
     cost = {0: 40.0, 1: 9.0, 2: 8.0, 3: 20.0, 4: 10.0, 5: 11.0, 6: 12.0, 7: 13.0}
     asked: list[tuple[int, float]] = []
     refuse = {1, 2}
@@ -264,7 +313,6 @@ def flat(*, n: int, g: int = 2, length: int = 10) -> np.ndarray:
     return np.full((n, g), length, dtype=np.int64)
 
 
-CURVE = make_curve()
 SMALL = RouterConfig(groups=4, group_size=2, replicas=2, rho=0.5)  # E = 2
 
 
@@ -336,17 +384,18 @@ def test_the_return_must_repay_its_first_step(factor: float, returns: bool) -> N
 
 def test_tailsieve_fixed_never_leaves_half_the_fleet() -> None:
     """m = R // 2 from the start whatever m0, and its only options are the q of that split: a faster uniform
-    boundary or another m is never taken, a faster q is."""
-    c = make("tailsieve-fixed", r=8, m0=0, q0=1)
+    boundary or another m is never taken, a faster q is (q searched: a redraw limit of 2; the fastest, q = 3, lies
+    inside 1..E = 4)."""
+    c = make("tailsieve-fixed", r=8, m0=0, q0=1, max_redraws=SEARCHED)
     assert (c.initial().q, c.initial().m, c.initial().decision) == (1, 4, Decision(1, 4, Reason.START))
     assert c.m_grid(4) == [4] and c.placements() == ()
-    f = fixed_forecast("tailsieve-fixed", c, lambda q, m: 1.0 if m != 4 else 20.0 - q)
+    f = fixed_forecast("tailsieve-fixed", c, lambda q, m: 1.0 if m != 4 else 20.0 - q + 2.0 * (q == 4))
     s = replace(c.initial(), history=HIST)
     pred = f.predictor(s)
-    assert f.options(s, pred) == [(4, 4, "")]
+    assert f.options(s, pred) == [(3, 4, "")]
     out = f.decide(s, pred)
-    assert out.decision == Decision(4, 4, Reason.MOVE_Q, (4, 4), 3.0, 0.0, 0.0)
-    assert f.options(out, pred) == [] and f.decide(out, pred).decision == Decision(4, 4, Reason.STAY)
+    assert out.decision == Decision(3, 4, Reason.MOVE_Q, (3, 4), 2.0, 0.0, 0.0)  # 19 s at q = 1, 17 s at q = 3
+    assert f.options(out, pred) == [] and f.decide(out, pred).decision == Decision(3, 4, Reason.STAY)
 
 
 def test_tailsieve_fixed_in_the_simulator_stays_at_half_the_fleet() -> None:
@@ -380,8 +429,10 @@ def test_the_note_is_derived_from_the_decision() -> None:
 @pytest.mark.parametrize("name", ["tailsieve", "tailsieve-paper", "tailsieve-fixed"])
 def test_every_adaptive_step_carries_a_decision(name: str) -> None:
     """Driven step by step, every state an adaptive controller returns carries a Decision whose (q, m) is the state's
-    and whose note is the state's note; a warm-up step's reason is WARMUP, a move's is one of the moves."""
-    c = make(name, r=4, m0=2)
+    and whose note is the state's note; a warm-up step's reason is WARMUP, a move's is one of the moves. These steps
+    move `tailsieve` (q searched) and `tailsieve-paper`; `tailsieve-fixed` starts at (E, R/2) at the default redraw
+    limit, its one option, and never moves."""
+    c = make(name, r=4, m0=2, max_redraws=SEARCHED if name == "tailsieve" else DEFAULT_REDRAWS)
     s = c.initial()
     seen = []
     for k in range(6):
@@ -390,5 +441,11 @@ def test_every_adaptive_step_carries_a_decision(name: str) -> None:
         assert s.decision is not None and (s.decision.q, s.decision.m) == (s.q, s.m)
         assert s.note == s.decision.note
         seen.append(s.decision.reason)
+        if name == "tailsieve-fixed":
+            assert (s.q, s.m) == (c.q_limit(), 2)
     assert seen[0] is Reason.WARMUP and Reason.WARMUP not in seen[1:]
-    assert any(Decision(0, 0, r).moved for r in seen) == (name != "tailsieve-fixed")  # these steps move both others
+    moves = [r for r in seen if Decision(0, 0, r).moved]
+    if name == "tailsieve-fixed":
+        assert moves == [] and c.options(s, c.predictor(s)) == []
+    else:
+        assert moves

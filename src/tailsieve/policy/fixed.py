@@ -18,9 +18,10 @@ class TailSieveFixedController(TailSieveController):
     """The paired rule over q at m = R // 2; never the uniform boundary."""
 
     def initial(self) -> ControlState:
-        """(q0, R // 2)."""
+        """(q0, R // 2); q = E at the pinned redraw limit (`TailSieveController.initial`)."""
         r = self.router.replicas
-        q, m = max(self.config.q0, 1), r // 2 if r >= 2 else 0
+        m = r // 2 if r >= 2 else 0
+        q = self.q_limit() if m > 0 and self.router.max_redraws <= 1 else max(self.config.q0, 1)
         return replace(super().initial(), q=q, m=m, decision=Decision(q, m, Reason.START))
 
     def m_grid(self, m: int) -> list[int]:

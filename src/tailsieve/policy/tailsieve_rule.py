@@ -34,8 +34,12 @@ class TailSieveController(TailSievePaperController):
     """The paper's controller with its two loops replaced by the paired rule over (q, m) jointly."""
 
     def initial(self) -> ControlState:
-        """(q0, m0) as the paper; the uniform boundary deals requests unless a prompt prefill makes that costly."""
+        """(q0, m0) as the paper, but a split at the pinned redraw limit isolates every candidate from the start (the
+        rule's q there, `Controller.best_q`); the uniform boundary deals requests unless a prompt prefill makes that
+        costly."""
         state = super().initial()
+        if state.m > 0 and self.router.max_redraws <= 1:
+            state = replace(state, q=self.q_limit(), decision=Decision(self.q_limit(), state.m, Reason.START))
         return replace(state, uniform_dispatch="request" if self.prefill_s <= 0 else "group")
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
