@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import ClassVar
 
 from tailsieve.inputs import check_tail_replicas
-from tailsieve.policy.controller_base import CONTROLLERS, Controller, register
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
+from tailsieve.policy.controller_base import CONTROLLERS, Controller, register
 from tailsieve.policy.decision import Decision, Reason
 
 __all__ = ["CONTROLLERS", "ControlState", "Controller", "ControllerConfig", "Decision", "Reason", "StepObservation",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tailsieve.policy.controller_base import register
 from tailsieve.policy.control_state import ControlState
+from tailsieve.policy.controller_base import register
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.tailsieve_rule import TailSieveController
 

@@ -17,9 +17,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from tailsieve.policy.controller_base import Controller, register
 from tailsieve.policy.calibration import ema
 from tailsieve.policy.control_state import ControlState, StepObservation
+from tailsieve.policy.controller_base import Controller, register
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.predictor import Predictor
 

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from tailsieve.policy.controller_base import register
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.control_state import ControlState, StepObservation
+from tailsieve.policy.controller_base import register
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.paired import Paired, paired_gain, value
 from tailsieve.policy.paper import TailSievePaperController
