@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_curve
 from tailsieve.loop import StepLoop, make_controller, step_work
-from tailsieve.policy.observed import observed_times, pool_finish, uniform_counterfactual
+from tailsieve.policy.observed import observed_times, pool_finish
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.replica import ReplicaConfig
@@ -70,15 +70,3 @@ def test_step_work_records_cut_progress_and_lanes() -> None:
     assert set(w.lanes.ravel().tolist()) == {0, 1}
     assert Dispatch.REQUEST is rc.dispatch  # the warm-up dealt requests: both replicas within a group
     assert bool((w.lanes[:, 0] != w.lanes[:, 1]).all())
-
-
-def test_the_uniform_counterfactual_places_groups_as_the_router_would() -> None:
-    """Groups [[10, 20], [30, 40]] on 2 replicas, τ(1) = 1 ms, τ(2) = 2 ms. By request lane 0 runs {10, 30}: 10 tokens
-    at b = 2 then 20 at b = 1 = 40 ms, lane 1 {20, 40} = 60 ms; by group lane 1 runs {30, 40} = 70 ms. A prefill p
-    per prompt per replica adds 2p dealt by request (each replica sees both prompts), p by group."""
-    curve = make_curve(batch=(1, 2), tpot_ms=(1.0, 2.0), name="two")
-    lengths = np.array([[10, 20], [30, 40]], dtype=np.int64)
-    assert uniform_counterfactual(lengths, 2, True, curve) == pytest.approx(0.060)
-    assert uniform_counterfactual(lengths, 2, False, curve) == pytest.approx(0.070)
-    assert uniform_counterfactual(lengths, 2, True, curve, prefill_s=0.5) == pytest.approx(1.060)
-    assert uniform_counterfactual(lengths, 2, False, curve, prefill_s=0.5) == pytest.approx(0.570)

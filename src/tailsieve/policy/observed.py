@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.control_state import StepWork
-from tailsieve.policy.lanes import lane_finish_times, lane_prefill, round_robin_lanes
+from tailsieve.policy.lanes import lane_finish_times, lane_prefill
 
 FloatArray = NDArray[np.float64]
 
@@ -48,11 +48,3 @@ def observed_times(work: StepWork, *, tail_curve: TpotCurve, bulk_curve: TpotCur
     bulk = pool_finish(work.lengths[t:], work.lanes[t:], bulk_curve, kv_s_per_token, prefill_s)
     kept = work.kept[t:]
     return (float(tail.max()) if tail.size else 0.0, float(bulk[kept].max()) if kept.any() else 0.0)
-
-
-def uniform_counterfactual(lengths: NDArray[np.int64], replicas: int, by_request: bool, curve: TpotCurve, *,
-                           kv_s_per_token: float = 0.0, prefill_s: float = 0.0) -> float:
-    """The makespan the model gives a uniform step (0, 0) running these (P, G) groups to completion on R replicas,
-    dealt round-robin by request or by whole group (§3.1, the router's placement)."""
-    lanes = round_robin_lanes(lengths.shape[0], lengths.shape[1], replicas, by_request)
-    return float(pool_finish(lengths, lanes, curve, kv_s_per_token, prefill_s).max()) if lengths.size else 0.0
