@@ -51,6 +51,7 @@ class Task:
     steps: int
     policies: tuple[str, ...]
     controller: str  # JSON of ControllerConfig fields
+    cache: str = ""  # folder of the controller-independent runs (uniform, verl-lif, static grid) per regime; "": none
 
 
 def cost(seed: int) -> float:
@@ -85,12 +86,33 @@ def makespans(run: PolicyRun) -> np.ndarray:
     return np.array([s.makespan_s for s in run.steps[SKIP_STEPS:]])
 
 
-def noise_band(run: PolicyRun, ref: PolicyRun) -> float:
+def noise_band(run: np.ndarray, ref: np.ndarray) -> float:
     """std of the per-step paired difference (run - ref) over the steady steps / sqrt(n), over ref's mean step."""
-    d = makespans(run) - makespans(ref)
+    d = run - ref
     if d.size < 2:
         return float("nan")
-    return float(d.std(ddof=1) / np.sqrt(d.size) / makespans(ref).mean())
+    return float(d.std(ddof=1) / np.sqrt(d.size) / ref.mean())
+
+
+def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, Any]:
+    """The runs that do not depend on the controller: uniform's mean step, verl-lif's, the static grid's means, and
+    the steady step times of verl-lif and of the best static split; kept in `t.cache` when given (`--cache`)."""
+    path = Path(t.cache) / f"family{t.seed}_steps{t.steps}.json" if t.cache else None
+    if path is not None and path.is_file():
+        out: dict[str, Any] = json.loads(path.read_text())
+        return out
+    uniform = run_policy("uniform", wl, curve, cfg)
+    verl = run_policy("verl-lif", wl, curve, cfg)
+    means, best = coarse_grid(wl, curve, cfg)
+    out = {"uniform": uniform.mean_step_s(), "verl": verl.mean_step_s(),
+           "means": {f"{q},{m}": v for (q, m), v in means.items()},
+           "verl_steps": makespans(verl).tolist(), "best_steps": makespans(best).tolist()}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        tmp.replace(path)
+    return out
 
 
 def run_regime(t: Task) -> dict[str, Any]:
@@ -104,13 +126,11 @@ def run_regime(t: Task) -> dict[str, Any]:
         return SimConfig(router=RouterConfig(**regime.router.kwargs()), engine_scale=regime.engine_scale,
                          steps=t.steps, seed=t.seed, **kw)
 
-    uniform = run_policy("uniform", wl, curve, cfg())
-    base = uniform.mean_step_s()
-    verl = run_policy("verl-lif", wl, curve, cfg())
-    means, best = coarse_grid(wl, curve, cfg())
+    refs = reference_runs(t, wl, curve, cfg())
+    base, means = refs["uniform"], {tuple(map(int, k.split(","))): v for k, v in refs["means"].items()}
     best_qm = min(means, key=lambda k: means[k])
-    sp_best, sp_verl = base / means[best_qm], base / verl.mean_step_s()
-    ref_run = best if sp_best >= sp_verl else verl
+    sp_best, sp_verl = base / means[best_qm], base / refs["verl"]
+    ref_steps = np.asarray(refs["best_steps"] if sp_best >= sp_verl else refs["verl_steps"])
     row: dict[str, Any] = {
         "seed": t.seed, "split": str(regime.split), "describe": regime.describe(), "replicas": regime.router.replicas,
         "groups": regime.router.groups, "group_size": regime.router.group_size, "multi_turn": regime.multi_turn,
@@ -126,7 +146,7 @@ def run_regime(t: Task) -> dict[str, Any]:
         steady = [s for s in run.steps[SKIP_STEPS:] if not s.warmup]
         row["policies"][p] = {"speedup": sp, "ratio_ref": sp / row["reference"], "final_qm": [run.final_q, run.final_m],
                               "m0_steps": sum(s.m == 0 for s in steady), "steady_steps": len(steady),
-                              "noise": noise_band(run, ref_run)}
+                              "noise": noise_band(makespans(run), ref_steps)}
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -237,10 +257,18 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
     return seeds, policies
 
 
-def run_all(tasks: list[Task], workers: int, t0: float) -> list[dict[str, Any]]:
+def _ablate(name: str) -> None:
+    """Worker initializer: take mechanism `name` out of `tailsieve` (`family_ablations.py`)."""
+    if name:
+        import family_ablations
+
+        family_ablations.apply(name)
+
+
+def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "") -> list[dict[str, Any]]:
     """Every regime on `workers` processes, the costliest first (so the workers stay busy); a progress line on
-    stderr as each finishes; rows in task order."""
-    with ProcessPoolExecutor(workers) as ex:
+    stderr as each finishes; rows in task order. `ablate`: a mechanism patched out in every worker."""
+    with ProcessPoolExecutor(workers, initializer=_ablate, initargs=(ablate,)) as ex:
         futures = {ex.submit(run_regime, t): i for i, t in sorted(enumerate(tasks), key=lambda it: -cost(it[1].seed))}
         done: dict[int, dict[str, Any]] = {}
         for f in as_completed(futures):
@@ -261,8 +289,17 @@ def main() -> None:
     ap.add_argument("--controller", default="{}", help="JSON object of ControllerConfig fields")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the rows and the summary here")
+    ap.add_argument("--cache", type=Path, help="keep each regime's controller-independent runs (uniform, verl-lif, "
+                    "the static grid) in this folder: a rerun after a controller change runs only the policies")
+    ap.add_argument("--ablate", default="", help="take one mechanism out of tailsieve in every worker (the ablation "
+                    "ledger; names: family_ablations.ABLATIONS)")
     args = ap.parse_args()
     seeds, policies = check_args(ap, args)
+    if args.ablate:
+        import family_ablations
+
+        if args.ablate not in family_ablations.ABLATIONS:
+            ap.error(f"--ablate: unknown {args.ablate!r} (known: {', '.join(family_ablations.ABLATIONS)})")
     steps = args.steps
     if args.steps < SKIP_STEPS + 2 or args.workers < 1:
         ap.error(f"--steps must be >= {SKIP_STEPS + 2} and --workers >= 1")
@@ -271,10 +308,11 @@ def main() -> None:
         seeds, steps = sorted(sorted(pool, key=cost)[:QUICK_COUNT]), min(steps, QUICK_STEPS)
     print(f"family {args.split} split, {len(seeds)} regimes (seeds {','.join(map(str, seeds))}), {steps} steps, "
           f"mean over steps {SKIP_STEPS}+; policies {','.join(policies)}; controller {args.controller}"
-          + (" [--quick]" if args.quick else "") + f"; tailsieve from {Path(tailsieve.__file__).parent}", flush=True)
+          + (" [--quick]" if args.quick else "") + (f" [--ablate {args.ablate}]" if args.ablate else "")
+          + f"; tailsieve from {Path(tailsieve.__file__).parent}", flush=True)
     t0 = time.perf_counter()
-    tasks = [Task(s, steps, policies, args.controller) for s in seeds]
-    rows = run_all(tasks, args.workers, t0)
+    tasks = [Task(s, steps, policies, args.controller, str(args.cache or "")) for s in seeds]
+    rows = run_all(tasks, args.workers, t0, args.ablate)
     print_rows(rows, policies)
     summ = summary(rows, policies)
     wall = time.perf_counter() - t0
@@ -282,7 +320,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"split": args.split, "steps": steps, "seeds": seeds, "quick": args.quick,
                                          "policies": list(policies), "controller": json.loads(args.controller),
-                                         "skip_steps": SKIP_STEPS, "rows": rows, "summary": summ,
+                                         "skip_steps": SKIP_STEPS, "ablate": args.ablate, "rows": rows, "summary": summ,
                                          "wall_s": wall}, indent=1))
 
 
