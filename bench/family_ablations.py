@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import numpy as np
 
-import tailsieve.policy.paired as paired
 import tailsieve.policy.predictor as predictor
 import tailsieve.policy.tailsieve_rule as rule
 from tailsieve.policy.control_state import ControlState
@@ -80,12 +79,8 @@ def _uncalibrated_learn() -> Callable[..., tuple[ControlState, object]]:
 ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
     "unpaired": ("options priced with independent errors (no common random numbers in the error)",
                  lambda: _apply([(rule, "paired_gain", _unpaired)])),
-    "normal-z": ("the margin z·s instead of the Student-t quantile t_{H-1}(z)·s",
-                 lambda: _apply([(paired, "t_quantile", lambda z, dof: z if dof >= 1 else math.inf)])),
     "free-return": ("a return to the uniform boundary costs nothing (no waiting-candidate step)",
                     lambda: _apply([(rule.TailSieveController, "cost", _no_return_cost)])),
-    "no-completion": ("cut groups are not completed by their regenerations one step later",
-                      lambda: _apply([(Controller, "_completed_last", lambda self, state, obs: None)])),
     "one-placement": ("the uniform boundary always deals requests (no choice of whole groups)",
                       lambda: _apply([(rule.TailSieveController, "placements", lambda self: ("request",))])),
     "no-calibration": ("no model error: every forecast class at factor 1",

@@ -61,7 +61,9 @@ def test_uniform_runs_on_one_replica_and_ignores_the_split_settings() -> None:
 
 
 def test_build_loop_hands_the_controller_the_whole_spec() -> None:
-    s = spec(cost=FleetCost(CURVE, FAST, 2e-6, 0.03), controller=ControllerConfig(q0=3, m0=1), shuffle=True, seed=5)
+    # max_redraws 2: q0 is the start (at the pinned limit `tailsieve` starts a split at q = E)
+    s = spec(cost=FleetCost(CURVE, FAST, 2e-6, 0.03), controller=ControllerConfig(q0=3, m0=1), shuffle=True, seed=5,
+             router=RouterConfig(groups=8, group_size=2, replicas=4, max_redraws=2))
     loop = build_loop(s, [f"p{i}" for i in range(30)])
     ctl = loop.controller
     assert (ctl.kv_s_per_token, ctl.prefill_s) == (2e-6, 0.03)

@@ -105,9 +105,6 @@ class ControlState:
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
-    # the last two-pool step's fresh groups as they ran (`policy.fresh.fresh_record`; empty: none pending): its cut
-    # groups are completed once their regenerations are seen, the next step
-    last_fresh: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     decision: Decision | None = None  # the decision that set (q, m) (None: the initial state)
 
     @property
@@ -120,7 +117,7 @@ class ControlState:
         out: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in (*_HISTORIES, "last_fresh"):
+            if f.name in _HISTORIES:
                 out[f.name] = [a.tolist() for a in v]
             elif f.name == "decision":
                 out[f.name] = None if v is None else v.to_json()
@@ -145,8 +142,6 @@ class ControlState:
                 kw[name] = int_in(v, flag, 0, MAX_INT)
             elif name in _HISTORIES:
                 kw[name] = _history(v, flag)
-            elif name == "last_fresh":
-                kw[name] = _fresh_record(v, flag)
             elif name in _MEASURED:
                 kw[name] = finite_or_nan(v, flag, lo=0)
             elif name in ("calib_tail", "calib_bulk", "calib_uniform"):
@@ -165,7 +160,7 @@ _MEASURED = ("rate_tail", "rate_bulk", "move_cost_s")  # NaN until the first mea
 _HISTORIES = ("history", "tail_history")
 # fields of the controller before issue 40 (saved states of older runs): read and dropped
 _RETIRED = ("bias_tail", "bias_bulk", "bias_uniform", "bias_step", "var_uniform", "var_step", "seen_step", "settled",
-            "dwell", "move_dir", "since_move", "reversals", "returns", "leave_streak", "note")
+            "dwell", "move_dir", "since_move", "reversals", "returns", "leave_streak", "note", "last_fresh")
 
 
 def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
@@ -182,18 +177,3 @@ def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
                               "of one length")
         out.append(np.asarray(table, dtype=np.int64))
     return tuple(out)
-
-
-def _fresh_record(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
-    """Saved `last_fresh`: at most one table of rows [uid, consumed 0/1, finished members 0..G, G token counts]."""
-    ok = isinstance(v, list) and len(v) <= 1
-    for table in v if ok else ():
-        g = len(table[0]) - 3 if isinstance(table, list) and table and isinstance(table[0], list) else 0
-        ok = ok and g >= 1 and all(
-            isinstance(r, list) and len(r) == g + 3 and all(type(x) is int for x in r)
-            and 0 <= r[0] <= MAX_INT and r[1] in (0, 1) and 0 <= r[2] <= g and all(0 <= x <= MAX_LENGTH for x in r[3:])
-            for r in table)
-    if not ok:
-        raise ConfigError(f"{flag} must be [] or one table of rows [uid, consumed 0/1, finished 0..G, G token counts "
-                          f"in 0..{MAX_LENGTH:,}]")
-    return tuple(np.asarray(t, dtype=np.int64) for t in v)

@@ -15,7 +15,7 @@ from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
-from tailsieve.policy.fresh import complete, fresh_record, fresh_sample, regenerations
+from tailsieve.policy.fresh import fresh_sample
 from tailsieve.policy.observed import observed_times
 from tailsieve.policy.predictor import FloatArray, Predictor, split_half_candidates
 from tailsieve.policy.router import RouterConfig
@@ -82,11 +82,9 @@ class Controller:
 
     # learning from a step --------------------------------------------------------------------------------------
     def learn(self, state: ControlState, obs: StepObservation) -> tuple[ControlState, Predictor]:
-        """The state after one step, before deciding: the last split step's fresh groups completed by this step's
-        regenerations, this step's fresh groups and candidates added to the history, the model errors and the
-        price of a pool move updated; and the predictor over the new history."""
-        redo = self._completed_last(state, obs)
-        state = self._with_history(state, obs, redo)
+        """The state after one step, before deciding: this step's fresh groups and candidates added to the
+        history, the model errors and the price of a pool move updated; and the predictor over the new history."""
+        state = self._with_history(state, obs)
         state = self._learn_move_cost(state, obs)
         if obs.warmup:
             return state, self.predictor(state)
@@ -99,35 +97,19 @@ class Controller:
         fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times()))
         return calibrate(state, obs, self.config.ema, (ft, fb)), pred
 
-    def _with_history(self, state: ControlState, obs: StepObservation, redo: np.ndarray | None) -> ControlState:
+    def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
         """§3.2's response-work history: each step's fresh groups (cut members completed, `policy.fresh`), and the
         candidates regenerated (at a uniform step, the split-half stand-ins its batch holds)."""
         keep = self.config.history_steps
-        past = state.history
-        if redo is not None and past:  # the last step's sample, its cut groups completed by their regenerations
-            past = (*past[:-1], redo)
-        sample = None if obs.work is None else fresh_sample(obs.work, past, obs.step)
-        hist = (*past, obs.consumed_lengths if sample is None else sample)[-keep:]
+        sample = None if obs.work is None else fresh_sample(obs.work, state.history, obs.step)
+        hist = (*state.history, obs.consumed_lengths if sample is None else sample)[-keep:]
         tails = state.tail_history
         if obs.m > 0 and obs.q > 0 and not obs.warmup:
             # every regenerated candidate: the q isolated ones and the ones run pinned in the bulk pool
             tails = (*tails, obs.consumed_lengths[: obs.q + obs.pinned])[-2 * keep :]
         elif obs.m == 0 and not obs.warmup and self.router.extra > 0 and len(obs.consumed_lengths) > 1:
             tails = (*tails, self.uniform_candidates(obs.consumed_lengths))[-2 * keep :]
-        last: tuple[np.ndarray, ...] = ()
-        if obs.work is not None and obs.work.uids is not None and obs.m > 0 and obs.q > 0 and not obs.warmup:
-            rec = fresh_record(obs.work)
-            last = () if rec is None or rec[:, 1].all() else (rec,)
-        return replace(state, history=hist, tail_history=tails, last_fresh=last)
-
-    def _completed_last(self, state: ControlState, obs: StepObservation) -> np.ndarray | None:
-        """The last two-pool step's fresh groups with their cut members completed by this step's regenerations
-        (`policy.fresh.complete`; None: nothing pending)."""
-        if not state.last_fresh or obs.work is None or not state.history:
-            return None
-        rec = state.last_fresh[0]
-        population = (rec[rec[:, 1] == 1, 3:], *state.history[:-1])
-        return complete(rec, population, obs.step - 1, regenerations(obs.work))
+        return replace(state, history=hist, tail_history=tails)
 
     def uniform_candidates(self, batch: np.ndarray) -> np.ndarray:
         """The E candidates a uniform step's batch stands for, likeliest tail first: ranked on one half of each

@@ -56,21 +56,10 @@ def _fresh_mask(work: StepWork) -> NDArray[np.bool_]:
     return np.ones(work.kept.shape, dtype=bool) if work.fresh is None else work.fresh.copy()
 
 
-def regenerations(work: StepWork) -> dict[int, NDArray[np.int64]]:
-    """uid → member lengths of every candidate this step regenerated to completion (a cut group of an earlier step,
-    run again from scratch): the same prompt's next draw."""
-    if work.uids is None:
-        return {}
-    rows = np.flatnonzero(work.kept & ~_fresh_mask(work))
-    return {int(work.uids[i]): work.lengths[i] for i in rows}
-
-
-def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], step: int,
-             regen: dict[int, NDArray[np.int64]] | None = None) -> NDArray[np.int64]:
-    """(F, G) lengths of a `fresh_record`, each cut member (censored at its progress p) drawn from lengths of at
-    least p: of the same prompt's regeneration when it has such members (`regen`: where the prompt sets the length,
-    its own next draw knows it best), else of the member lengths in `population`; p itself when none is that long.
-    Seeded by the step number: the controller stays a pure function of its inputs."""
+def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], step: int) -> NDArray[np.int64]:
+    """(F, G) lengths of a `fresh_record`, each cut member (censored at its progress p) drawn from the member lengths
+    in `population` of at least p (p itself when none is that long). Seeded by the step number: the controller stays
+    a pure function of its inputs."""
     out = rec[:, 3:].copy()
     rows = np.flatnonzero(rec[:, 1] == 0)
     if rows.size == 0:
@@ -82,26 +71,9 @@ def complete(rec: NDArray[np.int64], population: tuple[NDArray[np.int64], ...], 
     rank = np.argsort(np.argsort(block, axis=1, kind="stable"), axis=1, kind="stable")
     censored = rank >= rec[rows, 2][:, None]
     draw = rng.random(block.shape)
-    # every censored member from the population at once, then the ones whose prompt's regeneration has a member
-    # that long (a few rows) from that regeneration instead
     j, k = np.nonzero(censored)
     p = block[j, k]
     block[j, k] = _at_least(pool, p, draw[j, k], p)
-    owned = [(r, regen[u]) for r, u in enumerate(rec[rows, 0].tolist()) if regen and u in regen and regen[u].size]
-    if owned:
-        # each row's own regeneration, searched all at once: row r's lengths shifted by r·span stay in their row
-        span = int(max(int(np.max(block)), *(int(a.max()) for _, a in owned))) + 1
-        keys = np.concatenate([np.sort(np.asarray(a, np.int64)) + r * span for r, a in owned])
-        ends = np.cumsum([a.size for _, a in owned])
-        where = np.full(len(rows), -1)
-        where[[r for r, _ in owned]] = np.arange(len(owned))
-        sel = where[j] >= 0
-        jj, kk, slot = j[sel], k[sel], where[j[sel]]
-        lo = np.searchsorted(keys, p[sel] + jj * span, side="left")
-        left = ends[slot] - lo  # own lengths ≥ p in that row
-        pick = lo + np.minimum(np.floor(draw[jj, kk] * left).astype(np.int64), left - 1)
-        hit = left > 0
-        block[jj[hit], kk[hit]] = keys[pick[hit]] - jj[hit] * span
     out[rows] = block
     return out
 

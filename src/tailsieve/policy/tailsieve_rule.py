@@ -2,10 +2,10 @@
 
 After each steady step the options are the uniform boundary (requests dealt, or whole groups) and every tail-pool
 size m of `m_grid` at its best q (`Controller.best_q`). Each is priced on the same bootstrap pools, drawn by history
-step (`policy.paired`), and the controller moves to the option whose value horizon·(ḡ − t·s) − C is largest, when it
+step (`policy.paired`), and the controller moves to the option whose value horizon·(ḡ − z·s) − C is largest, when it
 is positive; C is what the move costs once: the measured restart seconds when m changes, and for a return to the
 uniform boundary the excess of its first step, which runs the E waiting candidates to completion. There is no dwell,
-no confirmation and no reversal back-off: a move that was noise has, by construction, a paired gain within t·s.
+no confirmation and no reversal back-off: a move that was noise has, by construction, a paired gain within z·s.
 C.2's feasibility stays for moves between two splits.
 """
 
@@ -89,7 +89,7 @@ class TailSieveController(TailSievePaperController):
         return c
 
     def decide(self, state: ControlState, pred: Predictor) -> ControlState:
-        """The option of largest value V = horizon·(ḡ − t·s) − C; a move when V > 0 (C.2's feasibility checked for
+        """The option of largest value V = horizon·(ḡ − z·s) − C; a move when V > 0 (C.2's feasibility checked for
         moves between splits, in order of value)."""
         cfg = self.config
         cur = self._current(state)

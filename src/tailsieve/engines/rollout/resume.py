@@ -220,8 +220,6 @@ def check_state(state: RolloutState, fingerprint: Mapping[str, Any], policy: str
         raise ConfigError(f"saved rollout state: m={state.control.m} tail replicas of R={rc.replicas}")
     if any(h.shape[1] != rc.group_size for h in (*state.control.history, *state.control.tail_history)):
         raise ConfigError(f"saved rollout state: a history table is not {rc.group_size} samples wide")
-    if any(t.shape[1] != rc.group_size + 3 for t in state.control.last_fresh):
-        raise ConfigError(f"saved rollout state: control.last_fresh is not {rc.group_size} samples wide")
 
 
 def check_steps(steps: Sequence[SavedStep], router: Router) -> None:
