@@ -17,8 +17,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "data" / "golden" / "decisions.json"
-# (workload, curve): isolation pays by far (rare cap hits), pays with tool waits (agent), does not pay (capped code)
-CASES = (("rare-cap", "h100-llama3-8b"), ("agent-search", "a100-llama3-8b"), ("kodcode-tests", "h100-llama3-8b"))
+# (workload, curve): isolation pays by far (rare cap hits: a leave, then the split held); pays with tool waits (an
+# agent: moves of m on a flat optimum); pays a little on a steep MoE knee (video: a leave and a return)
+CASES = (("rare-cap", "h100-llama3-8b"), ("agent-search", "h100-llama3-8b"), ("video-rl", "a100x4-mixtral-8x7b"))
 POLICY, SEED, STEPS = "tailsieve", 0, 20
 
 
