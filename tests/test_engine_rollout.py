@@ -128,7 +128,7 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
     assert math.isnan(loaded.control.move_cost_s) and loaded.control.last_m == state.control.last_m
     for f in fields(ControlState):  # every scalar survives the JSON round trip with its type (NaN as null)
         a, b = getattr(loaded.control, f.name), getattr(state.control, f.name)
-        if f.name in ("history", "tail_history", "last_fresh"):  # tables of token counts (and uids)
+        if f.name in ("history", "tail_history"):  # tables of token counts
             assert [t.tolist() for t in a] == [t.tolist() for t in b]
         else:
             assert type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
@@ -142,13 +142,26 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
     assert (back.calib_tail, back.calib_bulk, back.calib_uniform) == (1.25, 0.8, 1.1)
     assert (back.uniform_dispatch, back.hold, back.velocity, back.decision) == ("request", 2, -0.75, unpaid)
     assert back.note == unpaid.note == "unpaid; (3, 2): +0.50 s/step ± 0.25, cost 120.0 s"
-    # a state saved by the controller before issue 40: its retired fields are read and dropped, the rest kept
-    older = control_to_json(state.control) | {"bias_tail": 0.05, "bias_step": 0.07, "reversals": 3, "move_dir": -1,
-                                             "returns": 2, "dwell": 4, "leave_streak": 1, "note": "m 1->0"}
-    read = control_from_json(json.loads(json.dumps(older)))
-    assert (read.q, read.m, read.decision, read.note) == (state.control.q, state.control.m, state.control.decision,
-                                                          state.control.note)
-    assert not any(hasattr(read, k) for k in ("bias_tail", "reversals", "returns", "dwell", "leave_streak"))
+    # a state saved by an older controller (before issue 40; `last_fresh`: the pending record of cut groups of the
+    # one-step-later completion, since deleted): its retired fields are read and dropped, the rest kept
+    assert "last_fresh" not in control_to_json(state.control)
+    record = [[[5, 0, 1, 10, 500, 20, 30], [6, 1, 4, 7, 8, 9, 10]]]  # rows [uid, consumed, finished, G = 4 counts]
+    for last_fresh in ([], record):
+        older = control_to_json(state.control) | {
+            "bias_tail": 0.05, "bias_step": 0.07, "reversals": 3, "move_dir": -1, "returns": 2, "dwell": 4,
+            "leave_streak": 1, "note": "m 1->0", "last_fresh": last_fresh}
+        read = control_from_json(json.loads(json.dumps(older)))
+        assert (read.q, read.m, read.decision, read.note) == (state.control.q, state.control.m,
+                                                              state.control.decision, state.control.note)
+        assert [t.tolist() for t in read.history] == [t.tolist() for t in state.control.history]
+        assert not any(hasattr(read, k) for k in ("bias_tail", "reversals", "returns", "dwell", "leave_streak",
+                                                  "last_fresh"))
+        assert control_to_json(read) == control_to_json(state.control)  # dropped: not written back
+        doc = json.loads(path.read_text())
+        doc["control"]["last_fresh"] = last_fresh
+        older_file = tmp_path / "older-state.json"
+        older_file.write_text(json.dumps(doc))
+        assert control_to_json(RolloutState.load(older_file).control) == control_to_json(state.control)
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3

@@ -1,5 +1,6 @@
-"""The paired rule's arithmetic (`policy.paired`): the t quantile against tables, the paired gain and its standard
-error against a brute-force computation, the common lottery cancelling, and the value of a move."""
+"""The paired rule's arithmetic (`policy.paired`): the paired gain and its standard error against a brute-force
+computation, the common lottery cancelling, and the value of a move, V = horizon·(ḡ − z·s) − C (plain z: no
+Student-t widening of the margin for short histories), −∞ below one degree of freedom."""
 
 from __future__ import annotations
 
@@ -8,23 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tailsieve.policy.paired import paired_gain, t_quantile, value
-
-# two-sided 95% and 98% Student-t quantiles (upper-tail 0.025 and 0.01), from the standard tables
-T_975 = {3: 3.182, 4: 2.776, 5: 2.571, 10: 2.228, 15: 2.131, 30: 2.042}
-T_99 = {3: 4.541, 5: 3.365, 10: 2.764, 15: 2.602}
-
-
-@pytest.mark.parametrize(("z", "table"), [(1.959964, T_975), (2.326348, T_99)])
-def test_t_quantile_matches_tables(z: float, table: dict[int, float]) -> None:
-    for dof, exact in table.items():
-        assert t_quantile(z, dof) == pytest.approx(exact, rel=5e-3), dof
-
-
-def test_t_quantile_limits() -> None:
-    assert t_quantile(2.0, 0) == math.inf
-    assert t_quantile(2.0, 10**9) == pytest.approx(2.0, abs=1e-6)
-    assert t_quantile(0.0, 4) == 0.0
+from tailsieve.policy.paired import paired_gain, value
 
 
 def test_paired_gain_by_history_step_brute_force() -> None:
@@ -55,12 +40,30 @@ def test_fewer_than_two_steps_is_unknown() -> None:
 
 
 def test_value_of_a_move() -> None:
+    """V = horizon·(ḡ − z·s) − C exactly, whatever the degrees of freedom from one on (the margin is z·s, not a
+    Student-t quantile that widens it for two or three history steps); its parts are kept; `beyond_noise` says the
+    gain clears z·s before the cost (V + C > 0, strictly)."""
     p = value(3.0, 0.5, 10, 4.0, 2.0, 8)
-    assert p.value_s == pytest.approx(8 * (3.0 - t_quantile(2.0, 10) * 0.5) - 4.0)
+    assert (p.gain_s, p.se_s, p.cost_s, p.value_s) == (3.0, 0.5, 4.0, 12.0)  # 8·(3 − 2·0.5) − 4, in exact binary
     assert p.beyond_noise
-    assert value(3.0, 0.0, 10, 0.0, 2.0, 8).value_s == pytest.approx(24.0)
-    unpaid = value(1.0, 0.1, 10, 100.0, 2.0, 8)
-    assert unpaid.value_s < 0 and unpaid.beyond_noise
+    for dof in (1, 2, 3, 10**9):  # no dependence on dof: a t quantile would shrink V at small dof
+        assert value(3.0, 0.5, dof, 4.0, 2.0, 8).value_s == 12.0, dof
+    assert value(3.0, 0.0, 10, 0.0, 2.0, 8).value_s == 24.0  # s = 0: no margin
+    unpaid = value(1.0, 0.25, 10, 100.0, 2.0, 8)
+    assert unpaid.value_s == 8 * (1.0 - 0.5) - 100.0 == -96.0 and unpaid.beyond_noise
     noise = value(1.0, 1.0, 10, 0.0, 2.0, 8)
-    assert noise.value_s < 0 and not noise.beyond_noise
+    assert noise.value_s == -8.0 and not noise.beyond_noise
+    edge = value(1.0, 0.5, 3, 0.0, 2.0, 8)  # ḡ = z·s exactly: V = 0, not beyond the noise
+    assert edge.value_s == 0.0 and not edge.beyond_noise
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        g, s, c, z = rng.normal(0, 5), rng.uniform(0, 3), rng.uniform(0, 50), rng.uniform(0, 3)
+        h, dof = int(rng.integers(1, 20)), int(rng.integers(1, 40))
+        p = value(g, s, dof, c, z, h)
+        assert p.value_s == h * (g - z * s) - c and p.beyond_noise == (h * (g - z * s) > 0), (g, s, c, z, h, dof)
+    # no degree of freedom (fewer than two history steps): s unknown, V = −∞ whatever the gain, even at s = 0
+    for se in (math.inf, 0.5, 0.0):
+        p = value(1e6, se, 0, 0.0, 2.0, 8)
+        assert p.value_s == -math.inf and not p.beyond_noise, se
     assert value(1.0, math.inf, 0, 0.0, 2.0, 8).value_s == -math.inf
+    assert value(1.0, 0.0, -1, 0.0, 2.0, 8).value_s == -math.inf

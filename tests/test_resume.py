@@ -6,7 +6,7 @@ step lines, the batch files), and resume through the CLI in-process against heal
 non-zero with one `tailsieve rollout: error:` line, no traceback, no request sent, and every file of the folder
 byte-identical. The accepted cases (a step left uncommitted by a killed run) resume, moving those files into
 `uncommitted/` instead of erasing them. The state's JSON round-trips field by field, and every field refuses values
-of the wrong type or range in one line.
+of the wrong type or range in one line; a state with fields of an older controller resumes, dropping them.
 """
 
 from __future__ import annotations
@@ -271,6 +271,21 @@ def test_a_clean_resume_consumes_every_draw_once(servers: list[FakeServer], run_
     assert state.router.stream is not None and not (folder / "uncommitted").exists()
     assert len(uids) == len(set(uids)) == 8 == state.router.consumed
     assert sorted(uids + waiting) == list(range(state.router.stream.position))
+
+
+def test_a_state_saved_with_retired_control_fields_resumes_and_drops_them(servers: list[FakeServer],
+                                                                         run_dir: Path) -> None:
+    """A state.json written by an older controller: `control.last_fresh` (the pending record of a split step's cut
+    groups, rows [uid, consumed, finished, G counts], of the deleted one-step-later completion) and `bias_step` are
+    read and dropped; the run resumes as a clean one would and the state it writes holds neither."""
+    folder = run_dir / "out" / POLICY
+    state_edit(lambda d: d["control"].update(last_fresh=[[[4, 0, 1, 3, 20], [5, 1, 2, 6, 7]]], bias_step=0.07))(
+        folder)
+    assert cli(argv(servers, run_dir, 4, "--resume"))[0] == 0
+    doc = json.loads((folder / "state.json").read_text())
+    assert doc["router"]["step"] == 4 and not {"last_fresh", "bias_step"} & set(doc["control"])
+    uids = [json.loads(x)["uid"] for k in range(4) for x in (folder / f"batch-{k:05d}.jsonl").read_text().splitlines()]
+    assert len(uids) == len(set(uids)) == 8
 
 
 # --------------------------------------------------------------------------------- the state, field by field
