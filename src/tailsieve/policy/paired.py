@@ -10,9 +10,7 @@ standard error s = sd_h(d_h)/√H. A move to o is worth
     V(o) = horizon · (ḡ − z·s) − C(a → o),
 
 C the one-time seconds of the move (restarts, a return step's waiting candidates). With fewer than two history
-steps s is unknown and nothing moves. The controller moves to the option of largest V when it is positive. (A
-Student-t quantile in place of z, so that a history of two or three steps needs a wider margin, cost 0.28% ± 0.15 of
-the reference on the validation split and was deleted: bench/README.md, "Ablation ledger".)
+steps s is unknown and nothing moves. The controller moves to the option of largest V when it is positive.
 """
 
 from __future__ import annotations
