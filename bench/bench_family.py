@@ -10,11 +10,12 @@ odd seeds validate: tune only on `--split tune`) it runs, on one prompt stream a
 uniform, verl-lif, the adaptive policies, and a coarse static grid in two stages: q = E at up to 8 values of m
 spread over 1..R-1, then q = E/2 and E/4 at the best m and its two grid neighbours (the best static in hindsight
 almost always has q = E). Reference = max(best static, verl-lif). Per regime it prints the speedups over uniform,
-ts/ref (tailsieve / reference), ts/fix (tailsieve / tailsieve-fixed), m0 (steady steps tailsieve spent at m = 0)
-and the paired noise band: the std of the per-step difference (policy - reference run) over the steady steps
+ts/ref (tailsieve / reference), ts/fix (tailsieve / tailsieve-fixed), m0 (steady steps tailsieve spent at m = 0),
+len (its length bias: mean consumed response length over the steady steps / uniform's, App. E) and the paired noise
+band: the std of the per-step difference (policy - reference run) over the steady steps
 (after SKIP_STEPS) / sqrt(n), as a share of the reference's mean step. Then the distribution over regimes: for each
 adaptive policy P, P / reference and P / tailsieve-fixed (median, p5, min; the share of regimes with
-P >= fixed - 1%), the minimum P / uniform, and the median noise band.
+P >= fixed - 1%), the minimum P / uniform, the median noise band and the length bias (median [min, max]).
 
 `--quick` (< 5 min on 2 cores): the 12 cheapest of the split's first 32 regimes, 20 steps. A full split (32
 regimes, 30 steps) takes ~30-40 min on 2 cores.
@@ -86,6 +87,12 @@ def makespans(run: PolicyRun) -> np.ndarray:
     return np.array([s.makespan_s for s in run.steps[SKIP_STEPS:]])
 
 
+def mean_length(run: PolicyRun) -> float:
+    """Mean consumed response length over the steady steps (App. E's length bias is this over uniform's)."""
+    kept = run.batch_lengths[SKIP_STEPS:] or run.batch_lengths
+    return float(np.concatenate([np.ravel(b) for b in kept]).mean())
+
+
 def noise_band(run: np.ndarray, ref: np.ndarray) -> float:
     """std of the per-step paired difference (run - ref) over the steady steps / sqrt(n), over ref's mean step."""
     d = run - ref
@@ -98,15 +105,19 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
     """The runs that do not depend on the controller: uniform's mean step, verl-lif's, the static grid's means, and
     the steady step times of verl-lif and of the best static split; kept in `t.cache` when given (`--cache`)."""
     path = Path(t.cache) / f"family{t.seed}_steps{t.steps}.json" if t.cache else None
-    if path is not None and path.is_file():
-        out: dict[str, Any] = json.loads(path.read_text())
+    out: dict[str, Any] = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    if "uniform_len" in out:
         return out
-    uniform = run_policy("uniform", wl, curve, cfg)
-    verl = run_policy("verl-lif", wl, curve, cfg)
-    means, best = coarse_grid(wl, curve, cfg)
-    out = {"uniform": uniform.mean_step_s(), "verl": verl.mean_step_s(),
-           "means": {f"{q},{m}": v for (q, m), v in means.items()},
-           "verl_steps": makespans(verl).tolist(), "best_steps": makespans(best).tolist()}
+    if out:  # a cache written before the length column: only uniform is run again
+        out["uniform_len"] = mean_length(run_policy("uniform", wl, curve, cfg))
+    else:
+        uniform = run_policy("uniform", wl, curve, cfg)
+        verl = run_policy("verl-lif", wl, curve, cfg)
+        means, best = coarse_grid(wl, curve, cfg)
+        out = {"uniform": uniform.mean_step_s(), "verl": verl.mean_step_s(),
+               "means": {f"{q},{m}": v for (q, m), v in means.items()},
+               "verl_steps": makespans(verl).tolist(), "best_steps": makespans(best).tolist(),
+               "uniform_len": mean_length(uniform), "best_len": mean_length(best)}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -146,7 +157,8 @@ def run_regime(t: Task) -> dict[str, Any]:
         steady = [s for s in run.steps[SKIP_STEPS:] if not s.warmup]
         row["policies"][p] = {"speedup": sp, "ratio_ref": sp / row["reference"], "final_qm": [run.final_q, run.final_m],
                               "m0_steps": sum(s.m == 0 for s in steady), "steady_steps": len(steady),
-                              "noise": noise_band(makespans(run), ref_steps)}
+                              "noise": noise_band(makespans(run), ref_steps),
+                              "length_ratio": mean_length(run) / refs["uniform_len"]}
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -168,7 +180,7 @@ def print_rows(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
     head = f"{'seed':>5s} {'regime':26s} {'R':>4s} {'N':>5s} {'G':>3s} {'unif s':>7s} {'verl':>6s} {'best':>6s} " \
            f"{'(q,m)':>9s} " + " ".join(f"{p[:14]:>14s}" for p in policies)
     ts = "tailsieve" in policies
-    head += f" {'ts/ref':>6s} {'ts/fix':>6s} {'m0':>5s}" if ts else ""
+    head += f" {'ts/ref':>6s} {'ts/fix':>6s} {'m0':>5s} {'len':>5s}" if ts else ""
     print(head)
     for r in rows:
         qm = "({},{})".format(*r["best_qm"])
@@ -179,7 +191,7 @@ def print_rows(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
             t = r["policies"]["tailsieve"]
             fix = ratio(r, "tailsieve", "tailsieve-fixed")
             line += f" {t['ratio_ref']:6.3f} {'' if fix is None else f'{fix:6.3f}':>6s} " \
-                    f"{t['m0_steps']:2d}/{t['steady_steps']:<2d}"
+                    f"{t['m0_steps']:2d}/{t['steady_steps']:<2d} {t['length_ratio']:5.3f}"
         print(line)
 
 
@@ -197,10 +209,14 @@ def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[str, 
         ref = [r["policies"][p]["ratio_ref"] for r in rows]
         uni = [r["policies"][p]["speedup"] for r in rows]
         noise = [r["policies"][p]["noise"] for r in rows]
+        lens = np.array([r["policies"][p]["length_ratio"] for r in rows])
         s: dict[str, Any] = {"ratio_ref": _stats(ref), "min_speedup": min(uni),
-                             "noise_median": float(np.nanmedian(noise)) if not np.isnan(noise).all() else None}
+                             "noise_median": float(np.nanmedian(noise)) if not np.isnan(noise).all() else None,
+                             "length_ratio": {"median": float(np.median(lens)), "min": float(lens.min()),
+                                              "max": float(lens.max())}}
         print(f"  {p:16s} / reference: {dist(ref)}   min / uniform {min(uni):.3f}   "
-              f"noise {100 * (s['noise_median'] or float('nan')):.2f}%")
+              f"noise {100 * (s['noise_median'] or float('nan')):.2f}%   lengths / uniform: median "
+              f"{np.median(lens):.3f} [{lens.min():.3f}, {lens.max():.3f}]")
         if p != "tailsieve-fixed" and "tailsieve-fixed" in policies:
             fix = [ratio(r, p, "tailsieve-fixed") or 0.0 for r in rows]
             share = float(np.mean([f >= 0.99 for f in fix]))

@@ -70,11 +70,14 @@ class Controller:
         self.fixed_q, self.fixed_m = q, m
 
     def initial(self) -> ControlState:
-        """State before the first step: (q0, m0) (m0 None: R // 2), the uniform boundary placing whole groups."""
-        r = self.router.replicas
-        m0 = min(self.config.m0 if self.config.m0 is not None else r // 2, max(r - 1, 0))
+        """State before the first step: (q0, `start_m`), the uniform boundary placing whole groups."""
+        m0 = min(self.start_m(), max(self.router.replicas - 1, 0))
         q0 = max(self.config.q0, 1) if m0 > 0 else 0
         return ControlState(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
+
+    def start_m(self) -> int:
+        """The first step's tail-pool size: `m0` (None: R // 2)."""
+        return self.config.m0 if self.config.m0 is not None else self.router.replicas // 2
 
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Next state after observing one step."""
