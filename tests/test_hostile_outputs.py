@@ -111,18 +111,15 @@ def test_check_touches_nothing_and_a_dead_holder_never_blocks(tmp_path: Path) ->
 # ---------------------------------------------------------------------- two rollouts into one --out (the CLI)
 
 
-def slow(servers: list[FakeServer]) -> Iterator[None]:
-    old = [s.tpot_s for s in servers]
-    for s in servers:
-        s.tpot_s = 0.02  # ~0.5 s a step: the first run is still writing while the second starts
-    yield
-    for s, t in zip(servers, old, strict=True):
-        s.tpot_s = t
-
-
 @pytest.fixture
 def slow_servers(servers: list[FakeServer]) -> Iterator[list[FakeServer]]:
-    yield from (servers for _ in slow(servers))
+    """~0.5 s a step: a run is still writing while the test acts on it."""
+    old = [s.tpot_s for s in servers]
+    for s in servers:
+        s.tpot_s = 0.02
+    yield servers
+    for s, t in zip(servers, old, strict=True):
+        s.tpot_s = t
 
 
 def start(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -209,9 +206,8 @@ def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_was(tmp_
     if writer == "profile --out":
         path = tmp_path / "t.json"
     TARGETS[target](path)
-    before, kind = snapshot(tmp_path), _describe(path)
     argv = [str(prompts(tmp_path)) if a == "P" else a for a in WRITERS[writer](str(path))]
-    before = snapshot(tmp_path)
+    before, kind = snapshot(tmp_path), _describe(path)
     rc, err = run_case("output targets", argv, tmp_path)
     assert rc != 0 and str(path) in err, err
     assert _describe(path) == kind and snapshot(tmp_path) == before
