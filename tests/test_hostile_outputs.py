@@ -31,8 +31,8 @@ from hostile_harness import run_case
 from tailsieve.outputs import LOCK_NAME, OutputError, OutputLock
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + str(Path(__file__).parent), "PYTHONDONTWRITEBYTECODE": "1",
-       "TAILSIEVE_PROGRESS": "0"}
+ENV = {**os.environ, "PYTHONPATH": SRC + os.pathsep + str(Path(__file__).parent),
+       "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 @pytest.fixture(scope="module")

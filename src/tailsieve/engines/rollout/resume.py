@@ -308,7 +308,8 @@ def set_aside(folder: Path, step: int) -> Path | None:
 
 def _split_lines(path: Path, step: int) -> tuple[str, str]:
     """A step log's text as (its first `step` step lines, the rest), the BOM dropped."""
-    kept, n, lines = [], 0, read_text(path, "resume file").splitlines(keepends=True)
+    kept: list[str] = []
+    n, lines = 0, read_text(path, "resume file").splitlines(keepends=True)
     for i, line in enumerate(lines):
         if n == step:
             return "".join(kept), "".join(lines[i:])

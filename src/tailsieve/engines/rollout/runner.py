@@ -11,8 +11,11 @@
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
     DIR/<policy>/uncommitted/       files of a step a killed run wrote before its state (moved aside on resume)
 
+    DIR/.tailsieve.lock             the one writer's lock (`tailsieve.outputs.OutputLock`, docs/engines.md)
+
 Every file is complete after each step, so an error or interrupt loses nothing already written; a resumed run
-checks the folder first (`prepare_runs`, `engines/rollout/resume.py`) and never erases a file.
+checks the folder first (`prepare_runs`, `engines/rollout/resume.py`) and never erases a file. Files are replaced
+by `tailsieve.outputs.write_atomic` and step lines appended by `append_line` (a failed append is undone).
 """
 
 from __future__ import annotations
