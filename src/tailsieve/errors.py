@@ -17,3 +17,13 @@ class TraceError(TailSieveError, ValueError):
 
 class ConfigError(TailSieveError, ValueError):
     """A configuration value is impossible; the message names the value."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by a signal (SIGINT, SIGTERM, SIGHUP; `cli.launch_cmd.sigterm_as_interrupt`): the CLI prints one
+    line, `interrupted by SIG…` and `note` (what was kept), and exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int, note: str = "") -> None:
+        super().__init__(note)
+        self.signum = signum
+        self.note = note

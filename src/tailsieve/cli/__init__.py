@@ -10,12 +10,13 @@ import argparse
 import csv
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from tailsieve import __version__
-from tailsieve.errors import TailSieveError
+from tailsieve.errors import Interrupted, TailSieveError
 from tailsieve.redact import redact
 
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
@@ -97,9 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TailSieveError, ValueError, OSError, OverflowError, RecursionError, MemoryError, csv.Error) as exc:
         _error_line(args.command, exc)
         return 1
-    except KeyboardInterrupt:
-        print(f"tailsieve {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal turned into `Interrupted`: 128 + its number
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
+        print(f"tailsieve {args.command}: interrupted{how}{note}", file=sys.stderr)
+        return 128 + signum
     except Exception as exc:  # a bug: still one line (TAILSIEVE_DEBUG=1 shows the traceback)
         if os.environ.get("TAILSIEVE_DEBUG"):
             raise

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tailsieve.errors import TailSieveError
+from tailsieve.outputs import check_target
 
 
 def positive_int(text: str) -> int:
@@ -152,4 +153,5 @@ def plot_path(text: str) -> Path:
         raise TailSieveError(f"--plot {text}: use a .png, .pdf or .svg file name")
     if not path.parent.exists():
         raise TailSieveError(f"--plot {text}: folder {path.parent} does not exist")
+    check_target(path, "--plot")  # a new or regular file: never a link, FIFO or device (`tailsieve.outputs`)
     return path

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailsieve.outputs import write_figure
+
 HEADLINE = "tailsieve"
 # 13 colours that stay apart (Tableau 10 without its grey, then 4 darker ones); black is the headline's alone.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
@@ -71,6 +73,6 @@ def save_figure(fig: Any, path: Path, *, quiet: bool = False) -> None:
     """Save with the outside legend included, close, and say where (stdout; stderr when stdout carries JSON)."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, bbox_inches="tight")
+    write_figure(fig, path, bbox_inches="tight")
     plt.close(fig)
     print(f"plot saved to {path}", file=sys.stderr if quiet else sys.stdout, flush=True)

@@ -20,11 +20,11 @@ from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, launch_from_mapping
-from tailsieve.engines.rollout.state import write_json_atomic
-from tailsieve.errors import ConfigError
+from tailsieve.errors import ConfigError, Interrupted
 from tailsieve.inputs import finite
 from tailsieve.model.spec_parse import load_config_file, parse_spec, read_config
 from tailsieve.model.speculative import PoolSpec
+from tailsieve.outputs import OutputLock, check_target, write_atomic, write_json_atomic
 
 
 def register(sub: Any) -> None:
@@ -151,14 +151,15 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt(launcher: ReplicaLauncher | None = None) -> Iterator[None]:
-    """SIGTERM, SIGHUP and SIGINT raise KeyboardInterrupt so `finally` blocks stop the servers; first they tell
+    """SIGTERM, SIGHUP and SIGINT raise `Interrupted` (a KeyboardInterrupt naming the signal) so `finally` blocks
+    stop the servers and release the output locks, and the CLI exits 128 + the signal's number; first they tell
     `launcher` to give up any start-up it is waiting on (a restart in a worker thread would otherwise hold up the
     event loop's shutdown)."""
 
     def handler(signum: int, frame: object) -> None:
         if launcher is not None:
             launcher.request_stop()
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
@@ -174,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None:
         finite(args.duration, "--duration", lo=0)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
+    check_target(out, "--out", folder=True)
     check_model(cfg.model)
     launcher = make_launcher(launcher_for(cfg), cfg, out)
     err = Console(stderr=True, width=max(120, Console(stderr=True).width))
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    with sigterm_as_interrupt(launcher):
+    with OutputLock(out, "launch", folder=True), sigterm_as_interrupt(launcher):  # one launch per --out folder
         try:
             err.print(f"starting {cfg.replicas} replica(s) of {cfg.model} on {cfg.device.value} …")
             launcher.start()
@@ -212,7 +212,7 @@ def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Con
           endpoint_line: bool = True) -> int:
     """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
     line = ",".join(launcher.endpoints)
-    (out / "endpoints.txt").write_text(line + "\n", encoding="utf-8")
+    write_atomic(out / "endpoints.txt", line + "\n", "endpoint list")
     doc = launcher.describe()
     write_json_atomic(out / "launch.json", doc | {"stopped": False})
     table = Table(title=f"{len(launcher.endpoints)} replica(s) of {launcher.config.model}")

@@ -28,7 +28,6 @@ from tailsieve.engines.measure.profile import (
     total_spec,
 )
 from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
-from tailsieve.engines.rollout.state import write_json_atomic
 from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient
 from tailsieve.errors import ConfigError
@@ -37,6 +36,7 @@ from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.spec_fit import fit_concurrency_terms
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecConfig, SpecMethod
+from tailsieve.outputs import OutputLock, check_target, write_figure, write_json_atomic
 
 
 def register(sub: Any) -> None:
@@ -82,10 +82,12 @@ def register(sub: Any) -> None:
 
 
 def _out_path(text: str) -> Path:
+    """--out checked before anything is measured: a new or regular file (`check_target`) in a folder that exists."""
     path = Path(text)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise ConfigError(f"--out {text} is a folder; give a file name like curve.json")
-    if not path.parent.exists():
+    check_target(path, "--out")
+    if not path.parent.is_dir():
         raise ConfigError(f"--out {text}: folder {path.parent} does not exist")
     return path
 
@@ -142,10 +144,10 @@ def run(args: argparse.Namespace) -> int:
                                                 retry=Retry(retries=args.retries))
             return curve, None, pts, []
 
-    with bar:
+    with OutputLock(out, "profile", folder=False), bar:  # one writer of --out (its .NAME.lock) from here on
         curve, model, points, prefill = asyncio.run(go())
-    doc, costs = _document(args, curve, model, points, plain)
-    write_json_atomic(out, doc)
+        doc, costs = _document(args, curve, model, points, plain)
+        write_json_atomic(out, doc, "--out")
     if plot is not None:
         if model is not None:
             save_fit_plot(model, points, prefill, plot)
@@ -317,7 +319,7 @@ def save_fit_plot(model: CostModel, points: list[ProfilePoint], prefill: list[Pr
     fig.suptitle(f"{model.curve.name}: kv {model.kv_ms_per_1k:.4f} ms/1k ctx, prefill "
                  f"{model.prefill_ms_per_token:.4f} ms/token")
     fig.tight_layout()
-    fig.savefig(path)
+    write_figure(fig, path)
     plt.close(fig)
 
 
@@ -340,5 +342,5 @@ def save_plot(points: list[ProfilePoint], path: Path, title: str) -> None:
     a2.set_ylabel("aggregate tokens/s")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
+    write_figure(fig, path)
     plt.close(fig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -38,11 +39,12 @@ from tailsieve.engines.rollout.runner import prepare_runs, run_policies_real
 from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import Api, Endpoint, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
-from tailsieve.errors import ConfigError
+from tailsieve.errors import ConfigError, Interrupted
 from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
+from tailsieve.outputs import OutputLock
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import dispatch_of
@@ -271,18 +273,28 @@ def run(args: argparse.Namespace) -> int:
     # the folder's checks before any replica starts; with --launch the URLs are known only after start(), so the
     # checks run on stand-ins, one per replica (a Rollout built for checking opens no connection)
     stand_ins = endpoints or [Endpoint.parse(f"http://127.0.0.1:{i + 1}", kind) for i in range(replicas)]
-    prepare_runs(stand_ins, prompts, configs, out, resume=args.resume)
-    if launcher is None:
-        return _run(args, configs, endpoints, prompts, out, None)
-    with sigterm_as_interrupt(launcher):
-        try:
-            launcher.start()
-            endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]  # after start: Ray places replicas
-            # the slowest start-up prices a pool move, unless --move-cost-s was given
-            priced = configs if hasattr(args, "move_cost_s") else with_move_price(configs, launcher)
-            return _run(args, priced, endpoints, prompts, out, launcher)
-        finally:
-            launcher.stop()
+    lock = OutputLock(out, "rollout", folder=True)
+    lock.check()  # another writer first: its step in progress would look like damage to the checks
+    prepared = prepare_runs(stand_ins, prompts, configs, out, resume=args.resume)
+    out.mkdir(parents=True, exist_ok=True)
+    try:  # SIGTERM / SIGHUP / Ctrl-C: every completed step is on disk already; one line, 128 + the signal
+        with lock, sigterm_as_interrupt(launcher):
+            for _, po in prepared.values():
+                if po.note:
+                    print(f"tailsieve rollout: {po.note}", file=sys.stderr)
+            if launcher is None:
+                return _run(args, configs, endpoints, prompts, out, None, lock)
+            try:
+                launcher.start()
+                endpoints = [Endpoint.parse(u, kind) for u in launcher.endpoints]  # after start: Ray places them
+                # the slowest start-up prices a pool move, unless --move-cost-s was given
+                priced = configs if hasattr(args, "move_cost_s") else with_move_price(configs, launcher)
+                return _run(args, priced, endpoints, prompts, out, launcher, lock)
+            finally:
+                launcher.stop()
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"the completed steps are kept in {out} (rollout --resume continues)") from None
 
 
 def with_move_price(configs: dict[str, RolloutConfig], launcher: ReplicaLauncher) -> dict[str, RolloutConfig]:
@@ -295,7 +307,7 @@ def with_move_price(configs: dict[str, RolloutConfig], launcher: ReplicaLauncher
 
 
 def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints: list[Endpoint],
-         prompts: tuple[PromptRecord, ...], out: Path, launcher: ReplicaLauncher | None) -> int:
+         prompts: tuple[PromptRecord, ...], out: Path, launcher: ReplicaLauncher | None, lock: OutputLock) -> int:
     meta = {"endpoints": [e.url for e in endpoints], "prompts": args.prompts, "replicas": len(endpoints),
             "groups": args.groups, "group_size": args.group_size, "rho": args.rho, "curve": args.curve,
             "template": args.template, "replay": args.replay_lengths, "length_scale": args.length_scale,
@@ -330,7 +342,7 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
                                              meta=meta, on_step=tick,
                                              pools=None if launcher is None else launcher.pool_hook,
                                              weights_dir=Path(args.weights_dir) if args.weights_dir else None,
-                                             reload=None if launcher is None else launcher.reload,
+                                             reload=None if launcher is None else launcher.reload, lock=lock,
                                              live_meta=None if launcher is None else (
                                                  lambda: {"launch": launcher.describe()})))
     if args.json:  # the final summary: report.json's document, as `simulate --json` prints its own

@@ -16,6 +16,7 @@ from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_parse import parse_spec
 from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.outputs import write_figure
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import (
     DEFAULT_BUDGETS,
@@ -219,5 +220,5 @@ def save_plot(table: BudgetTable, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=8)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    write_figure(fig, path)
     plt.close(fig)

@@ -20,11 +20,12 @@ from typing import Any, cast
 from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep
 from tailsieve.engines.rollout.prompts import PromptRecord
-from tailsieve.engines.rollout.state import RolloutState, write_json_atomic
+from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.transport.engine_client import Endpoint
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.loop import PeerLoop
+from tailsieve.outputs import write_json_atomic
 from tailsieve.policy.peers import PeerState, make_peer
 from tailsieve.policy.step import StepPlan
 

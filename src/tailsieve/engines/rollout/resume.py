@@ -5,9 +5,12 @@ resumed run runs or writes anything, and a resumed run never erases what the fol
 step lines are steps 0, 1, 2, … (contiguous, each once), one per step the state has completed, each with its batch
 file; their consumed groups are as many as the state's `consumed`, each once, drawn before the stream's position and
 not waiting in the state. One step more than the state is allowed: a run killed after writing a step's batch file or
-step line and before saving its state leaves them (`ResumePoint.uncommitted`); the resumed run reruns that step and
-first moves those files into `uncommitted/` (`set_aside`), never deleting them. `check_state` checks a state
-against the run that resumes it (shape, prompts, policy, redraw limit). Every refusal is one `ConfigError` line.
+step line and before saving its state leaves them (`ResumePoint.uncommitted`), and so is an unfinished last line (a
+writer killed, or out of space, mid-append; a failed append is truncated back to the last complete line where the
+file system allows: `tailsieve.outputs.append_line`); the resumed run says so in one line, reruns that step and
+first moves those files into `uncommitted/` (`set_aside`), never deleting them. A UTF-8 BOM is skipped.
+`check_state` checks a state against the run that resumes it (shape, prompts, policy, redraw limit). Every refusal
+is one `ConfigError` line.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import loads_json, read_text
 from tailsieve.loop import StepRecord
+from tailsieve.outputs import append_line, write_atomic
 from tailsieve.policy.decision import Decision
 from tailsieve.policy.router import Router
 
@@ -44,22 +48,50 @@ def batch_steps(folder: Path) -> list[int]:
     return [int(n) for n in names if n.isdigit() and n.isascii()]
 
 
-def step_rows(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
-    """The lines of a `steps.jsonl` (resume state) as (where, text, row): each row a JSON object with an integer
-    `step`; errors are one line naming the file and line (a truncated last line included)."""
+@dataclass(frozen=True, slots=True)
+class StepLines:
+    """A `steps.jsonl` read for resume: its complete lines as (where, text, row), each a JSON object with an integer
+    `step`, and its unfinished last line (no newline at its end, or not JSON: a writer died or failed mid-append),
+    if any, as (where, why)."""
+
+    rows: tuple[tuple[str, str, dict[str, Any]], ...]
+    unfinished: tuple[str, str] | None = None
+
+
+def step_lines(path: Path) -> StepLines:
+    """The lines of a `steps.jsonl` (`StepLines`; a UTF-8 BOM is skipped). A last line that is not JSON, or has no
+    newline at its end and is not a step line, is `unfinished` (a writer died or failed mid-append); any other bad
+    line is a one-line ConfigError naming the file and line."""
+    text = read_text(path, "resume file")
+    lines = text.splitlines()
     out: list[tuple[str, str, dict[str, Any]]] = []
-    for lineno, line in enumerate(read_text(path, "resume file").splitlines(), start=1):
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"resume file {path}, line {lineno}"
-        row = loads_json(line, where, line=False, allow_nan=True)
-        if not isinstance(row, dict):
-            raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        step = row.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
-        out.append((where, line, row))
-    return out
+        last, ended = lineno == len(lines), text.endswith(("\n", "\r"))
+        try:
+            row = loads_json(line, where, line=False, allow_nan=True)
+        except ConfigError as exc:
+            if not last:
+                raise
+            return StepLines(tuple(out), (where, str(exc).removeprefix(f"{where}: ")))
+        try:
+            out.append((where, line, _step_row(where, row)))
+        except ConfigError as exc:
+            if not last or ended:
+                raise
+            return StepLines(tuple(out), (where, str(exc).removeprefix(f"{where}: ") + ", no newline at its end"))
+    return StepLines(tuple(out))
+
+
+def _step_row(where: str, row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    step = row.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
+    return row
 
 
 _RECORD_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
@@ -136,11 +168,13 @@ def saved_step(where: str, row: Mapping[str, Any]) -> SavedStep:
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
     """A checked run folder: the saved state (None: no step completed), its committed steps, and whether a run
-    that died before saving its state left files of the next step (moved aside before that step is rewritten)."""
+    that died before saving its state left files of the next step (moved aside before that step is rewritten),
+    with `note`, one line saying what they are."""
 
     state: RolloutState | None
     steps: tuple[SavedStep, ...]
     uncommitted: bool = False
+    note: str = ""
 
 
 def read_folder(folder: Path) -> ResumePoint:
@@ -149,7 +183,8 @@ def read_folder(folder: Path) -> ResumePoint:
     state_path, steps_path = folder / STATE_FILE, folder / STEPS_FILE
     state = RolloutState.load(state_path) if state_path.exists() else None
     nxt = 0 if state is None else state.router.step
-    rows = step_rows(steps_path) if steps_path.exists() else []
+    lines = step_lines(steps_path) if steps_path.exists() else StepLines(())
+    rows = lines.rows
     for k, (where, _, row) in enumerate(rows):
         if row["step"] != k:
             raise ConfigError(f"{where}: step {row['step']} where step {k} belongs (step lines are 0, 1, 2, … "
@@ -158,7 +193,8 @@ def read_folder(folder: Path) -> ResumePoint:
             if steps_path.exists() else f"there is no {steps_path}")
     saved = f"{state_path} is at step {nxt}" if state is not None else f"there is no {state_path}"
     if len(rows) < nxt or len(rows) > nxt + 1:
-        raise ConfigError(f"cannot resume: {saved} but {have} (the files do not belong together)")
+        cut = "" if lines.unfinished is None else f"; {lines.unfinished[0]} is unfinished ({lines.unfinished[1]})"
+        raise ConfigError(f"cannot resume: {saved} but {have} (the files do not belong together){cut}"[:400])
     for s in range(nxt):
         if not (folder / batch_name(s)).is_file():
             raise ConfigError(f"cannot resume: {saved} but {folder / batch_name(s)} is missing")
@@ -169,7 +205,22 @@ def read_folder(folder: Path) -> ResumePoint:
     steps = tuple(saved_step(where, row) for where, _, row in rows[:nxt])
     if state is not None:
         _check_consumed(state, steps, state_path)
-    return ResumePoint(state, steps, len(rows) > nxt or (folder / batch_name(nxt)).exists())
+    return ResumePoint(state, steps, *_uncommitted(folder, nxt, lines))
+
+
+def _uncommitted(folder: Path, step: int, lines: StepLines) -> tuple[bool, str]:
+    """Whether files of step `step` (not committed: no state saved after it) wait in `folder`, and one line naming
+    them for the user."""
+    found = [f"its line in {STEPS_FILE}"] if len(lines.rows) > step else []
+    if lines.unfinished is not None:
+        found.append(f"an unfinished last line in {STEPS_FILE} ({lines.unfinished[0].rsplit(', ', 1)[-1]}: "
+                     f"{lines.unfinished[1]})")
+    if (folder / batch_name(step)).exists():
+        found.append(batch_name(step))
+    if not found:
+        return False, ""
+    return True, (f"{folder}: step {step} was not committed by the run that wrote it ({', '.join(found)}); moved "
+                  f"to {folder / ASIDE}/ and run again")[:400]
 
 
 def _check_consumed(state: RolloutState, steps: Sequence[SavedStep], state_path: Path) -> None:
@@ -236,38 +287,38 @@ def check_steps(steps: Sequence[SavedStep], router: Router) -> None:
 
 def set_aside(folder: Path, step: int) -> Path | None:
     """Before step `step` is written again: move what a run that died before saving its state left of that step (its
-    batch file, its step line) into `folder/uncommitted/step-NNNNN[-k]/`, never deleting it; the new folder, or None
-    when there was nothing."""
+    batch file, its step line, an unfinished last line) into `folder/uncommitted/step-NNNNN[-k]/` byte for byte,
+    never deleting it; the new folder, or None when there was nothing."""
     batch, steps = folder / batch_name(step), folder / STEPS_FILE
-    rows = step_rows(steps) if steps.exists() else []
-    late = [text for _, text, row in rows if row["step"] >= step]
-    if not late and not batch.exists():
+    keep, late = _split_lines(steps, step) if steps.exists() else ("", "")
+    if not late.strip() and not batch.exists():
         return None
     dest = folder / ASIDE / f"step-{step:05d}"
     k = 1
     while dest.exists():
         dest, k = folder / ASIDE / f"step-{step:05d}-{k}", k + 1
     dest.mkdir(parents=True)
-    if late:
-        _write_synced(dest / STEPS_FILE, "".join(t + "\n" for t in late))
-        tmp = folder / f".{STEPS_FILE}.tmp"
-        _write_synced(tmp, "".join(t + "\n" for _, t, row in rows if row["step"] < step))
-        os.replace(tmp, steps)
+    if late.strip():
+        write_atomic(dest / STEPS_FILE, late, "uncommitted step lines")
+        write_atomic(steps, keep, "step log")
     if batch.exists():
         os.replace(batch, dest / batch.name)
     return dest
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with path.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+def _split_lines(path: Path, step: int) -> tuple[str, str]:
+    """A step log's text as (its first `step` step lines, the rest), the BOM dropped."""
+    kept: list[str] = []
+    n, lines = 0, read_text(path, "resume file").splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if n == step:
+            return "".join(kept), "".join(lines[i:])
+        kept.append(line)
+        n += bool(line.strip())
+    return "".join(kept), ""
 
 
 def write_line(path: Path, row: Mapping[str, Any]) -> None:
-    """Append one JSON line (flushed to disk before the state that commits it is written)."""
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append one JSON line (flushed to disk before the state that commits it is written; a failed append is
+    truncated back to the last complete line: `tailsieve.outputs.append_line`)."""
+    append_line(path, json.dumps(row), "step log")

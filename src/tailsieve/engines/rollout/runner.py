@@ -11,8 +11,11 @@
     DIR/<policy>/state.json         router + controller state after the last completed step (resume point)
     DIR/<policy>/uncommitted/       files of a step a killed run wrote before its state (moved aside on resume)
 
+    DIR/.tailsieve.lock             the one writer's lock (`tailsieve.outputs.OutputLock`, docs/engines.md)
+
 Every file is complete after each step, so an error or interrupt loses nothing already written; a resumed run
-checks the folder first (`prepare_runs`, `engines/rollout/resume.py`) and never erases a file.
+checks the folder first (`prepare_runs`, `engines/rollout/resume.py`) and never erases a file. Files are replaced
+by `tailsieve.outputs.write_atomic` and step lines appended by `append_line` (a failed append is undone).
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ from tailsieve.engines.rollout.resume import (
     set_aside,
     write_line,
 )
-from tailsieve.engines.rollout.state import write_json_atomic
 from tailsieve.engines.rollout.weight_sync import ReloadHook
 from tailsieve.engines.transport.engine_client import Endpoint
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun, PoolHook, StepRecord
+from tailsieve.outputs import OutputLock, check_target, write_atomic, write_json_atomic
 from tailsieve.policy.peers import PEERS
 
 OnStep = Callable[[str, Batch], None]
@@ -93,15 +96,18 @@ class PolicyOutput:
         self.dropped: list[int] = []
         self.restart_s = 0.0  # replica restarts (pool moves) over the steps so far
         self._aside = False  # files of an uncommitted step wait in the folder (`load`)
+        self.note = ""  # what `load` found uncommitted, for the user (`ResumePoint.note`)
 
     @property
     def state_path(self) -> Path:
         """Where the resume state lives."""
         return self.dir / STATE_FILE
 
-    def load(self, steps: Sequence[SavedStep], uncommitted: bool = False) -> None:
+    def load(self, steps: Sequence[SavedStep], uncommitted: bool = False, note: str = "") -> None:
         """Take the committed steps of a checked folder (`resume.read_folder`); `uncommitted`: the folder holds
-        files of the next step from a run that died before saving its state (moved aside before it is rewritten)."""
+        files of the next step from a run that died before saving its state (moved aside before it is rewritten),
+        `note` says which."""
+        self.note = note
         for s in steps:
             self._add(s.record, s.lengths, s.uids, s.prompts, s.redraws, s.truncated, s.weights)
             self.restart_s += s.restart_s
@@ -130,9 +136,7 @@ class PolicyOutput:
             set_aside(self.dir, batch.step)
             self._aside = False
         rows = batch_lines(batch)
-        tmp = self.dir / f".{batch_name(batch.step)}.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        tmp.replace(self.dir / batch_name(batch.step))
+        write_atomic(self.dir / batch_name(batch.step), "".join(json.dumps(r) + "\n" for r in rows), "batch file")
         lengths = np.array([g.lengths for g in batch.groups], dtype=np.int64)
         uids = [g.uid for g in batch.groups]
         pids = tuple(g.prompt_id for g in batch.groups)
@@ -183,8 +187,7 @@ def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRe
     written: without `resume` it must be empty; with it, the files must belong together (`resume.read_folder`) and
     to this run (`resume.check_state` when the Rollout restores, `resume.check_steps`). A one-line ConfigError
     otherwise; nothing is touched. The CLI calls it before it starts replicas, `run_policies_real` again."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
+    check_target(out, "--out", folder=True)
     points: dict[str, ResumePoint] = {}
     for name in configs:
         folder = out / name
@@ -198,7 +201,7 @@ def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRe
         r = Rollout(endpoints, cfg, prompts, state=points[name].state, pools=pools, reload=reload)
         check_steps(points[name].steps, r.router)
         po = PolicyOutput(out, name)
-        po.load(points[name].steps, points[name].uncommitted)
+        po.load(points[name].steps, points[name].uncommitted, points[name].note)
         prepared[name] = (r, po)
     return prepared
 
@@ -208,24 +211,43 @@ async def run_policies_real(
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
     on_step: OnStep | None = None, pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
     live_meta: Callable[[], Mapping[str, Any]] | None = None, weights_dir: Path | None = None,
-    reload: ReloadHook | None = None,
+    reload: ReloadHook | None = None, lock: OutputLock | None = None,
 ) -> dict[str, PolicyRun]:
     """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
     `pools(plan)`: a launcher's pool move before each step (its restart seconds count in the step; the deprecated
     `assign(m)` still works); `live_meta()`:
     report keys read again at every write (the launcher's replicas and restart counts). `weights_dir`: before each
     step the newest checkpoint there (`latest_checkpoint`) is loaded when it changed (one policy only); `reload`:
-    the restart fallback of that update (a launcher's `reload`)."""
+    the restart fallback of that update (a launcher's `reload`). `out` has one writer (`tailsieve.outputs.OutputLock`):
+    `lock` is the caller's, already held; without it the run takes its own (another writer: a one-line OutputError)."""
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
     if weights_dir is not None and len(configs) != 1:
         raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
-    loaded: dict[str, Path | None] = dict.fromkeys(configs)
     if assign is not None and pools is None:
         pools = pools_from_assign(assign)
-    prepared = prepare_runs(endpoints, prompts, configs, out, resume=resume, pools=pools, reload=reload)
+    own = None if lock is not None else OutputLock(out, "rollout", folder=True)
+    if own is not None:
+        own.check()
+        prepare_runs(endpoints, prompts, configs, out, resume=resume, pools=pools, reload=reload)  # touches nothing
+        out.mkdir(parents=True, exist_ok=True)
+        own.acquire()
+    try:  # checked (again) under the lock: no other writer can change the folder from here on
+        prepared = prepare_runs(endpoints, prompts, configs, out, resume=resume, pools=pools, reload=reload)
+        return await _run_prepared(prepared, steps, out, meta, on_step, live_meta, weights_dir)
+    finally:
+        if own is not None:
+            own.release()
+
+
+async def _run_prepared(prepared: Mapping[str, tuple[Rollout, PolicyOutput]], steps: int, out: Path,
+                        meta: Mapping[str, Any] | None, on_step: OnStep | None,
+                        live_meta: Callable[[], Mapping[str, Any]] | None,
+                        weights_dir: Path | None) -> dict[str, PolicyRun]:
+    """`run_policies_real`'s steps on checked, locked output folders."""
+    loaded: dict[str, Path | None] = dict.fromkeys(prepared)
     outputs = {name: po for name, (_, po) in prepared.items()}
-    doc_meta = dict(meta or {}) | {"policies_order": list(configs), "steps": steps}
+    doc_meta = dict(meta or {}) | {"policies_order": list(prepared), "steps": steps}
     out.mkdir(parents=True, exist_ok=True)
     async with AsyncExitStack() as stack:
         rollouts = {name: await stack.enter_async_context(r) for name, (r, _) in prepared.items()}
@@ -243,7 +265,8 @@ async def run_policies_real(
                 now = doc_meta if live_meta is None else doc_meta | dict(live_meta())
                 write_json_atomic(out / "report.json",
                                   report({n: o.run() for n, o in outputs.items()}, now,
-                                         extra={n: {"restart_s": o.restart_s} for n, o in outputs.items()}))
+                                         extra={n: {"restart_s": o.restart_s} for n, o in outputs.items()}),
+                                  "report")
                 if on_step is not None:
                     on_step(name, batch)
     return {n: o.run() for n, o in outputs.items()}

@@ -2,19 +2,18 @@
 controller state (q, m, EMAs, holds, history) and per-prompt generation counters, as one JSON file.
 
 A restarted job that loads the state of its last completed step draws exactly the prompts the old job would have
-drawn next: nothing is lost or repeated. Files are written atomically (temp file + rename).
+drawn next: nothing is lost or repeated. Files are written atomically (`tailsieve.outputs.write_atomic`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_INT, int_in, json_object, loads_json, read_text
+from tailsieve.outputs import write_json_atomic
 from tailsieve.policy.controller import ControlState
 from tailsieve.policy.router import RouterState
 
@@ -58,7 +57,7 @@ class RolloutState:
 
     def save(self, path: str | Path) -> None:
         """Write atomically."""
-        write_json_atomic(Path(path), self.to_json())
+        write_json_atomic(Path(path), self.to_json(), "rollout state")
 
     @classmethod
     def load(cls, path: str | Path) -> RolloutState:
@@ -67,16 +66,6 @@ class RolloutState:
         if not p.exists():
             raise ConfigError(f"no saved rollout state at {p}")
         return cls.from_json(loads_json(read_text(p, "rollout state"), f"rollout state {p}"), f"rollout state {p}")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """json.dump to a temp file beside `path`, fsync, rename over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def router_to_json(s: RouterState) -> dict[str, Any]:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tailsieve.engines.rollout.state import control_from_json, control_to_json, router_from_json, router_to_json
+from tailsieve.errors import TailSieveError
 from tailsieve.integrations.slime.sample import sample_class, sample_from_dict, sample_to_dict
 from tailsieve.integrations.slime.settings import STANDIN_REFUSED, SlimeIntegrationError, check_flags
 from tailsieve.loop import LoopState
+from tailsieve.outputs import OutputLock, write_atomic
 
 __all__ = ["CarryState", "JsonlPromptSource", "TailSieveDataSource", "read_rows", "state_path"]
 
@@ -30,16 +31,6 @@ STATE_VERSION = 1
 def state_path(folder: str, rollout_id: int) -> Path:
     """Where the carry state of `rollout_id` lives under a checkpoint folder."""
     return Path(folder) / "rollout" / f"tailsieve_state_{rollout_id}.json"
-
-
-def _write_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -159,6 +150,7 @@ class TailSieveDataSource:
         self.args = args
         self.source = source if source is not None else _inner_source(args)
         self.tailsieve = CarryState()
+        self._lock: OutputLock | None = None  # on `{save}/rollout/`, from the first save on
 
     def get_samples(self, n: int) -> list[list[Any]]:
         """n fresh groups from the dataset (slime's contract); TailSieve draws its over-provisioned groups here."""
@@ -177,9 +169,13 @@ class TailSieveDataSource:
         obj = self.tailsieve.to_json()
         if isinstance(self.source, JsonlPromptSource):
             obj["dataset"] = self.source.state()
+        path = state_path(folder, rollout_id)
         try:
-            _write_atomic(state_path(folder, rollout_id), obj)
-        except (OSError, TypeError, ValueError) as exc:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self._lock is None:  # one job writes this folder's carry states (held for the job's life)
+                self._lock = OutputLock(path.parent, "slime data source", folder=True, flag="--save").acquire()
+            write_atomic(path, json.dumps(obj), "TailSieve state")
+        except (OSError, TailSieveError, TypeError, ValueError) as exc:
             raise SlimeIntegrationError(f"cannot save the TailSieve state: {exc}") from None
 
     def load(self, rollout_id: int | None = None) -> None:

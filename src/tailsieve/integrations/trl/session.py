@@ -30,6 +30,7 @@ from tailsieve.engines.rollout.weight_sync import WeightUpdate
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.errors import TailSieveError
 from tailsieve.integrations.trl.probe import ProbeResult, greedy_agreement
+from tailsieve.outputs import OutputLock
 from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.step import GroupStatus
 
@@ -111,6 +112,7 @@ class TrlSession:
         self.updates: list[WeightUpdate] = []
         self.probes: list[ProbeResult] = []
         self._last_checkpoint: Path | None = None
+        self._lock: OutputLock | None = None  # on `checkpoints`, from the first push to `close()`
         self._open = False
 
     def _render(self, row: Mapping[str, Any], i: int, tokenizer: Any) -> str:
@@ -154,6 +156,9 @@ class TrlSession:
             self._open = False
         if not self._loop.is_closed():
             self._loop.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def step(self, requested: Sequence[Mapping[str, Any]] = ()) -> PendingStep:
         """One TailSieve step: N complete groups, each sample with its own dataset row. `requested` (TRL's sampled
@@ -201,9 +206,17 @@ class TrlSession:
         self.open()
         folder = self.checkpoints / f"step-{step:05d}"
         partial = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(str(partial), safe_serialization=True)
-        partial.rename(folder)
+        try:
+            if self._lock is None:  # one session writes the checkpoints folder (held until `close()`)
+                self.checkpoints.mkdir(parents=True, exist_ok=True)
+                self._lock = OutputLock(self.checkpoints, "TRL session", folder=True, flag="checkpoints").acquire()
+            shutil.rmtree(partial, ignore_errors=True)
+            model.save_pretrained(str(partial), safe_serialization=True)
+            partial.rename(folder)
+        except (OSError, TailSieveError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise TrlIntegrationError(f"cannot write checkpoint {folder}: {why}; the replicas keep the previous "
+                                      "weights") from None
         update = self.run(self.rollout.update_weights(folder))
         if self._last_checkpoint is not None:
             shutil.rmtree(self._last_checkpoint, ignore_errors=True)
