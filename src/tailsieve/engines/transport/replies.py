@@ -8,18 +8,23 @@ re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belon
 an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the protocol defines as
 complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output, and any unknown reason
 are the replica's fault), text a string, token ids and counts non-negative integers, token counts within n × max_tokens,
-token ids that match the text (no text without ids) and the counts (usage, tokens counted), and a reply no larger than
-`reply_limit` bytes (read with that bound before anything is parsed).
+token ids that match the text (no text without ids) and the counts (usage, tokens counted), logprobs finite and <= 0
+(`null`, `1e999` or `7.5` is not a log-probability), prompt token ids that can be the prompt's (`check_prompt_ids`:
+the very ids sent, or as many as `usage.prompt_tokens` and within the prompt's bound, one list for every choice and
+event), and a reply no larger than `reply_limit` bytes (read with that bound before anything is parsed). Replies
+that are not generations (`/v1/models`, `/metrics`, the weight-version and update answers) have one cap,
+`CONTROL_REPLY_BYTES`, read the same way (`read_body`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
@@ -32,12 +37,18 @@ from tailsieve.engines.transport.types import (
     TopPTokens,
 )
 
+if TYPE_CHECKING:
+    import aiohttp
+
 MAX_PROMPT_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**32
 FINISH_REASONS = frozenset({"stop", "length"})  # the only reasons that make a choice a complete sample
 REPLY_BASE_BYTES = 1 << 20  # a reply's size cap: this, plus per choice ...
 BYTES_PER_TOKEN = 4096  # ... per generated token (a streamed event per token: ids, text, logprobs, usage) ...
-BYTES_PER_PROMPT_BYTE = 64  # ... and per prompt byte (prompt token ids echoed back: up to 4 ids per byte)
+BYTES_PER_ID = 16  # ... and per prompt token id it may echo back (an id of up to 10 digits and its separators)
+IDS_PER_PROMPT_BYTE = 4  # a prompt's token ids: at most this many per byte of its text (or per id sent) ...
+TEMPLATE_TOKENS = 4096  # ... plus what the server adds (BOS, a chat template's roles and system prompt)
+CONTROL_REPLY_BYTES = 4 << 20  # any reply that is not a generation: /v1/models, /metrics, versions, updates
 
 
 class ReplyError(ValueError):
@@ -51,38 +62,61 @@ class BadReply(ReplicaFault):
         super().__init__(url, FaultKind.BAD_REPLY, detail)
 
 
+def _prompt_bytes(req: Request) -> int:
+    """A prompt's size: its UTF-8 bytes (chat: roles and contents), an id sent counting as 4 bytes."""
+    if isinstance(req.prompt, str):
+        return len(req.prompt.encode("utf-8", "replace")) + 4 * len(getattr(req.prompt, "token_ids", ()))
+    return sum(len(r) + len(c.encode("utf-8", "replace")) for r, c in req.prompt)
+
+
+def prompt_ids_bound(req: Request) -> int:
+    """The most prompt token ids a reply to `req` may carry."""
+    return IDS_PER_PROMPT_BYTE * _prompt_bytes(req) + TEMPLATE_TOKENS
+
+
 def reply_limit(req: Request, max_tokens: int) -> int:
     """The most bytes the reply to `req` (n choices of at most `max_tokens` tokens) may take; a larger one is a
     `ReplyError` before it is parsed. A prompt's size counts too (servers may echo its token ids per choice)."""
-    if isinstance(req.prompt, str):
-        prompt = len(req.prompt.encode("utf-8", "replace")) + 4 * len(getattr(req.prompt, "token_ids", ()))
-    else:
-        prompt = sum(len(r) + len(c.encode("utf-8", "replace")) for r, c in req.prompt)
-    return REPLY_BASE_BYTES + req.n * (max_tokens * BYTES_PER_TOKEN + prompt * BYTES_PER_PROMPT_BYTE)
+    return REPLY_BASE_BYTES + req.n * (max_tokens * BYTES_PER_TOKEN + prompt_ids_bound(req) * BYTES_PER_ID)
 
 
-def check_size(size: int, limit: int) -> None:
-    """A reply of `size` bytes so far must stay within `limit`."""
+def check_size(size: int, limit: int, cap: str = "its n and max_tokens") -> None:
+    """A reply of `size` bytes so far must stay within `limit` (`cap`: what the limit is for, for the message)."""
     if size > limit:
-        raise ReplyError(f"reply is over {limit} bytes (the cap for its n and max_tokens)")
+        raise ReplyError(f"reply is over {limit} bytes (the cap for {cap})")
 
 
-async def read_capped(chunks: AsyncIterator[bytes], limit: int, declared: int | None = None) -> bytes:
+async def read_capped(chunks: AsyncIterator[bytes], limit: int, declared: int | None = None,
+                      cap: str = "its n and max_tokens") -> bytes:
     """A whole body of at most `limit` bytes: a declared (Content-Length) or received size past it is a
     `ReplyError` at once, so the rest is never read and none of it is parsed."""
     if declared is not None:
-        check_size(declared, limit)
+        check_size(declared, limit, cap)
     parts: list[bytes] = []
     size = 0
     async for data in chunks:
         size += len(data)
-        check_size(size, limit)
+        check_size(size, limit, cap)
         parts.append(data)
     return b"".join(parts)
 
 
+async def read_body(resp: aiohttp.ClientResponse, what: str) -> bytes:
+    """The body of a reply that is not a generation (`what`: the endpoint, for the message), at most
+    `CONTROL_REPLY_BYTES` (decompressed), read with that bound like a generation's."""
+    return await read_capped(resp.content.iter_any(), CONTROL_REPLY_BYTES, resp.content_length, f"a {what} reply")
+
+
 def _reject_constant(name: str) -> Any:
     raise ReplyError(f"JSON constant {name} is not allowed")
+
+
+def _finite(text: str) -> float:
+    """A JSON number that fits a double (`1e999` does not: it would be stored as `Infinity`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ReplyError(f"number {text[:40]} is out of range")
+    return value
 
 
 _LONG_DIGITS = re.compile(rb"\d{19}")
@@ -98,7 +132,7 @@ def loads(payload: bytes | str) -> Any:
         except orjson.JSONDecodeError:
             pass
     try:
-        return json.loads(payload, parse_constant=_reject_constant)
+        return json.loads(payload, parse_constant=_reject_constant, parse_float=_finite)
     except ReplyError:
         raise
     except ValueError as exc:
@@ -138,11 +172,14 @@ def _ids(v: Any, what: str) -> tuple[int, ...] | None:
 
 
 def _lp(v: Any) -> float:
-    if v is None:
-        return float("nan")
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ReplyError(f"logprob is {_quote(v)}, expected a number")
-    return float(v)
+    """A sampled token's log-probability: a finite number <= 0 (`null` is not one)."""
+    try:
+        x = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+    except OverflowError:  # an integer past a double's range
+        x = math.nan
+    if not (math.isfinite(x) and x <= 0):
+        raise ReplyError(f"logprob is {_quote(v)}, expected a finite number <= 0")
+    return x
 
 
 def _logprobs(ch: Mapping[str, Any]) -> tuple[float, ...] | None:
@@ -333,6 +370,30 @@ def aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
     return choices
 
 
+def check_prompt_ids(req: Request, comp: Completion) -> Completion:
+    """The prompt token ids of a reply must be the prompt's: the very ids sent (a prompt sent as ids); else one list
+    for every choice, as many ids as `usage.prompt_tokens` (when reported) and at most `prompt_ids_bound`."""
+    sent = getattr(req.prompt, "token_ids", None)
+    bound = prompt_ids_bound(req)
+    first: tuple[int, ...] | None = None
+    for c in comp.choices:
+        ids = c.prompt_token_ids
+        if ids is None:
+            continue
+        if sent is not None and ids != tuple(sent):
+            raise ReplyError(f"choice {c.index}: prompt_token_ids differ from the {len(sent)} token ids sent")
+        if len(ids) > bound:
+            raise ReplyError(f"choice {c.index}: {len(ids)} prompt_token_ids for a prompt of {_prompt_bytes(req)} "
+                             f"bytes (at most {bound})")
+        if comp.prompt_tokens and len(ids) != comp.prompt_tokens:
+            raise ReplyError(f"choice {c.index}: {len(ids)} prompt_token_ids but usage.prompt_tokens is "
+                             f"{comp.prompt_tokens}")
+        if first is not None and ids != first:
+            raise ReplyError(f"choice {c.index}: prompt_token_ids differ from another choice's (one prompt)")
+        first = ids
+    return comp
+
+
 def model_names(obj: Any) -> list[str]:
     """The served names of a `/v1/models` reply (`{"data": [{"id": ...}, ...]}`)."""
     data = _obj(obj, "/v1/models reply").get("data")
@@ -341,6 +402,7 @@ def model_names(obj: Any) -> list[str]:
     return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
 
 
-__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage", "aligned", "check_size",
-           "count", "ids_match_text", "loads", "model_names", "parse_chunk", "parse_full", "read_capped", "reply_limit",
+__all__ = ["CONTROL_REPLY_BYTES", "FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage",
+           "aligned", "check_prompt_ids", "check_size", "count", "ids_match_text", "loads", "model_names",
+           "parse_chunk", "parse_full", "prompt_ids_bound", "read_body", "read_capped", "reply_limit",
            "usage_matches_ids"]
