@@ -166,6 +166,9 @@ class EngineExecutor:
         self.mode = mode
         self.spec = spec
         self.weight_version = 0  # stamped on every sample sent from now on (`Rollout.update_weights` raises it)
+        # True (a `Rollout`, whose versions are the servers'): a replica whose samples carry another version than
+        # they were sent under is made stale and its work moves; False: `weight_version` is a label (slime's id)
+        self.exclude_other_versions = False
         self.partial = False  # keep what cut requests generated, so that a plan may resume them (`StepPlan.resume`)
         self._carried: dict[int, tuple[Carried, ...]] = {}  # last step's cut groups, per member
 
@@ -320,7 +323,8 @@ class EngineExecutor:
             raise exc
         else:
             comp = task.result()
-            other = next((c.served_version for c in comp.choices if disagrees(c.served_version, job.version)), None)
+            other = next((c.served_version for c in comp.choices if disagrees(c.served_version, job.version)),
+                         None) if self.exclude_other_versions else None
             if other is None:
                 self._record(st, job, comp)
                 return
