@@ -20,7 +20,8 @@ from tailsieve.engines.launch.tiny_vllm import free_port
 from tailsieve.engines.measure.profile import server_max_len
 from tailsieve.engines.measure.spec_measure import read_counters
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, EngineError
-from tailsieve.engines.transport.replies import CONTROL_REPLY_BYTES, BadReply
+from tailsieve.engines.transport.replies import BadReply
+from tailsieve.engines.transport.reply_bounds import CONTROL_REPLY_BYTES
 
 JSON_DOC = {"data": [{"id": "m", "max_model_len": 100}], "weight_version": "3", "success": True,
             "results": [None]}

@@ -28,15 +28,8 @@ from reply_harness import BAD, cfg, check_complete, one_step
 from tailsieve.engines.rollout.engine_executor import RequestMode
 from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
-from tailsieve.engines.transport.replies import (
-    IDS_PER_PROMPT_BYTE,
-    TEMPLATE_TOKENS,
-    BadReply,
-    ReplyError,
-    loads,
-    parse_chunk,
-    parse_full,
-)
+from tailsieve.engines.transport.replies import BadReply, ReplyError, loads, parse_chunk, parse_full
+from tailsieve.engines.transport.reply_bounds import IDS_PER_PROMPT_BYTE, TEMPLATE_TOKENS
 from tailsieve.engines.transport.sglang_native import TokenPrompt
 from tailsieve.engines.transport.stream_replies import StreamAcc
 from tailsieve.engines.transport.types import Api

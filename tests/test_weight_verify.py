@@ -27,7 +27,7 @@ from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.rollout.weight_sync import UpdateMethod
 from tailsieve.engines.transport import backends
-from tailsieve.engines.transport.replies import CONTROL_REPLY_BYTES
+from tailsieve.engines.transport.reply_bounds import CONTROL_REPLY_BYTES
 
 HANG_S = 3.0
 

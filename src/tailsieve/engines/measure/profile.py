@@ -28,7 +28,8 @@ from tailsieve.engines.transport.engine_client import (
     Request,
     SamplingParams,
 )
-from tailsieve.engines.transport.replies import loads, read_body
+from tailsieve.engines.transport.replies import loads
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
 from tailsieve.model.curves import TpotCurve
 

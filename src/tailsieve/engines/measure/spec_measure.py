@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailsieve.engines.kinds import KINDS, SpecCounterNames
 from tailsieve.engines.kinds.vllm import VLLM_COUNTERS
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
-from tailsieve.engines.transport.replies import ReplyError, read_body
+from tailsieve.engines.transport.replies import ReplyError
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import SpecPoint
 from tailsieve.model.speculative import Drafter, verify_points

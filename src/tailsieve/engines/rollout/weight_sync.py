@@ -215,7 +215,7 @@ class WeightSync:
         """Make the stale replicas that answer again serve the current version; the ids now fresh. An unverified
         one whose version now reads as the run's (or that no longer reports one) is fresh as it is; the others are
         updated again (when the run has a checkpoint or a push hook) and read back."""
-        if not self.replicas.stale:
+        if not self.replicas.stale or (self.path is None and self.push is None and not self.unverified):
             return []
         ids = sorted(self.replicas.stale)
         alive = await asyncio.gather(*(self.replicas.client.health(self.replicas.endpoints[i]) for i in ids))

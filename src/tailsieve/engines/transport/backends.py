@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from tailsieve.engines.transport.replies import ReplyError, read_body
+from tailsieve.engines.transport.replies import ReplyError
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.engines.transport.types import (
     Api,
     ClientOptions,

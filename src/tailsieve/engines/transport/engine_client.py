@@ -27,19 +27,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.transport.backends import EngineBackend, get_backend
-from tailsieve.engines.transport.replies import (
-    BadReply,
-    ReplyError,
-    check_prompt_ids,
-    check_size,
-    loads,
-    model_names,
-    parse_chunk,
-    parse_full,
-    read_body,
-    read_capped,
-    reply_limit,
-)
+from tailsieve.engines.transport.replies import BadReply, ReplyError, loads, model_names, parse_chunk, parse_full
+from tailsieve.engines.transport.reply_bounds import check_prompt_ids, check_size, read_body, read_capped, reply_limit
 from tailsieve.engines.transport.request_clock import RequestClock
 from tailsieve.engines.transport.stream_replies import StreamAcc, raise_stream_error
 from tailsieve.engines.transport.types import (

@@ -8,12 +8,11 @@ re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belon
 an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the protocol defines as
 complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output, and any unknown reason
 are the replica's fault), text a string, token ids and counts non-negative integers, token counts within n × max_tokens,
-token ids that match the text (no text without ids) and the counts (usage, tokens counted), logprobs finite and <= 0
-(`null`, `1e999` or `7.5` is not a log-probability), prompt token ids that can be the prompt's (`check_prompt_ids`:
-the very ids sent, or as many as `usage.prompt_tokens` and within the prompt's bound, one list for every choice and
-event), and a reply no larger than `reply_limit` bytes (read with that bound before anything is parsed). Replies
-that are not generations (`/v1/models`, `/metrics`, the weight-version and update answers) have one cap,
-`CONTROL_REPLY_BYTES`, read the same way (`read_body`).
+token ids that match the text (no text without ids) and the counts (usage, tokens counted), and logprobs finite and
+<= 0 (`null`, `1e999` or `7.5` is not a log-probability; no JSON number past a double's range is read). What a reply
+may hold by size lives in `reply_bounds.py`: a reply no larger than `reply_limit` bytes (read with that bound before
+anything is parsed), `CONTROL_REPLY_BYTES` for every reply that is not a generation (`read_body`), and prompt token
+ids that can be the prompt's (`check_prompt_ids`).
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson  # a C parser: several times faster per stream event; strict RFC 8259 like `loads` below
 
@@ -33,22 +32,12 @@ from tailsieve.engines.transport.types import (
     Completion,
     FaultKind,
     ReplicaFault,
-    Request,
     TopPTokens,
 )
-
-if TYPE_CHECKING:
-    import aiohttp
 
 MAX_PROMPT_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**32
 FINISH_REASONS = frozenset({"stop", "length"})  # the only reasons that make a choice a complete sample
-REPLY_BASE_BYTES = 1 << 20  # a reply's size cap: this, plus per choice ...
-BYTES_PER_TOKEN = 4096  # ... per generated token (a streamed event per token: ids, text, logprobs, usage) ...
-BYTES_PER_ID = 16  # ... and per prompt token id it may echo back (an id of up to 10 digits and its separators)
-IDS_PER_PROMPT_BYTE = 4  # a prompt's token ids: at most this many per byte of its text (or per id sent) ...
-TEMPLATE_TOKENS = 4096  # ... plus what the server adds (BOS, a chat template's roles and system prompt)
-CONTROL_REPLY_BYTES = 4 << 20  # any reply that is not a generation: /v1/models, /metrics, versions, updates
 
 
 class ReplyError(ValueError):
@@ -60,51 +49,6 @@ class BadReply(ReplicaFault):
 
     def __init__(self, url: str, detail: str) -> None:
         super().__init__(url, FaultKind.BAD_REPLY, detail)
-
-
-def _prompt_bytes(req: Request) -> int:
-    """A prompt's size: its UTF-8 bytes (chat: roles and contents), an id sent counting as 4 bytes."""
-    if isinstance(req.prompt, str):
-        return len(req.prompt.encode("utf-8", "replace")) + 4 * len(getattr(req.prompt, "token_ids", ()))
-    return sum(len(r) + len(c.encode("utf-8", "replace")) for r, c in req.prompt)
-
-
-def prompt_ids_bound(req: Request) -> int:
-    """The most prompt token ids a reply to `req` may carry."""
-    return IDS_PER_PROMPT_BYTE * _prompt_bytes(req) + TEMPLATE_TOKENS
-
-
-def reply_limit(req: Request, max_tokens: int) -> int:
-    """The most bytes the reply to `req` (n choices of at most `max_tokens` tokens) may take; a larger one is a
-    `ReplyError` before it is parsed. A prompt's size counts too (servers may echo its token ids per choice)."""
-    return REPLY_BASE_BYTES + req.n * (max_tokens * BYTES_PER_TOKEN + prompt_ids_bound(req) * BYTES_PER_ID)
-
-
-def check_size(size: int, limit: int, cap: str = "its n and max_tokens") -> None:
-    """A reply of `size` bytes so far must stay within `limit` (`cap`: what the limit is for, for the message)."""
-    if size > limit:
-        raise ReplyError(f"reply is over {limit} bytes (the cap for {cap})")
-
-
-async def read_capped(chunks: AsyncIterator[bytes], limit: int, declared: int | None = None,
-                      cap: str = "its n and max_tokens") -> bytes:
-    """A whole body of at most `limit` bytes: a declared (Content-Length) or received size past it is a
-    `ReplyError` at once, so the rest is never read and none of it is parsed."""
-    if declared is not None:
-        check_size(declared, limit, cap)
-    parts: list[bytes] = []
-    size = 0
-    async for data in chunks:
-        size += len(data)
-        check_size(size, limit, cap)
-        parts.append(data)
-    return b"".join(parts)
-
-
-async def read_body(resp: aiohttp.ClientResponse, what: str) -> bytes:
-    """The body of a reply that is not a generation (`what`: the endpoint, for the message), at most
-    `CONTROL_REPLY_BYTES` (decompressed), read with that bound like a generation's."""
-    return await read_capped(resp.content.iter_any(), CONTROL_REPLY_BYTES, resp.content_length, f"a {what} reply")
 
 
 def _reject_constant(name: str) -> Any:
@@ -370,30 +314,6 @@ def aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
     return choices
 
 
-def check_prompt_ids(req: Request, comp: Completion) -> Completion:
-    """The prompt token ids of a reply must be the prompt's: the very ids sent (a prompt sent as ids); else one list
-    for every choice, as many ids as `usage.prompt_tokens` (when reported) and at most `prompt_ids_bound`."""
-    sent = getattr(req.prompt, "token_ids", None)
-    bound = prompt_ids_bound(req)
-    first: tuple[int, ...] | None = None
-    for c in comp.choices:
-        ids = c.prompt_token_ids
-        if ids is None:
-            continue
-        if sent is not None and ids != tuple(sent):
-            raise ReplyError(f"choice {c.index}: prompt_token_ids differ from the {len(sent)} token ids sent")
-        if len(ids) > bound:
-            raise ReplyError(f"choice {c.index}: {len(ids)} prompt_token_ids for a prompt of {_prompt_bytes(req)} "
-                             f"bytes (at most {bound})")
-        if comp.prompt_tokens and len(ids) != comp.prompt_tokens:
-            raise ReplyError(f"choice {c.index}: {len(ids)} prompt_token_ids but usage.prompt_tokens is "
-                             f"{comp.prompt_tokens}")
-        if first is not None and ids != first:
-            raise ReplyError(f"choice {c.index}: prompt_token_ids differ from another choice's (one prompt)")
-        first = ids
-    return comp
-
-
 def model_names(obj: Any) -> list[str]:
     """The served names of a `/v1/models` reply (`{"data": [{"id": ...}, ...]}`)."""
     data = _obj(obj, "/v1/models reply").get("data")
@@ -402,7 +322,5 @@ def model_names(obj: Any) -> list[str]:
     return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
 
 
-__all__ = ["CONTROL_REPLY_BYTES", "FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage",
-           "aligned", "check_prompt_ids", "check_size", "count", "ids_match_text", "loads", "model_names",
-           "parse_chunk", "parse_full", "prompt_ids_bound", "read_body", "read_capped", "reply_limit",
-           "usage_matches_ids"]
+__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage", "aligned", "count",
+           "ids_match_text", "loads", "model_names", "parse_chunk", "parse_full", "usage_matches_ids"]
