@@ -214,7 +214,8 @@ def fake_logprob(t: int) -> float:
 
 def _extras(body: dict[str, Any], positions: list[int], first: bool) -> dict[str, Any]:
     """Per-choice logprobs (when asked for, vLLM's completions/chat shapes) and prompt ids (on the first chunk)."""
-    out: dict[str, Any] = {"prompt_token_ids": FAKE_PROMPT_IDS} if first and "messages" not in body else {}
+    ids = [FAKE_PROMPT_IDS[0] + k for k in range(fake_prompt_tokens(body))]  # as many as usage.prompt_tokens says
+    out: dict[str, Any] = {"prompt_token_ids": ids} if first and "messages" not in body else {}
     if body.get("logprobs") is not None and body.get("logprobs") is not False:
         lps = [fake_logprob(t) for t in positions]
         out["logprobs"] = ({"content": [{"token": "x", "logprob": x} for x in lps]} if "messages" in body

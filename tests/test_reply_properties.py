@@ -164,8 +164,13 @@ def _stdlib(payload: bytes) -> Any:
     def reject(name: str) -> Any:
         raise ReplyError(f"JSON constant {name} is not allowed")
 
+    def finite(text: str) -> float:  # a number past a double's range is refused too (issue 41: `1e999`)
+        if not math.isfinite(float(text)):
+            raise ReplyError(f"number {text[:40]} is out of range")
+        return float(text)
+
     try:
-        return json.loads(payload, parse_constant=reject)
+        return json.loads(payload, parse_constant=reject, parse_float=finite)
     except ReplyError:
         raise
     except ValueError as exc:

@@ -28,6 +28,8 @@ from tailsieve.engines.transport.engine_client import (
     Request,
     SamplingParams,
 )
+from tailsieve.engines.transport.replies import loads
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
 from tailsieve.model.curves import TpotCurve
 
@@ -157,7 +159,7 @@ async def server_max_len(client: EngineClient, endpoint: Endpoint) -> int | None
     """The served model's context limit (vLLM's `max_model_len` in /v1/models), or None when not reported."""
     try:
         async with client.session.get(endpoint.target("/v1/models")) as r:
-            data = (await r.json()).get("data") or [{}]
+            data = loads(await read_body(r, "/v1/models")).get("data") or [{}]
         v = data[0].get("max_model_len")
         return int(v) if isinstance(v, int) and v > 0 else None
     except Exception:  # optional information; /v1/models itself is checked elsewhere

@@ -29,6 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailsieve.engines.kinds import KINDS, SpecCounterNames
 from tailsieve.engines.kinds.vllm import VLLM_COUNTERS
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
+from tailsieve.engines.transport.replies import ReplyError
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import SpecPoint
 from tailsieve.model.speculative import Drafter, verify_points
@@ -85,8 +87,8 @@ async def read_counters(client: EngineClient, endpoint: Endpoint) -> SpecCounter
         async with client.session.get(endpoint.target("/metrics"), timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return None
-            return SpecCounters.parse(await r.text(), names)
-    except (aiohttp.ClientError, OSError, TimeoutError):
+            return SpecCounters.parse((await read_body(r, "/metrics")).decode("utf-8", "replace"), names)
+    except (aiohttp.ClientError, OSError, TimeoutError, ReplyError):
         return None
 
 

@@ -179,6 +179,7 @@ class Rollout:
         self.executor = self.build_executor(self.replicas, model)
         self.weights = WeightSync(self.replicas, self.reload, self._version)
         self.executor.weight_version = self._version
+        self.executor.exclude_other_versions = True  # the servers' versions are the run's (WeightSync)
         if self._version > 0:  # resumed: do the servers really serve the saved version?
             await self.weights.verify()
         freeze_startup_heap()

@@ -40,6 +40,7 @@ from tailsieve.engines.rollout.executor_types import (
     RequestMode,
     Sample,
 )
+from tailsieve.engines.rollout.weight_sync import disagrees
 from tailsieve.engines.transport.engine_client import (
     Completion,
     EngineClient,
@@ -165,6 +166,9 @@ class EngineExecutor:
         self.mode = mode
         self.spec = spec
         self.weight_version = 0  # stamped on every sample sent from now on (`Rollout.update_weights` raises it)
+        # True (a `Rollout`, whose versions are the servers'): a replica whose samples carry another version than
+        # they were sent under is made stale and its work moves; False: `weight_version` is a label (slime's id)
+        self.exclude_other_versions = False
         self.partial = False  # keep what cut requests generated, so that a plan may resume them (`StepPlan.resume`)
         self._carried: dict[int, tuple[Carried, ...]] = {}  # last step's cut groups, per member
 
@@ -318,12 +322,24 @@ class EngineExecutor:
         elif exc is not None:
             raise exc
         else:
-            self._record(st, job, task.result())
+            comp = task.result()
+            other = next((c.served_version for c in comp.choices if disagrees(c.served_version, job.version)),
+                         None) if self.exclude_other_versions else None
+            if other is None:
+                self._record(st, job, comp)
+                return
+            url = self.replicas.endpoints[job.replica].url
+            await self._fail_over(st, job, ReplicaFault(url, FaultKind.STALE_VERSION, f"its samples carry weight "
+                                                        f"version {other!r}, sent under {job.version}"))
 
     async def _fail_over(self, st: _Step, job: _Job, exc: ReplicaFault) -> None:
-        """Mark the replica down and re-dispatch its unfinished requests (the cut bulk pool's are dropped)."""
+        """Mark the replica down (stale, when its samples carry another weight version: `WeightSync.refresh`
+        updates it again) and re-dispatch its unfinished requests (the cut bulk pool's are dropped)."""
         st.snapshot(job)
-        self.replicas.mark_down(job.replica, exc.kind, str(exc))
+        if exc.kind is FaultKind.STALE_VERSION:
+            self.replicas.mark_stale(job.replica, str(exc))
+        else:
+            self.replicas.mark_down(job.replica, exc.kind, str(exc))
         moved = [job]
         for other_task, other in list(st.pending.items()):
             if other.replica == job.replica and not other_task.done():

@@ -73,13 +73,17 @@ def paper_sampling(max_tokens: int = 16384) -> SamplingParams:
                           stop=(END,))
 
 
-def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
+def _record(obj: Any, lineno: int, where: str) -> tuple[PromptRecord, bool]:
+    """The record of one line, and whether its id is generated (`line-N`: the record has no id field)."""
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: line {lineno} is not a JSON object")
-    key = next((k for k in ID_FIELDS if obj.get(k) not in (None, "")), None)
+    key = next((k for k in ID_FIELDS if obj.get(k) is not None), None)
     if key is not None and isinstance(obj[key], bool | list | dict):
         raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' must be text or a number, got "
                           f"{json.dumps(obj[key])}"[:300])
+    if key is not None and not str(obj[key]).strip():
+        raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' is empty; give the prompt an id, or no "
+                          "id field at all")
     pid = f"line-{lineno}" if key is None else str(obj[key])
     msgs = obj.get("messages")
     messages: Messages | None = None
@@ -91,7 +95,7 @@ def _record(obj: Any, lineno: int, where: str) -> PromptRecord:
     if text is None and messages is not None:
         text = messages[-1][1]
     fields = tuple((k, v if isinstance(v, str) else json.dumps(v)) for k, v in obj.items() if k != "messages")
-    return PromptRecord(pid, str(text), messages, fields)
+    return PromptRecord(pid, str(text), messages, fields), key is None
 
 
 def prompt_path(spec: str | Path) -> Path:
@@ -106,19 +110,22 @@ def prompt_path(spec: str | Path) -> Path:
 
 def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptRecord, ...]:
     """Prompts of a bundled set (`math500`) or a JSONL / JSONL.gz file in file order; duplicate ids get a `#k`
-    suffix."""
+    suffix, a record without an id is `line-N`. An empty id, or an id that clashes with one of those generated
+    ids, is a one-line `ConfigError` naming the file and line."""
     p = prompt_path(path)
     opener = gzip.open if p.suffix == ".gz" else open
     out: list[PromptRecord] = []
     seen: dict[str, int] = {}  # id in the file → times seen
     owner: dict[str, int] = {}  # id given → its line
+    made: dict[str, int] = {}  # `line-N` id generated → its line
     try:
         with opener(p, "rt", encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
                 obj = loads_json(line, f"prompt file {p}, line {lineno}", line=False)
-                rec = _record(obj, lineno, str(p))
+                rec, generated = _record(obj, lineno, str(p))
+                _check_generated(p, lineno, rec.prompt_id, generated, made, owner)
                 k = seen.get(rec.prompt_id, 0)
                 seen[rec.prompt_id] = k + 1
                 if k:
@@ -138,6 +145,20 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
     if not out:
         raise ConfigError(f"prompt file {p} has no prompts")
     return tuple(out)
+
+
+def _check_generated(p: Path, lineno: int, pid: str, generated: bool, made: dict[str, int],
+                     owner: dict[str, int]) -> None:
+    """A given id must not be one generated for a line without an id, nor a generated one a given id (one line
+    naming both lines); a generated id is then recorded in `made`."""
+    if not generated and pid in made:
+        raise ConfigError(f"prompt file {p}, line {lineno}: id {pid!r} is the id generated for line {made[pid]}, "
+                          "which has no id; give that prompt an id, or this one another"[:300])
+    if generated:
+        if pid in owner:
+            raise ConfigError(f"prompt file {p}, line {lineno} has no id, and the id it would get, {pid!r}, is the "
+                              f"id of line {owner[pid]}; give this prompt an id"[:300])
+        made[pid] = lineno
 
 
 def render(rec: PromptRecord, template: Template) -> str | Messages:

@@ -12,9 +12,13 @@ The version is not only a client-side counter: after every update (and on `verif
 it resumes a saved state) each replica is asked which weight version it serves (the backend's `served_version`:
 vLLM's `GET /weight_info`, SGLang's `GET /model_info`), and one that reports another version than the run's is
 stale too. Version 0 (the weights the servers started with) is never checked; a server that does not report a
-version (no such endpoint) cannot be checked and is trusted. A replica moved by a restart or a framework's push
-is labelled with the version first (`tag_version`), so for those the read-back catches a restart that lost the
-label, not weights the push did not deliver.
+version (no such endpoint: 404, or an answer without `weight_version`) cannot be checked and is trusted. A replica
+whose version cannot be read for any other reason (a timeout, an error status, a malformed or oversized answer) is
+*unverified*: stale until a later read (`refresh()`, before each step) answers the run's version. A replica moved by
+a restart or a framework's push is labelled with the version first (`tag_version`), so for those the read-back
+catches a restart that lost the label, not weights the push did not deliver. A replica whose samples carry
+another version than they were sent under (SGLang's `meta_info.weight_version`) is made stale by the executor
+(`Replicas.mark_stale`) and updated again by `refresh()`.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from tailsieve.engines.transport.health import Replicas
 from tailsieve.engines.transport.types import Endpoint, EngineError
 from tailsieve.errors import ConfigError, TailSieveError
 
-__all__ = ["ReloadHook", "StaleBatch", "StaleReplicas", "UpdateMethod", "VersionCheck", "WeightPush", "WeightSync",
-           "WeightUpdate"]
+__all__ = ["ReloadHook", "StaleBatch", "StaleReplicas", "Unverified", "UpdateMethod", "VersionCheck", "WeightPush",
+           "WeightSync", "WeightUpdate"]
 
 WeightPush = Callable[[int, Endpoint, int], Awaitable[None]]  # (replica, endpoint, version): a framework's push
 ReloadHook = Callable[[str, Sequence[int]], float]  # (checkpoint, replica ids) → restart seconds (launcher.reload)
@@ -78,13 +82,29 @@ class VersionCheck:
     """What each replica reports serving, against the run's version (`WeightSync.verify`)."""
 
     version: int
-    reported: tuple[str | None, ...]  # per replica; None where it does not say, is down or was not asked
-    stale: tuple[int, ...]  # replicas reporting another version: excluded until updated
+    reported: tuple[str | None, ...]  # per replica; None where it does not say, is down, was not asked or failed
+    stale: tuple[int, ...]  # replicas reporting another version, or whose version could not be read: excluded
+    errors: tuple[str, ...] = ()  # one line per replica whose version could not be read (unverified)
 
 
 def disagrees(reported: str | None, version: int) -> bool:
     """Whether a reported version contradicts the run's (version 0 and unreported versions never do)."""
     return version > 0 and reported is not None and reported != str(version)
+
+
+@dataclass(frozen=True, slots=True)
+class Unverified:
+    """A replica's version could not be read (anything but "does not report"): the one-line reason."""
+
+    error: str
+
+
+Reported = str | None | Unverified  # what a replica's read-back gives
+
+
+def _said(r: Reported) -> str | None:
+    """What a replica said its version is (None: nothing, or it could not be read)."""
+    return r if isinstance(r, str) else None
 
 
 class WeightSync:
@@ -97,6 +117,7 @@ class WeightSync:
         self.path: str | None = None
         self.push: WeightPush | None = None
         self.last_check: VersionCheck | None = None  # the latest `verify`
+        self.unverified: set[int] = set()  # stale only because their version could not be read: read again
 
     async def update(self, path: str | Path | None = None, *, version: int | None = None,
                      push: WeightPush | None = None) -> WeightUpdate:
@@ -118,18 +139,24 @@ class WeightSync:
                               f"{errors[0] if errors else 'none is up'}")
         self.version, self.path, self.push = v, None if path is None else str(Path(path).resolve()), push
         self.replicas.stale = {i for i, m in zip(ids, methods, strict=True) if m is UpdateMethod.STALE}
-        return WeightUpdate(v, self.path, tuple(methods), time.perf_counter() - t0, tuple(errors), tuple(reported))
+        self.unverified = {i for i, r in zip(ids, reported, strict=True) if isinstance(r, Unverified)}
+        return WeightUpdate(v, self.path, tuple(methods), time.perf_counter() - t0, tuple(errors),
+                            tuple(_said(r) for r in reported))
 
     async def verify(self) -> VersionCheck:
-        """Ask every replica that is up which version it serves: one that reports another version than the run's
-        becomes stale, a stale one that reports the run's version is usable again."""
+        """Ask every replica that is up which version it serves: one that reports another version than the run's,
+        or whose version cannot be read (at a version > 0), becomes stale; a stale one that reports the run's
+        version is usable again."""
         ids = [i for i in range(len(self.replicas)) if self.replicas.up[i]]
         found = dict(zip(ids, await asyncio.gather(*(self._reported(i) for i in ids)), strict=True))
-        bad = {i for i, r in found.items() if disagrees(r, self.version)}
+        failed = {i: f"{self.replicas.endpoints[i].url}: weight version {self.version} not verified: {r.error}"[:400]
+                  for i, r in found.items() if isinstance(r, Unverified) and self.version > 0}
+        bad = {i for i, r in found.items() if isinstance(r, str) and disagrees(r, self.version)} | set(failed)
         good = {i for i, r in found.items() if self.version > 0 and r == str(self.version)}
         self.replicas.stale = (self.replicas.stale - good) | bad
-        self.last_check = VersionCheck(self.version, tuple(found.get(i) for i in range(len(self.replicas))),
-                                       tuple(sorted(bad)))
+        self.unverified = (self.unverified - good - bad) | set(failed)
+        self.last_check = VersionCheck(self.version, tuple(_said(found.get(i)) for i in range(len(self.replicas))),
+                                       tuple(sorted(bad)), tuple(failed[i] for i in sorted(failed)))
         return self.last_check
 
     def require_fresh(self) -> None:
@@ -143,30 +170,32 @@ class WeightSync:
         raise StaleReplicas(f"no replica serves weight version {self.version} ({said}): push the weights with "
                             "update_weights before stepping")
 
-    async def _reported(self, i: int) -> str | None:
-        """The version replica i reports; None when it does not say or cannot be asked."""
+    async def _reported(self, i: int) -> Reported:
+        """The version replica i reports; None when it does not say, `Unverified` when it cannot be read."""
         ep, client = self.replicas.endpoints[i], self.replicas.client
         try:
             return await client.backend(ep).served_version(client.session, ep)
-        except (TailSieveError, OSError):
-            return None
+        except (TailSieveError, OSError) as exc:
+            return Unverified(" ".join(str(exc).split())[:300] or type(exc).__name__)
 
     async def _confirm(self, ids: list[int], methods: list[UpdateMethod], errors: list[str],
-                       v: int) -> list[str | None]:
+                       v: int) -> list[Reported]:
         """Read back the version of every replica just moved (labelling restarted and pushed ones first); one that
-        reports another version is stale after all (`methods` and `errors` are updated in place)."""
+        reports another version, or whose version cannot be read back, is stale after all (`methods` and `errors`
+        are updated in place)."""
         moved = [k for k, m in enumerate(methods) if m is not UpdateMethod.STALE]
         client = self.replicas.client
 
-        async def one(k: int) -> str | None:
+        async def one(k: int) -> Reported:
             ep = self.replicas.endpoints[ids[k]]
             if methods[k] is not UpdateMethod.IN_PLACE:
                 await client.backend(ep).tag_version(client.session, ep, v)
             return await self._reported(ids[k])
 
         got = await asyncio.gather(*(one(k) for k in moved), return_exceptions=True)
-        reported: list[str | None] = [None] * len(ids)
+        reported: list[Reported] = [None] * len(ids)
         for k, r in zip(moved, got, strict=True):
+            url = self.replicas.endpoints[ids[k]].url
             if isinstance(r, BaseException):
                 if not isinstance(r, TailSieveError | OSError):
                     raise r
@@ -174,23 +203,36 @@ class WeightSync:
                 errors.append(str(r).splitlines()[0][:300])
                 continue
             reported[k] = r
-            if disagrees(r, v):
+            if isinstance(r, Unverified):
                 methods[k] = UpdateMethod.STALE
-                errors.append(f"{self.replicas.endpoints[ids[k]].url} reports weight version {r!r} after the "
-                              f"update to {v}")
+                errors.append(f"{url}: weight version not read back after the update to {v}: {r.error}"[:400])
+            elif disagrees(r, v):
+                methods[k] = UpdateMethod.STALE
+                errors.append(f"{url} reports weight version {r!r} after the update to {v}")
         return reported
 
     async def refresh(self) -> list[int]:
-        """Update the stale replicas that answer again to the current version; the ids now fresh."""
-        if not self.replicas.stale or (self.path is None and self.push is None):
+        """Make the stale replicas that answer again serve the current version; the ids now fresh. An unverified
+        one whose version now reads as the run's (or that no longer reports one) is fresh as it is; the others are
+        updated again (when the run has a checkpoint or a push hook) and read back."""
+        if not self.replicas.stale or (self.path is None and self.push is None and not self.unverified):
             return []
         ids = sorted(self.replicas.stale)
         alive = await asyncio.gather(*(self.replicas.client.health(self.replicas.endpoints[i]) for i in ids))
         ids = [i for i, ok in zip(ids, alive, strict=True) if ok]
-        methods, errors = await self._apply(ids, self.path, self.version, self.push, probe=False)
-        await self._confirm(ids, methods, errors, self.version)
-        fresh = [i for i, m in zip(ids, methods, strict=True) if m is not UpdateMethod.STALE]
+        recheck = [i for i in ids if i in self.unverified]
+        found = dict(zip(recheck, await asyncio.gather(*(self._reported(i) for i in recheck)), strict=True))
+        still = {i for i, r in found.items() if isinstance(r, Unverified)}
+        fresh = [i for i, r in found.items() if r is None or r == str(self.version)]  # None: does not report
+        self.unverified = (self.unverified - set(found)) | still
+        redo = [i for i in ids if i not in fresh and i not in still]
+        if redo and (self.path is not None or self.push is not None):
+            methods, errors = await self._apply(redo, self.path, self.version, self.push, probe=False)
+            got = await self._confirm(redo, methods, errors, self.version)
+            fresh += [i for i, m in zip(redo, methods, strict=True) if m is not UpdateMethod.STALE]
+            self.unverified |= {i for i, r in zip(redo, got, strict=True) if isinstance(r, Unverified)}
         self.replicas.stale -= set(fresh)
+        self.unverified -= set(fresh)
         return fresh
 
     async def _apply(self, ids: list[int], path: str | None, v: int, push: WeightPush | None,

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from tailsieve.engines.transport.replies import ReplyError
+from tailsieve.engines.transport.reply_bounds import read_body
 from tailsieve.engines.transport.types import (
     Api,
     ClientOptions,
@@ -74,13 +77,21 @@ class EngineBackend:
 
     async def served_version(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> str | None:
         """The weight version the server says it serves (its `weight_version`, read from the first of
-        `version_paths` it has); None when it does not say (no such path). A failing server is an `EngineError`."""
+        `version_paths` it has); None when it does not say (no such path: 404, or an answer without the field).
+        Anything else that keeps it from saying (a timeout, an error status, a reply that is not a JSON object, or
+        a version that is not text or an integer) is an `EngineError`: the version cannot be verified."""
         for path in self.version_paths:
-            status, data = await get_json(session, endpoint.target(path))
+            status, data = await get_json(session, endpoint.target(path), timeout_s=VERSION_TIMEOUT_S)
             if status == 404:
                 continue
             _check(endpoint.url, status, data, f"GET {path}")
-            version = data.get("weight_version") if isinstance(data, dict) else None
+            if not isinstance(data, dict):
+                raise EngineError(f"{endpoint.url}: GET {path} answered {type(data).__name__}, expected a JSON "
+                                  "object")
+            version = data.get("weight_version")
+            if version is not None and (isinstance(version, bool) or not isinstance(version, str | int)):
+                raise EngineError(f"{endpoint.url}: GET {path} weight_version is {type(version).__name__}, expected "
+                                  "text or an integer")
             return None if version is None else str(version)
         return None
 
@@ -112,12 +123,15 @@ async def get_json(session: aiohttp.ClientSession, url: str, *,
 
 
 async def _json(call: Any, url: str) -> tuple[int, Any]:
+    """(status, parsed JSON, or the text when it is not JSON) of a reply read within `CONTROL_REPLY_BYTES`."""
     try:
         async with call as r:
-            text = await r.text()
+            text = (await read_body(r, urlsplit(url).path or "/")).decode("utf-8", "replace")
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise EngineError(f"{url}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]) \
             from None
+    except ReplyError as exc:
+        raise EngineError(f"{url}: {exc}") from None
     try:
         return r.status, json.loads(text) if text else None
     except ValueError:

@@ -27,17 +27,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.transport.backends import EngineBackend, get_backend
-from tailsieve.engines.transport.replies import (
-    BadReply,
-    ReplyError,
-    check_size,
-    loads,
-    model_names,
-    parse_chunk,
-    parse_full,
-    read_capped,
-    reply_limit,
-)
+from tailsieve.engines.transport.replies import BadReply, ReplyError, loads, model_names, parse_chunk, parse_full
+from tailsieve.engines.transport.reply_bounds import check_prompt_ids, check_size, read_body, read_capped, reply_limit
 from tailsieve.engines.transport.request_clock import RequestClock
 from tailsieve.engines.transport.stream_replies import StreamAcc, raise_stream_error
 from tailsieve.engines.transport.types import (
@@ -231,7 +222,7 @@ class EngineClient:
                                                    limit)
                 body_bytes = await read_capped(resp.content.iter_any(), limit, resp.content_length)
                 data = backend.response(loads(body_bytes), req)
-                return parse_full(data, req.n, cap, clock.elapsed())
+                return check_prompt_ids(req, parse_full(data, req.n, cap, clock.elapsed()))
         except (ReplicaFault, RequestRejected):
             raise
         except aiohttp.ClientConnectorError as exc:
@@ -269,7 +260,7 @@ class EngineClient:
                 state.progress = False
         else:
             self._feed([bytes(buf)], backend, req, acc, clock, state)  # a last line without its newline
-        return acc.result(state.done, clock.elapsed(), state.ttft)
+        return check_prompt_ids(req, acc.result(state.done, clock.elapsed(), state.ttft))
 
     @staticmethod
     def _feed(lines: list[bytes], backend: EngineBackend, req: Request, acc: StreamAcc, clock: RequestClock,
@@ -333,7 +324,7 @@ class EngineClient:
                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status >= 400:
                     await _raise_status(endpoint, r)
-                return model_names(loads(await r.read()))
+                return model_names(loads(await read_body(r, "/v1/models")))
         except aiohttp.ClientConnectorError as exc:
             raise ReplicaFault(endpoint.url, FaultKind.REFUSED, _short(exc)) from None
         except ReplyError as exc:
@@ -347,7 +338,7 @@ class EngineClient:
             async with self.session.get(self._url(endpoint, "/metrics"), timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if r.status >= 400:
                     await _raise_status(endpoint, r)
-                return parse_metrics(await r.text())
+                return parse_metrics((await read_body(r, "/metrics")).decode("utf-8", "replace"))
         except ReplyError as exc:
             raise BadReply(endpoint.url, str(exc)) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:

@@ -93,6 +93,14 @@ class Replicas:
         if i not in self._probes or self._probes[i].done():
             self._probes[i] = asyncio.get_running_loop().create_task(self._probe(i))
 
+    def mark_stale(self, i: int, detail: str) -> None:
+        """Replica i serves other weights than the run's (its samples say so): never picked until `WeightSync`
+        updates it again; it stays up (nothing to probe)."""
+        if i in self.stale:
+            return
+        self.stale.add(i)
+        self.events.append(HealthEvent(time.time(), i, False, f"{FaultKind.STALE_VERSION}: {detail}"[:200]))
+
     def _mark_up(self, i: int, reason: str = "probe answered") -> None:
         self.up[i] = True
         self.down_kind.pop(i, None)

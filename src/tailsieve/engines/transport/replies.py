@@ -8,15 +8,19 @@ re-dispatched. Checked: JSON only (no NaN/Infinity), objects where objects belon
 an integer in [0, n) and never repeated, exactly n finished choices (each with a `finish_reason` the protocol defines as
 complete: `stop` or `length`; `abort`, vLLM's answer for a server-side abort with partial output, and any unknown reason
 are the replica's fault), text a string, token ids and counts non-negative integers, token counts within n × max_tokens,
-token ids that match the text (no text without ids) and the counts (usage, tokens counted), and a reply no larger than
-`reply_limit` bytes (read with that bound before anything is parsed).
+token ids that match the text (no text without ids) and the counts (usage, tokens counted), and logprobs finite and
+<= 0 (`null`, `1e999` or `7.5` is not a log-probability; no JSON number past a double's range is read). What a reply
+may hold by size lives in `reply_bounds.py`: a reply no larger than `reply_limit` bytes (read with that bound before
+anything is parsed), `CONTROL_REPLY_BYTES` for every reply that is not a generation (`read_body`), and prompt token
+ids that can be the prompt's (`check_prompt_ids`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -28,16 +32,12 @@ from tailsieve.engines.transport.types import (
     Completion,
     FaultKind,
     ReplicaFault,
-    Request,
     TopPTokens,
 )
 
 MAX_PROMPT_TOKENS = 2**31 - 1
 MAX_TOKEN_ID = 2**32
 FINISH_REASONS = frozenset({"stop", "length"})  # the only reasons that make a choice a complete sample
-REPLY_BASE_BYTES = 1 << 20  # a reply's size cap: this, plus per choice ...
-BYTES_PER_TOKEN = 4096  # ... per generated token (a streamed event per token: ids, text, logprobs, usage) ...
-BYTES_PER_PROMPT_BYTE = 64  # ... and per prompt byte (prompt token ids echoed back: up to 4 ids per byte)
 
 
 class ReplyError(ValueError):
@@ -51,38 +51,16 @@ class BadReply(ReplicaFault):
         super().__init__(url, FaultKind.BAD_REPLY, detail)
 
 
-def reply_limit(req: Request, max_tokens: int) -> int:
-    """The most bytes the reply to `req` (n choices of at most `max_tokens` tokens) may take; a larger one is a
-    `ReplyError` before it is parsed. A prompt's size counts too (servers may echo its token ids per choice)."""
-    if isinstance(req.prompt, str):
-        prompt = len(req.prompt.encode("utf-8", "replace")) + 4 * len(getattr(req.prompt, "token_ids", ()))
-    else:
-        prompt = sum(len(r) + len(c.encode("utf-8", "replace")) for r, c in req.prompt)
-    return REPLY_BASE_BYTES + req.n * (max_tokens * BYTES_PER_TOKEN + prompt * BYTES_PER_PROMPT_BYTE)
-
-
-def check_size(size: int, limit: int) -> None:
-    """A reply of `size` bytes so far must stay within `limit`."""
-    if size > limit:
-        raise ReplyError(f"reply is over {limit} bytes (the cap for its n and max_tokens)")
-
-
-async def read_capped(chunks: AsyncIterator[bytes], limit: int, declared: int | None = None) -> bytes:
-    """A whole body of at most `limit` bytes: a declared (Content-Length) or received size past it is a
-    `ReplyError` at once, so the rest is never read and none of it is parsed."""
-    if declared is not None:
-        check_size(declared, limit)
-    parts: list[bytes] = []
-    size = 0
-    async for data in chunks:
-        size += len(data)
-        check_size(size, limit)
-        parts.append(data)
-    return b"".join(parts)
-
-
 def _reject_constant(name: str) -> Any:
     raise ReplyError(f"JSON constant {name} is not allowed")
+
+
+def _finite(text: str) -> float:
+    """A JSON number that fits a double (`1e999` does not: it would be stored as `Infinity`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ReplyError(f"number {text[:40]} is out of range")
+    return value
 
 
 _LONG_DIGITS = re.compile(rb"\d{19}")
@@ -98,7 +76,7 @@ def loads(payload: bytes | str) -> Any:
         except orjson.JSONDecodeError:
             pass
     try:
-        return json.loads(payload, parse_constant=_reject_constant)
+        return json.loads(payload, parse_constant=_reject_constant, parse_float=_finite)
     except ReplyError:
         raise
     except ValueError as exc:
@@ -138,11 +116,14 @@ def _ids(v: Any, what: str) -> tuple[int, ...] | None:
 
 
 def _lp(v: Any) -> float:
-    if v is None:
-        return float("nan")
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ReplyError(f"logprob is {_quote(v)}, expected a number")
-    return float(v)
+    """A sampled token's log-probability: a finite number <= 0 (`null` is not one)."""
+    try:
+        x = float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+    except OverflowError:  # an integer past a double's range
+        x = math.nan
+    if not (math.isfinite(x) and x <= 0):
+        raise ReplyError(f"logprob is {_quote(v)}, expected a finite number <= 0")
+    return x
 
 
 def _logprobs(ch: Mapping[str, Any]) -> tuple[float, ...] | None:
@@ -341,6 +322,5 @@ def model_names(obj: Any) -> list[str]:
     return [m["id"] for m in data if isinstance(m, Mapping) and isinstance(m.get("id"), str) and m["id"]]
 
 
-__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage", "aligned", "check_size",
-           "count", "ids_match_text", "loads", "model_names", "parse_chunk", "parse_full", "read_capped", "reply_limit",
-           "usage_matches_ids"]
+__all__ = ["FINISH_REASONS", "BadReply", "Chunk", "ReplyChoice", "ReplyError", "Usage", "aligned", "count",
+           "ids_match_text", "loads", "model_names", "parse_chunk", "parse_full", "usage_matches_ids"]

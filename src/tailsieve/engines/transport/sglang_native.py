@@ -133,11 +133,12 @@ def _native_body(body: Mapping[str, Any], req: Request, options: ClientOptions) 
     return out
 
 
-def _token_lists(meta: Mapping[str, Any], output_ids: Any) -> tuple[list[int], list[float] | None]:
-    """Token ids and their logprobs: `output_token_logprobs` triples when present, else `output_ids`."""
+def _token_lists(meta: Mapping[str, Any], output_ids: Any) -> tuple[list[int], list[Any] | None]:
+    """Token ids and their logprobs (as sent: `replies` checks them) from the `output_token_logprobs` triples
+    when present, else `output_ids`."""
     triples = meta.get("output_token_logprobs")
     if isinstance(triples, list) and triples:
-        return [int(t[1]) for t in triples], [float(t[0]) if t[0] is not None else 0.0 for t in triples]
+        return [int(t[1]) for t in triples], [t[0] for t in triples]
     return [int(t) for t in (output_ids or [])], None
 
 

@@ -63,7 +63,9 @@ class StreamAcc:
                 if a.logprobs is None:
                     a.logprobs = []
                 a.logprobs.extend(c.logprobs)  # in place: a long stream of one-token chunks stays linear
-            if a.prompt_ids is None and c.prompt_token_ids is not None:
+            if c.prompt_token_ids is not None:
+                if a.prompt_ids is not None and c.prompt_token_ids != a.prompt_ids:
+                    raise ReplyError(f"choice {c.index}: prompt_token_ids change within the stream (one prompt)")
                 a.prompt_ids = c.prompt_token_ids
             a.served_version = c.served_version or a.served_version
             a.top_p = c.top_p or a.top_p
