@@ -127,7 +127,7 @@ def start(argv: list[str]) -> subprocess.Popen[bytes]:
                             stderr=subprocess.PIPE, env=ENV)
 
 
-def wait_for_steps(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+def wait_for_steps(folder: Path, n: int, proc: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and proc.poll() is None:
         state = folder / "state.json"
