@@ -19,7 +19,7 @@ from rich.table import Table
 from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
-from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, launch_from_mapping
+from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, kind_named, launch_from_mapping
 from tailsieve.engines.rollout.state import write_json_atomic
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import finite
@@ -50,8 +50,10 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML/JSON with [launch], [launch.tail|bulk], [spec.tail|bulk] (docs/launch.md)")
     p.add_argument("--model", help="model folder or hub id")
     p.add_argument("--replicas", type=positive_int, help="R replicas (default: 2)")
-    p.add_argument("--kind", choices=kind_names(),
-                   help="engine kind: its server command, environment and pool flags (default: vllm; docs/engines.md)")
+    p.add_argument("--kind", metavar="KIND",
+                   help=f"engine kind: its server command, environment and pool flags: {', '.join(kind_names())}, a "
+                        "plugin pkg.module:KIND (imports that module) or an entry point of tailsieve.kinds (default: "
+                        "vllm; docs/engines.md)")
     p.add_argument("--device", choices=[d.value for d in Device], help="cpu (default) or gpu")
     p.add_argument("--cores", help="cpu: one taskset core list per replica, ';'-separated (e.g. '0;1' or '0-3;4-7')")
     p.add_argument("--gpus", help="gpu: CUDA_VISIBLE_DEVICES per replica, ';'-separated (e.g. '0;1' or '0,1;2,3')")
@@ -119,6 +121,8 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         tail = parse_spec(args.tail_spec, "--tail-spec")
     if args.bulk_spec:
         bulk = parse_spec(args.bulk_spec, "--bulk-spec")
+    if args.kind is not None:  # the one resolver of `[launch] kind` too (`kind_named`), named as the flag
+        kind_named(args.kind, "--kind", flag=True)
     for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device), ("kind", args.kind),
                      ("base_port", args.base_port), ("memory", args.memory), ("tail_replicas", args.m),
                      ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout),

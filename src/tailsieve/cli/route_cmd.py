@@ -29,7 +29,7 @@ from tailsieve.cli._common import (
 from tailsieve.cli.flags import add
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
-from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
+from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, assign_checked, get_policy
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace, require_tokens
 
@@ -152,7 +152,7 @@ def route_steps(steps: list[Step], policies: list[Policy], replicas: int, curve:
         row: dict[str, Any] = {}
         base = 0.0
         for p in policies:
-            a = p.assign(st.batch, replicas, curve)
+            a = assign_checked(p, st.batch, replicas, curve)
             base = a.makespan_s if p.name == "uniform" else base
             row[p.name] = {"makespan_s": a.makespan_s, "speedup": base / a.makespan_s if a.makespan_s else 1.0,
                            **dict(a.info)}
