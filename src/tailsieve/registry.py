@@ -166,10 +166,12 @@ class Registry(dict[str, T], Generic[T]):
 
     @contextmanager
     def calling(self, name: str) -> Iterator[None]:
-        """Around one call of the entry `name`: when it is a plugin, any exception it raises but KeyboardInterrupt
-        (SystemExit included) becomes a one-line `PluginError` naming it; TailSieve's own entries are untouched."""
+        """Around one call of the entry `name`: what it prints goes to stderr; when it is a plugin, any exception it
+        raises but KeyboardInterrupt (SystemExit included) becomes a one-line `PluginError` naming it; TailSieve's
+        own entries raise as they are."""
         try:
-            yield
+            with redirect_stdout(sys.stderr):  # a plugin's print never mixes into stdout (`--json`)
+                yield
         except (KeyboardInterrupt, PluginError):
             raise
         except BaseException as exc:

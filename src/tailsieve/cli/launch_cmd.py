@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
+from tailsieve.cli._common import CliConsole, fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, kind_named, launch_from_mapping
@@ -182,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} is a file, not a folder")
     check_model(cfg.model)
     launcher = make_launcher(launcher_for(cfg), cfg, out)
-    err = Console(stderr=True, width=max(120, Console(stderr=True).width))
+    err = CliConsole(stderr=True, width=max(120, CliConsole(stderr=True).width))
     if args.dry_run:
         if args.json:
             print_json({"dry_run": list(launcher.dry_run())})
@@ -212,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
-def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Console, *,
+def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: CliConsole, *,
           endpoint_line: bool = True) -> int:
     """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
     line = ",".join(launcher.endpoints)
