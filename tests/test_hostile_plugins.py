@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from tailsieve.engines.transport.backends import BACKENDS
 from tailsieve.model.baselines import POLICIES
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.ranking import RANKINGS
+from tailsieve.registry import Registry
 
 PLUGIN = '''
 from tailsieve.engines.kinds.kind import EngineKind, ServerHalf
@@ -92,20 +94,21 @@ LOUD = "the zen of a plugin, printed on import"
 MODULES = {"ts_hp": PLUGIN, "ts_hp_broken": "1 / 0\n", "ts_hp_exits": "raise SystemExit(0)\n",
            "ts_hp_loud": f"print({LOUD!r})\n"}
 PRINTED = {LOUD, "[]"}  # what the plugins print (`builtins:print` ranking the empty cut of step 0)
-REGISTRIES = (RANKINGS, CONTROLLERS, POLICIES, KINDS, BACKENDS)
+REGISTRIES: tuple[Registry[Any], ...] = (RANKINGS, CONTROLLERS, POLICIES, KINDS, BACKENDS)
 
 SIM = ["simulate", "--steps", "4", "--groups", "8", "--group-size", "2", "--replicas", "3", "--rho", "0.5", "--json"]
 ROUTE = ["route", "--json", "--groups", "8", "--group-size", "2"]
 LAUNCH = ["launch", "--model", "org/m", "--replicas", "1", "--base-port", "30100", "--dry-run"]
 PROFILE = ["profile", "--endpoint", "http://127.0.0.1:1", "--batches", "1"]
 
+Case = tuple[str, str | None]  # (plugin name, a text of the one error line; None: an interrupt, exit 130)
 # what every seam says for a plugin that does not load (module, name or object kind)
-LOADS = [("ts_hp:missing", "module 'ts_hp' has no attribute 'missing'"),
+LOADS: list[Case] = [("ts_hp:missing", "module 'ts_hp' has no attribute 'missing'"),
          ("ts_hp_nomod:x", "failed to load: ModuleNotFoundError: No module named 'ts_hp_nomod'"),
          ("ts_hp_broken:x", "failed to load: ZeroDivisionError: division by zero"),
          ("ts_hp_exits:x", "failed to load: SystemExit: 0"),
          ("ts_hp_loud:Nope", "module 'ts_hp_loud' has no attribute 'Nope'")]
-RANKING_CASES = [
+RANKING_CASES: list[Case] = [
     ("ts_hp:rank_raises", "'ts_hp:rank_raises' raised RuntimeError: ranking failed"),
     ("ts_hp:rank_none", "'ts_hp:rank_none' returned None, expected a list or tuple ordering the"),
     ("ts_hp:rank_int", "'ts_hp:rank_int' returned an int (3), expected a list or tuple"),
@@ -123,7 +126,7 @@ RANKING_CASES = [
     ("ts_hp:NOT_CALLABLE", "'ts_hp:NOT_CALLABLE': not a function of the cut outcomes"),
     *LOADS,
 ]
-CONTROLLER_LOADS = [
+CONTROLLER_LOADS: list[Case] = [
     ("ts_hp:CtlInit", "policy 'ts_hp:CtlInit' raised RuntimeError: init failed"),
     ("ts_hp:CtlInitial", "policy 'ts_hp:CtlInitial' returned an int (3), expected a ControlState from initial()"),
     ("ts_hp:CtlAbstract", "CtlAbstract is abstract (it does not implement update)"),
@@ -134,7 +137,7 @@ CONTROLLER_LOADS = [
     ("ts_hp:rank_none", "policy 'ts_hp:rank_none': not a subclass of Controller"),
     *LOADS,
 ]
-POLICY_CASES = [
+POLICY_CASES: list[Case] = [
     ("ts_hp:CtlRaises", "policy 'ts_hp:CtlRaises' raised ValueError: update failed"),
     ("ts_hp:CtlNone", "policy 'ts_hp:CtlNone' returned None, expected a ControlState from update()"),
     ("ts_hp:CtlDeep", "policy 'ts_hp:CtlDeep' raised AttributeError"),
@@ -143,7 +146,7 @@ POLICY_CASES = [
     ("ts_hp:CtlKbi", None),
     *CONTROLLER_LOADS,
 ]
-BASELINE_CASES = [
+BASELINE_CASES: list[Case] = [
     ("ts_hp:BaseRaises", "policy 'ts_hp:BaseRaises' raised RuntimeError: assign failed"),
     ("ts_hp:BaseNone", "policy 'ts_hp:BaseNone' returned None, expected an Assignment from assign()"),
     ("ts_hp:BaseExit0", "policy 'ts_hp:BaseExit0' raised SystemExit: 0"),
@@ -153,7 +156,7 @@ BASELINE_CASES = [
     ("ts_hp:NOT_CALLABLE", "policy 'ts_hp:NOT_CALLABLE': not a subclass of Policy"),
     *LOADS,
 ]
-KIND_CASES = [
+KIND_CASES: list[Case] = [
     ("ts_hp:KIND_RAISES", "engine kind 'ts_hp:KIND_RAISES' raised RuntimeError: command failed"),
     ("ts_hp:KIND_EXIT", "engine kind 'ts_hp:KIND_EXIT' raised SystemExit: 0"),
     ("builtins:print", "engine kind 'builtins:print': not an EngineKind"),
@@ -162,7 +165,7 @@ KIND_CASES = [
     ("nope", "unknown engine kind 'nope' (valid: sglang, sglang-native, vllm)"),
     *LOADS,
 ]
-BACKEND_CASES = [
+BACKEND_CASES: list[Case] = [
     ("builtins:print", "engine backend 'builtins:print': not a subclass of EngineBackend"),
     ("ts_hp:NOT_CALLABLE", "engine backend 'ts_hp:NOT_CALLABLE': not a subclass of EngineBackend"),
     ("ts_hp:CtlRaises", "engine backend 'ts_hp:CtlRaises': not a subclass of EngineBackend"),
@@ -186,7 +189,7 @@ def _rollout(root: Path, policy: str) -> list[str]:
 
 # seam → (argv for a plugin name, the line's prefix after `error: `, the cases it meets)
 Argv = Callable[[Path, str], list[str]]
-SEAMS: dict[str, tuple[Argv, str, list[tuple[str, str | None]]]] = {
+SEAMS: dict[str, tuple[Argv, str, list[Case]]] = {
     "simulate --ranking": (lambda root, name: [*SIM, "--policy", "static", "--q", "1", "--m", "1", "--ranking", name],
                            "", RANKING_CASES),
     "simulate --policy": (lambda root, name: [*SIM, "--policy", name], "", POLICY_CASES),

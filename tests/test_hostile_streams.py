@@ -25,9 +25,9 @@ FAST = {"simulate": ["simulate", "--steps", "3", "--groups", "8", "--group-size"
         "route": ["route", "--groups", "8", "--group-size", "2"], "curves": ["curves"]}
 
 
-def _cli(args: list[str], **kw: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tailsieve", *args], env=kw.pop("env", ENV),  # type: ignore[arg-type]
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+def _cli(args: list[str], env: dict[str, str] = ENV) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "tailsieve", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
 
 
 @pytest.mark.parametrize("case", ["simulate", "simulate --json", "route"])
@@ -114,7 +114,7 @@ def test_ctrl_c_in_the_first_second_prints_no_traceback(delay_s: float) -> None:
     proc = _cli(["simulate", "--steps", "200"])
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     text = err.decode()
     assert "Traceback" not in text, text
     assert proc.returncode == 130 and len(text.splitlines()) == 1 and text.rstrip().endswith("interrupted"), text

@@ -29,7 +29,7 @@ class Clock:
 
 @pytest.fixture
 def beat() -> Iterator[tuple[Heartbeat, Clock, list[str]]]:
-    clock, lines = Clock(), []
+    clock, lines = Clock(), list[str]()
     yield Heartbeat("route", "steps", 200, every_s=10.0, clock=clock, write=lines.append), clock, lines
 
 
@@ -58,7 +58,7 @@ def test_advance_total_and_note(beat: tuple[Heartbeat, Clock, list[str]]) -> Non
 
 @pytest.mark.parametrize("total", [None, 0])
 def test_without_a_total_the_count_alone(total: int | None) -> None:
-    clock, lines = Clock(), []
+    clock, lines = Clock(), list[str]()
     hb = Heartbeat("analyze", "phases", total, every_s=0.0, clock=clock, write=lines.append)
     hb.update(1, note="reading the workload")
     assert lines == ["tailsieve analyze: 1 phases, 0 s elapsed, reading the workload"]
