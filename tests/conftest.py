@@ -34,6 +34,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "pyarrow": ("pyarrow", "pip install -e '.[parquet]' (or '.[dev]')"),
 }
 REQUIRE_EXTRAS = os.environ.get("TAILSIEVE_REQUIRE_EXTRAS") == "1"
+# no heartbeat lines on stderr (cli/progress.py) in tests that compare stderr on a loaded machine; the tests of the
+# heartbeat set TAILSIEVE_PROGRESS themselves
+os.environ.setdefault("TAILSIEVE_PROGRESS", "off")
 
 
 def missing_extra(name: str) -> str | None:

@@ -90,6 +90,7 @@ class _Stream(io.StringIO):
 
 @pytest.mark.parametrize("tty", [True, False])
 def test_progress_follows_stderr_not_stdout(monkeypatch: pytest.MonkeyPatch, tty: bool) -> None:
+    monkeypatch.delenv("TAILSIEVE_PROGRESS", raising=False)  # conftest turns progress off
     monkeypatch.setattr(sys, "stdout", _Stream(not tty))
     monkeypatch.setattr(sys, "stderr", _Stream(tty))
     assert progress_enabled() is tty

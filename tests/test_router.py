@@ -19,6 +19,7 @@ from tailsieve.policy.controller import CONTROLLERS, Controller, ControllerConfi
 from tailsieve.policy.ranking import RANKINGS, ranking
 from tailsieve.policy.router import Dispatch, Router, RouterConfig, RouterState, pool_split
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, InvariantError, Pool, StepPlan, StepResult
+from tailsieve.registry import PluginError
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.replica import ReplicaConfig
 from test_sim import fake_workload
@@ -269,7 +270,7 @@ def test_rankings_are_named_and_replaceable() -> None:
     try:
         assert [r.uid for r in warm(replace(rc, ranking="test-reverse"))[2].candidates] == sorted(
             (r.uid for r in default), reverse=True)
-        with pytest.raises(InvariantError, match="permutation"):
+        with pytest.raises(PluginError, match="'test-drops-one' returned 3 outcomes that are not a permutation"):
             warm(replace(rc, ranking="test-drops-one"))
     finally:
         del RANKINGS["test-reverse"], RANKINGS["test-drops-one"]

@@ -202,7 +202,15 @@ class StepLoop:
 
     def initial(self) -> LoopState:
         """State before the first step."""
-        return LoopState(self.router.initial_state(), self.controller.initial())
+        return LoopState(self.router.initial_state(), self._checked(self.controller.initial(), "initial"))
+
+    def _checked(self, state: object, method: str) -> ControlState:
+        """A controller's `initial()`/`update()` result: a `ControlState`, else one line naming the policy and what
+        its method returned (a plugin's wrong type never reaches the router)."""
+        if not isinstance(state, ControlState):
+            name = self.controller.name or type(self.controller).__qualname__
+            raise CONTROLLERS.returned(name, state, f"a ControlState from {method}()")
+        return state
 
     def plan(self, state: LoopState) -> StepPlan:
         """§3.1: the next step's plan at the controller's (q, m)."""
@@ -220,7 +228,7 @@ class StepLoop:
             tail_s=result.tail_s, bulk_s=result.bulk_s, consumed_lengths=batch, restart_s=restart_s,
             pinned=_pinned_after_tail(plan, done), work=step_work(plan, result),
         )
-        cstate = self.controller.update(state.control, obs)
+        cstate = self._checked(self.controller.update(state.control, obs), "update")
         record = StepRecord(
             step=plan.step, makespan_s=restart_s + result.makespan_s, tail_s=result.tail_s, bulk_s=result.bulk_s,
             q=plan.q, m=plan.m, candidates=len(rstate.candidates), wasted_tokens=int(wasted),

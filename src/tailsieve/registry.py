@@ -11,7 +11,15 @@ policies (`policy.peers.PEERS`, `tailsieve.peers`) and the engine kinds (`engine
 - `resolve(name)` returns the object: a registered name; else `pkg.module:Attr` imports `pkg.module` and takes
   `Attr` (registered under that text from then on); else an entry point of the registry's group with that name
   (`importlib.metadata`, an installed distribution's `entry_points.txt`). An unknown name is one line listing the
-  known ones (`unknown KIND 'x' (valid: a, b, c)`), raised as the registry's error class (a `ConfigError`).
+  known ones (`unknown KIND 'x' (valid: a, b, c)`), raised as the registry's error class (a `ConfigError`). Every
+  flag and config key naming an entry (`--policy`, `--ranking`, `--kind`, `[launch] kind`, …) resolves here, so a
+  plugin name imports code wherever a name is accepted, and nowhere else.
+- An abstract class (`inspect.isabstract`) is never an entry: refused at load, naming what it leaves unimplemented.
+- Plugins are named in their failures. Every object added whose code is not TailSieve's is recorded (`blame`): an
+  exception (SystemExit included; KeyboardInterrupt stays an interrupt) raised while its code runs is reported by
+  the CLI as `KIND 'name' raised Type: message`; `calling(name)` does the same around one call of an entry whose
+  code may have no Python frame (a C function such as `builtins:print`), and `returned(name, value, expected)` is the
+  one message for a plugin's wrong result.
 
 A `Registry` is a `dict`, so `name in R`, `R[name]`, iteration and `", ".join(R)` read the registered objects
 directly; only `resolve`/`check` load plugins (I/O: imports), and nothing in the policy core calls them at step time.
@@ -19,14 +27,19 @@ directly; only `resolve`/`check` load plugins (I/O: imports), and nothing in the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
-from collections.abc import Callable, Sequence
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
+from types import CodeType, TracebackType
 from typing import Generic, TypeVar, cast
 
 from tailsieve.errors import ConfigError
 
-__all__ = ["DuplicateName", "PluginError", "Registry", "UnknownName"]
+__all__ = ["DuplicateName", "PluginError", "Registry", "UnknownName", "blame", "describe", "is_ours"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -48,6 +61,74 @@ def _label(obj: object) -> str:
     return str(getattr(obj, "__qualname__", None) or type(obj).__qualname__)
 
 
+def is_ours(obj: object) -> bool:
+    """Whether an entry's code is TailSieve's own (a failure in it is TailSieve's bug, not a plugin's)."""
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    return module == "tailsieve" or str(module).startswith("tailsieve.")
+
+
+def describe(value: object) -> str:
+    """What a plugin returned, in a few words: `None`, `a generator`, `a list of 3 items`, `an int (3)`."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if isinstance(value, list | tuple | set | dict):
+        return f"{article} {kind} of {len(value)} items"
+    if isinstance(value, int | float | str | bool):
+        return f"{article} {kind} ({' '.join(repr(value).split())[:40]})"
+    return f"{article} {kind}"
+
+
+def _failure(exc: BaseException) -> str:
+    """`Type: message` of an exception raised by a plugin (its type alone when it has no message)."""
+    text = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# the code objects of every entry that is not TailSieve's own → (registry kind, entry name), for `blame`
+_PLUGIN_CODE: dict[CodeType, tuple[str, str]] = {}
+
+
+def _code_of(obj: object) -> CodeType | None:
+    func = getattr(obj, "__func__", obj)  # a bound, static or class method: its function
+    code = getattr(func, "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+def _codes(obj: object, fields: bool = True) -> Iterator[CodeType]:
+    """The code objects an entry runs that are not TailSieve's: a function's; every method (and property) of a class
+    and of its bases; an instance's class's, and for a dataclass (`EngineKind`) its fields' objects' too."""
+    code = _code_of(obj)
+    if code is not None:
+        yield from () if is_ours(obj) else (code,)
+    elif isinstance(obj, type):
+        for cls in obj.__mro__:
+            if not is_ours(cls) and cls.__module__ != "builtins":
+                for value in vars(cls).values():
+                    parts = (value, *(getattr(value, a, None) for a in ("fget", "fset", "fdel")))
+                    yield from (c for c in map(_code_of, parts) if c is not None)
+    elif obj is not None:
+        yield from _codes(type(obj))
+        if fields and dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                yield from _codes(getattr(obj, f.name, None), fields=False)
+
+
+def blame(exc: BaseException) -> str | None:
+    """`KIND 'name' raised Type: message` when the innermost plugin frame of `exc`'s traceback is a registered
+    plugin's code (see the module docstring); None when no plugin code ran on the way to it."""
+    found: tuple[str, str] | None = None
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        found = _PLUGIN_CODE.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    kind, name = found
+    return f"{kind} '{name}' raised {_failure(exc)}"
+
+
 class Registry(dict[str, T], Generic[T]):
     """See the module docstring. `kind` names the entries in messages ("policy", "engine backend"); `group` is the
     entry-point group; `check(obj)` returns why an object cannot be an entry (None: it can); `on_add(name, obj)`
@@ -66,13 +147,41 @@ class Registry(dict[str, T], Generic[T]):
         old = dict.get(self, name)
         if old is not None and old is not obj:
             raise DuplicateName(f"{self.kind} '{name}' is already registered ({_label(old)}); choose another name")
+        if isinstance(obj, type) and inspect.isabstract(obj):
+            missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+            raise PluginError(f"{self.kind} '{name}': {_label(obj)} is abstract (it does not implement {missing})")
         why = self._check(obj) if self._check is not None else None
         if why is not None:
             raise PluginError(f"{self.kind} '{name}': {why}")
         if self._on_add is not None:
             self._on_add(name, obj)
         dict.__setitem__(self, name, obj)
+        self._record(name, obj)
         return obj
+
+    def _record(self, name: str, obj: object) -> None:
+        """Remember a plugin's code under `name` (first name wins), so that `blame` can name it."""
+        for code in _codes(obj):  # none for TailSieve's own entries
+            _PLUGIN_CODE.setdefault(code, (self.kind, name))
+
+    @contextmanager
+    def calling(self, name: str) -> Iterator[None]:
+        """Around one call of the entry `name`: what it prints goes to stderr; when it is a plugin, any exception it
+        raises but KeyboardInterrupt (SystemExit included) becomes a one-line `PluginError` naming it; TailSieve's
+        own entries raise as they are."""
+        try:
+            with redirect_stdout(sys.stderr):  # a plugin's print never mixes into stdout (`--json`)
+                yield
+        except (KeyboardInterrupt, PluginError):
+            raise
+        except BaseException as exc:
+            if is_ours(self.get(name)):
+                raise
+            raise PluginError(f"{self.kind} '{name}' raised {_failure(exc)}") from None
+
+    def returned(self, name: str, value: object, expected: str) -> PluginError:
+        """The one wrong-result error: `KIND 'name' returned WHAT, expected EXPECTED`."""
+        return PluginError(f"{self.kind} '{name}' returned {describe(value)}, expected {expected}")
 
     def register(self, name: str) -> Callable[[Obj], Obj]:
         """Decorator form of `add` (returns the object unchanged)."""
@@ -104,8 +213,9 @@ class Registry(dict[str, T], Generic[T]):
                 self.add(ep.name, cast(T, obj))
         return [ep.name for ep in eps]
 
-    def resolve(self, name: str) -> T:
-        """The object for `name`: registered, `pkg.module:Attr`, or an entry point (see the module docstring)."""
+    def resolve(self, name: str, valid: Sequence[str] | None = None) -> T:
+        """The object for `name`: registered, `pkg.module:Attr`, or an entry point (see the module docstring); an
+        unknown name lists `valid` (default: `names()`; a caller whose namespace holds more lists it all)."""
         name = str(name)
         if name in self:
             return self[name]
@@ -114,7 +224,7 @@ class Registry(dict[str, T], Generic[T]):
         if self.group is not None:
             for ep in importlib.metadata.entry_points(group=self.group, name=name):
                 return self._adopt(name, self._load(ep.load, f"entry point '{name}' ({ep.value})"))
-        raise self.unknown(name)
+        raise self.unknown(name, valid)
 
     def unknown(self, name: str, valid: Sequence[str] | None = None) -> ConfigError:
         """The one unknown-name error: `unknown KIND 'name' (valid: …)`, listing `valid` (default: `names()`) — a
@@ -122,9 +232,9 @@ class Registry(dict[str, T], Generic[T]):
         listed = self.names() if valid is None else valid
         return self.error(f"unknown {self.kind} '{name}' (valid: {', '.join(listed)})")
 
-    def check(self, name: str) -> str:
+    def check(self, name: str, valid: Sequence[str] | None = None) -> str:
         """`name` once `resolve` finds it (the one known-name check of every caller)."""
-        self.resolve(name)
+        self.resolve(name, valid)
         return str(name)
 
     def _load_path(self, path: str) -> T:
@@ -141,10 +251,12 @@ class Registry(dict[str, T], Generic[T]):
 
     def _load(self, load: Callable[[], object], what: str) -> object:
         try:
-            return load()
-        except Exception as exc:  # a plugin's import error of any kind is the user's one-line error
-            detail = " ".join(str(exc).split())[:200]
-            raise PluginError(f"{self.kind} {what} failed to load: {type(exc).__name__}: {detail}") from None
+            with redirect_stdout(sys.stderr):  # what a plugin prints on import never mixes into stdout (`--json`)
+                return load()
+        except (KeyboardInterrupt, PluginError):
+            raise
+        except BaseException as exc:  # a plugin's import error of any kind (SystemExit too) is one line
+            raise PluginError(f"{self.kind} {what} failed to load: {_failure(exc)}") from None
 
     def _adopt(self, name: str, obj: object) -> T:
         """Register a loaded object under `name`; an object its module already registered keeps its own name."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from tailsieve import __version__
+from tailsieve.cli.streams import ascii_safe, broken_pipe
 from tailsieve.errors import Interrupted, TailSieveError
 from tailsieve.redact import redact
 
@@ -81,6 +82,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; user errors print one line to stderr and return a non-zero exit code."""
+    ascii_safe()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=next((a for a in argv if not a.startswith("-")), ""))
     args, extra = parser.parse_known_args(argv)
@@ -92,26 +94,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a reader that left shows here, not in the interpreter's final flush
+        return code
     except BrokenPipeError:
-        return 0
-    except (TailSieveError, ValueError, OSError, OverflowError, RecursionError, MemoryError, csv.Error) as exc:
-        _error_line(args.command, exc)
-        return 1
+        return broken_pipe()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal turned into `Interrupted`: 128 + its number
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
         note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
         print(f"tailsieve {args.command}: interrupted{how}{note}", file=sys.stderr)
         return 128 + signum
-    except Exception as exc:  # a bug: still one line (TAILSIEVE_DEBUG=1 shows the traceback)
-        if os.environ.get("TAILSIEVE_DEBUG"):
+    except SystemExit as exc:  # a plugin's exit() is its failure; the CLI's own exits (argparse) pass
+        if (who := _blame(exc)) is None:
             raise
-        _error_line(args.command, exc, internal=True)
+        _error_line(args.command, who)
         return 1
+    except Exception as exc:
+        return _failed(args.command, exc)
 
 
-def _error_line(command: str, exc: BaseException, *, internal: bool = False) -> None:
+def _failed(command: str, exc: Exception) -> int:
+    """Report an exception of a command as one line (see `_error_line`); 1. Raised inside a plugin's code: the line
+    names the plugin (`registry.blame`); a bug of TailSieve's own: `internal error` (TAILSIEVE_DEBUG=1 re-raises)."""
+    if (who := _blame(exc)) is not None:
+        _error_line(command, who)
+    elif isinstance(exc, TailSieveError | ValueError | OSError | OverflowError | RecursionError | MemoryError
+                    | csv.Error):
+        _error_line(command, exc)
+    else:
+        if os.environ.get("TAILSIEVE_DEBUG"):
+            raise exc
+        _error_line(command, exc, internal=True)
+    return 1
+
+
+def _blame(exc: BaseException) -> str | None:
+    """`registry.blame` (imported here, so that `--help` loads no registry), None for a `PluginError`, whose
+    message already names the plugin."""
+    from tailsieve.registry import PluginError, blame
+
+    return None if isinstance(exc, PluginError) else blame(exc)
+
+
+def _error_line(command: str, exc: BaseException | str, *, internal: bool = False) -> None:
     """`tailsieve CMD: error: …`, the exception's first line (its type when it has no message)."""
     text = str(exc).strip()
     msg = redact(text.splitlines()[0]) if text else type(exc).__name__

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 from rich.console import Console
 from rich.table import Table
 
+from tailsieve.cli.progress import Mode, progress_mode
 from tailsieve.errors import TailSieveError
 from tailsieve.outputs import check_target
 
@@ -94,14 +95,24 @@ def print_json(obj: Any) -> None:
 
 
 def progress_enabled() -> bool:
-    """Whether a command draws its progress bar: only when stderr is a terminal. The bar goes to stderr, never
-    stdout, so `--json` and piped tables stay clean; a log file or pipe on stderr gets nothing."""
-    return sys.stderr.isatty()
+    """Whether a command draws its progress bar: only when stderr is a terminal (and progress is not off,
+    `cli.progress`). The bar goes to stderr, never stdout, so `--json` and piped tables stay clean; a log file or
+    pipe on stderr gets the heartbeat lines of `cli.progress.heartbeat` instead."""
+    return progress_mode() is Mode.BAR
+
+
+class CliConsole(Console):
+    """rich's console, except that a reader of stdout that went away is a `BrokenPipeError` (the CLI's one quiet
+    exit, `cli.streams.broken_pipe`) instead of rich's own `SystemExit(1)`. Every console of the CLI is one."""
+
+    def on_broken_pipe(self) -> None:
+        """Let `tailsieve.cli.main` handle it."""
+        raise BrokenPipeError
 
 
 def progress_console(enabled: bool) -> Console:
     """The stderr console of a progress bar; treated as a terminal when `enabled` (the one decision above)."""
-    return Console(stderr=True, force_terminal=True if enabled else None)
+    return CliConsole(stderr=True, force_terminal=True if enabled else None)
 
 
 PIPE_WIDTH = 120  # the width of a table written to a pipe or file (no terminal to ask, no COLUMNS)
@@ -110,9 +121,9 @@ PIPE_WIDTH = 120  # the width of a table written to a pipe or file (no terminal 
 def console() -> Console:
     """A console for tables: a terminal's own width (rich's detection, or COLUMNS); PIPE_WIDTH when stdout is not a
     terminal and COLUMNS is unset (rich would assume 80). Plain text when stdout is not a terminal."""
-    probe = Console()
+    probe = CliConsole()
     width = None if probe.is_terminal or os.environ.get("COLUMNS") else PIPE_WIDTH
-    return Console(soft_wrap=False, width=width)
+    return CliConsole(soft_wrap=False, width=width)
 
 
 _NUMBER = re.compile(r"^[-+±]?(\d[\d,]*(\.\d*)?|\.\d+)(e[-+]?\d+)?\s?[%×s]?$|^-$")

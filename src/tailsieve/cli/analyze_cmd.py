@@ -24,6 +24,7 @@ from tailsieve.cli._common import (
     trace_columns,
 )
 from tailsieve.cli._plots import pyplot, save_figure
+from tailsieve.cli.progress import heartbeat
 from tailsieve.workloads import load_workload
 
 
@@ -46,8 +47,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Analyse one trace or workload."""
     plot = None if args.plot is None else plot_path(args.plot)  # checked before any work
-    w = load_workload(args.workload, seed=args.seed, **trace_columns(args))
-    a = analyze_workload(w, n_prompts=args.prompts, n_checkpoints=args.checkpoints, n_samples=args.samples)
+    with heartbeat("analyze", "phases", 2) as beat:  # no bar: heartbeat lines on a terminal too
+        beat.update(0, note="reading the workload")
+        w = load_workload(args.workload, seed=args.seed, **trace_columns(args))
+        beat.update(1, note="length statistics, tail AUC, variance shares")
+        a = analyze_workload(w, n_prompts=args.prompts, n_checkpoints=args.checkpoints, n_samples=args.samples)
     if args.json:
         print_json(a.to_json())
     else:

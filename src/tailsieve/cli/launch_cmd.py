@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from tailsieve.cli._common import fmt, nonneg_int, positive_int, print_json
+from tailsieve.cli._common import CliConsole, fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
-from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, launch_from_mapping
+from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, kind_named, launch_from_mapping
 from tailsieve.errors import ConfigError, Interrupted
 from tailsieve.inputs import finite
 from tailsieve.model.spec_parse import load_config_file, parse_spec, read_config
@@ -50,8 +49,10 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML/JSON with [launch], [launch.tail|bulk], [spec.tail|bulk] (docs/launch.md)")
     p.add_argument("--model", help="model folder or hub id")
     p.add_argument("--replicas", type=positive_int, help="R replicas (default: 2)")
-    p.add_argument("--kind", choices=kind_names(),
-                   help="engine kind: its server command, environment and pool flags (default: vllm; docs/engines.md)")
+    p.add_argument("--kind", metavar="KIND",
+                   help=f"engine kind: its server command, environment and pool flags: {', '.join(kind_names())}, a "
+                        "plugin pkg.module:KIND (imports that module) or an entry point of tailsieve.kinds (default: "
+                        "vllm; docs/engines.md)")
     p.add_argument("--device", choices=[d.value for d in Device], help="cpu (default) or gpu")
     p.add_argument("--cores", help="cpu: one taskset core list per replica, ';'-separated (e.g. '0;1' or '0-3;4-7')")
     p.add_argument("--gpus", help="gpu: CUDA_VISIBLE_DEVICES per replica, ';'-separated (e.g. '0;1' or '0,1;2,3')")
@@ -119,6 +120,8 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         tail = parse_spec(args.tail_spec, "--tail-spec")
     if args.bulk_spec:
         bulk = parse_spec(args.bulk_spec, "--bulk-spec")
+    if args.kind is not None:  # the one resolver of `[launch] kind` too (`kind_named`), named as the flag
+        kind_named(args.kind, "--kind", flag=True)
     for key, val in (("model", args.model), ("replicas", args.replicas), ("device", args.device), ("kind", args.kind),
                      ("base_port", args.base_port), ("memory", args.memory), ("tail_replicas", args.m),
                      ("served_model_name", args.served_model_name), ("startup_timeout_s", args.startup_timeout),
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     check_target(out, "--out", folder=True)
     check_model(cfg.model)
     launcher = make_launcher(launcher_for(cfg), cfg, out)
-    err = Console(stderr=True, width=max(120, Console(stderr=True).width))
+    err = CliConsole(stderr=True, width=max(120, CliConsole(stderr=True).width))
     if args.dry_run:
         if args.json:
             print_json({"dry_run": list(launcher.dry_run())})
@@ -208,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
-def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: Console, *,
+def serve(launcher: ReplicaLauncher, out: Path, duration: float | None, err: CliConsole, *,
           endpoint_line: bool = True) -> int:
     """Write the endpoint files, print the table and the endpoint line, then watch the replicas."""
     line = ",".join(launcher.endpoints)

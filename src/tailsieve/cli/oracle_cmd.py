@@ -29,6 +29,7 @@ from tailsieve.cli._common import (
     trace_columns,
 )
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
+from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import TailSieveError
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.makespan import lane_makespans
@@ -215,8 +216,8 @@ def _count(x: int) -> str:
 
 def _solve_all(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve: TpotCurve,
                args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Solve every group; a progress bar on stderr when it is a terminal (groups solved, or for the one whole-trace
-    group the exact search's requests placed, its states against --max-states, and the time)."""
+    """Solve every group; a progress bar on stderr when it is a terminal, else heartbeat lines (groups solved, or for
+    the one whole-trace group the exact search's requests placed, its states against --max-states, and the time)."""
     enabled = progress_enabled()
     bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(),
                    TextColumn("{task.fields[unit]}"), _Clock(), console=progress_console(enabled),
@@ -227,19 +228,22 @@ def _solve_all(rows: list[NDArray[np.int64]], lengths: NDArray[np.int64], curve:
     budget = _count(args.max_states)
 
     def step(p: OracleProgress) -> None:
-        bar.update(task, completed=p.step, total=p.requests,
-                   description=f"oracle search {p.search}, {_count(p.states)}/{budget} states")
+        where = f"search {p.search}, {_count(p.states)}/{budget} states"
+        bar.update(task, completed=p.step, total=p.requests, description=f"oracle {where}")
+        beat.update(p.step, total=p.requests, note=where)
 
     groups: list[dict[str, Any]] = []
-    with bar:
+    unit = "requests placed" if single else "groups"
+    with bar, heartbeat("oracle", unit, len(rows[0]) if single else len(rows), bar_shown=enabled) as beat:
         for i, r in enumerate(rows):
             try:
-                groups.append(solve_group(lengths[r], curve, args, on_step=step if single and enabled else None))
+                groups.append(solve_group(lengths[r], curve, args, on_step=step if single else None))
             except OracleBudgetError as exc:
                 where = f"group {i + 1} of {len(rows)}: " if len(rows) > 1 else ""
                 raise TailSieveError(f"{where}{exc} (--max-seconds / --max-states)") from None
             if not single:
                 bar.advance(task)
+                beat.update(i + 1)
     return groups
 
 

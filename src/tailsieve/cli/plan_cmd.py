@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     check_policy(ADAPTIVE, args.replicas)
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
-    with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled()) as tick:
+    with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled(),
+                      command="plan") as tick:
         uniform = run_policy("uniform", workload, model.curve, config, on_step=tick)
         grid = static_grid(workload, model.curve, config, on_step=tick)
         adaptive = run_policy(ADAPTIVE, workload, model.curve, config, on_step=tick)

@@ -58,7 +58,8 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
         raise ConfigError("--spec needs a speculative method or profile, got none")
     depths = parse_depths(args.spec_depths)
     pairs = [(b, t) for b in depths for t in depths]
-    with progress_bar(config.steps * (len(pairs) + len(depths) + 1), enabled=progress_enabled()) as tick:
+    total = config.steps * (len(pairs) + len(depths) + 1)
+    with progress_bar(total, enabled=progress_enabled(), command="plan") as tick:
         def run(name: str, pools: PoolSpec) -> Any:
             return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
 

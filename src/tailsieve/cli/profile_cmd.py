@@ -10,11 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import plot_path, print_json, print_table, progress_console, progress_enabled
+from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.cli.flags import add, add_served_model_name
+from tailsieve.cli.progress import heartbeat
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     task = bar.add_task("warm-up", total=len(batches) * len(contexts))
 
     def tick(pt: ProfilePoint) -> None:
-        bar.update(task, advance=1, description=f"b={pt.batch} ctx={pt.prompt_tokens:.0f}")
+        where = f"b={pt.batch} ctx={pt.prompt_tokens:.0f}"
+        bar.update(task, advance=1, description=where)
+        beat.update(advance=1, note=where)
 
     async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
         async with EngineClient(opts) as client:
@@ -144,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
                                                 retry=Retry(retries=args.retries))
             return curve, None, pts, []
 
-    with OutputLock(out, "profile", folder=False), bar:  # one writer of --out (its .NAME.lock) from here on
+    with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
+          heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
         curve, model, points, prefill = asyncio.run(go())
         doc, costs = _document(args, curve, model, points, plain)
         write_json_atomic(out, doc, "--out")
@@ -160,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     conc = (doc.get("speculative") or {}).get("concurrency_fit")
     if conc is not None:
         print_concurrency_fit(conc, args.plain_curve, out)
-    Console().print(("model" if model is not None else "curve") + f" written to {out}"
+    CliConsole().print(("model" if model is not None else "curve") + f" written to {out}"
                     + (f"; plot saved to {plot}" if plot else ""))
     return 0
 
@@ -214,7 +217,7 @@ def _concurrency_fit(args: argparse.Namespace, points: list[ProfilePoint], plain
     try:
         return fit_concurrency_terms(spec_points, plain, base).to_json()
     except ConfigError as exc:
-        Console(stderr=True).print(f"note: no concurrency fit: {exc}", highlight=False)
+        CliConsole(stderr=True).print(f"note: no concurrency fit: {exc}", highlight=False)
         return None
 
 
@@ -231,12 +234,12 @@ def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs
     if spec is not None:
         print_spec(points, spec, costs)
     elif plain is not None:
-        Console(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
+        CliConsole(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
 
 
 def print_concurrency_fit(fit: dict[str, Any], plain: str, out: Path) -> None:
     """The fitted concurrency terms and how to simulate with them."""
-    Console().print(
+    CliConsole().print(
         f"concurrency fit ({fit['points']} batch sizes): α(b) = {fit['acceptance']:.4f} + "
         f"{fit['acceptance_slope']:.4f}·log2 b (rms {fit['acceptance_rms']:.4f}); "
         f"token_cost = {fit['token_cost']:.4f}, "
@@ -250,7 +253,7 @@ def print_model(model: CostModel) -> None:
     fit = model.fit
     pre = fit.get("prefill") or []
     pre_rms = (sum(r["residual_ms"] ** 2 for r in pre) / len(pre)) ** 0.5 if pre else float("nan")
-    Console().print(
+    CliConsole().print(
         f"fitted cost model: τ(b) at zero context {dict(zip(model.curve.batch, model.curve.tpot_ms, strict=True))} ms; "
         f"kv_ms_per_1k = {model.kv_ms_per_1k:.5f} ms per 1k context tokens per iteration; prefill_ms_per_token = "
         f"{model.prefill_ms_per_token:.5f}; request overhead {model.request_overhead_ms:.1f} ms (not simulated); "
@@ -272,7 +275,7 @@ def print_spec(points: list[ProfilePoint], spec: SpecMeasure, costs: CostFit | N
     alpha, gamma = spec.fit()
     extra = "" if costs is None else (f", draft_cost = {costs.draft_cost:.3f}, verify_cost = {costs.verify_cost:.3f}"
                                       f" (iteration times within {100 * costs.rms_rel_error:.1f}% rms)")
-    Console().print(f"model fit for the config file: acceptance = {alpha:.3f}, decay = {gamma:.3f}, "
+    CliConsole().print(f"model fit for the config file: acceptance = {alpha:.3f}, decay = {gamma:.3f}, "
                     f"draft_share = {spec.draft_share:.3f}, tokens = {spec.depth}{extra} (measured ā = "
                     f"{spec.expected_tokens:.3f}); this curve already is the speculative server's τ_spec(b): pass it "
                     "as rollout --tail-curve")

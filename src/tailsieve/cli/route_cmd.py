@@ -27,9 +27,10 @@ from tailsieve.cli._common import (
     trace_columns,
 )
 from tailsieve.cli.flags import add
+from tailsieve.cli.progress import Heartbeat, heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
-from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, get_policy
+from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, assign_checked, get_policy
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace, require_tokens
 
@@ -152,7 +153,7 @@ def route_steps(steps: list[Step], policies: list[Policy], replicas: int, curve:
         row: dict[str, Any] = {}
         base = 0.0
         for p in policies:
-            a = p.assign(st.batch, replicas, curve)
+            a = assign_checked(p, st.batch, replicas, curve)
             base = a.makespan_s if p.name == "uniform" else base
             row[p.name] = {"makespan_s": a.makespan_s, "speedup": base / a.makespan_s if a.makespan_s else 1.0,
                            **dict(a.info)}
@@ -178,31 +179,41 @@ def _choice(info: dict[str, Any]) -> str:
     return ""
 
 
-def _route_with_progress(steps: list[Step], policies: list[Policy], replicas: int, curve: TpotCurve) -> dict[str, Any]:
-    """`route_steps` under a progress bar of steps on stderr, drawn only when stderr is a terminal."""
+def _route_with_progress(steps: list[Step], policies: list[Policy], replicas: int, curve: TpotCurve,
+                         beat: Heartbeat, enabled: bool) -> dict[str, Any]:
+    """`route_steps` under a progress bar of steps on stderr when it is a terminal (`enabled`), else heartbeat
+    lines (`beat`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    enabled = progress_enabled()
+    beat.update(0, total=len(steps), note="")
     bar = Progress(TextColumn("routing"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(),
                    console=progress_console(enabled), transient=True, disable=not enabled,
                    redirect_stdout=False, redirect_stderr=False)
     task = bar.add_task("routing", total=len(steps))
+
+    def step(done: int) -> None:
+        bar.update(task, completed=done)
+        beat.update(done)
+
     with bar:
-        return route_steps(steps, policies, replicas, curve, on_step=lambda done: bar.update(task, completed=done))
+        return route_steps(steps, policies, replicas, curve, on_step=step)
 
 
 def run(args: argparse.Namespace) -> int:
     """Route each step with every policy and print a table or JSON."""
     policies = parse_policies(args)
     curve = load_curve(args.curve)
-    trace = require_tokens(load_trace(args.workload, **trace_columns(args)))
-    steps, left_out = trace_steps(trace, args.groups, args.group_size)
-    per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
-    if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):
-        raise ConfigError(f"seer-oracle balances requests pairwise, quadratic in requests per replica: a step of "
-                          f"{per_replica:,} requests per replica exceeds {SEER_MAX_PER_REPLICA:,}; lower --groups or "
-                          "--group-size, raise --replicas, or leave seer-oracle out of --policies")
-    result = _route_with_progress(steps, policies, args.replicas, curve)
+    enabled = progress_enabled()
+    with heartbeat("route", "steps", bar_shown=enabled) as beat:
+        beat.update(note="reading the trace")
+        trace = require_tokens(load_trace(args.workload, **trace_columns(args)))
+        steps, left_out = trace_steps(trace, args.groups, args.group_size)
+        per_replica = max(-(-st.batch.lengths.size // args.replicas) for st in steps)
+        if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):
+            raise ConfigError(f"seer-oracle balances requests pairwise, quadratic in requests per replica: a step of "
+                              f"{per_replica:,} requests per replica exceeds {SEER_MAX_PER_REPLICA:,}; lower --groups "
+                              "or --group-size, raise --replicas, or leave seer-oracle out of --policies")
+        result = _route_with_progress(steps, policies, args.replicas, curve, beat, enabled)
     doc = {"trace": trace.source, "curve": curve.name, "replicas": args.replicas, "group_size": args.group_size,
            "groups": args.groups, "prompts_left_out": left_out, **result}
     if args.json:

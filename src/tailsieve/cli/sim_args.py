@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tailsieve.cli._common import progress_console, trace_columns
 from tailsieve.cli.flags import controller_config
+from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
@@ -121,12 +122,14 @@ def load_inputs(args: argparse.Namespace) -> Workload:
 
 
 @contextmanager
-def progress_bar(total: int, enabled: bool, steps: int | None = None) -> Iterator[Callable[[str, int], None]]:
+def progress_bar(total: int, enabled: bool, steps: int | None = None,
+                 command: str = "simulate") -> Iterator[Callable[[str, int], None]]:
     """A rich progress bar on stderr (never stdout); yields the per-step callback `(policy, steps done)`.
 
     With `steps` (steps per policy) the bar names the policy's step and a line per finished policy stays above the
-    bar with its wall time, so a long run (`simulate --groups 4096 --replicas 256`) shows where it is. Nothing at all
-    is written when `enabled` is false (stderr not a terminal).
+    bar with its wall time, so a long run (`simulate --groups 4096 --replicas 256`) shows where it is. When `enabled`
+    is false (stderr not a terminal) the bar is not drawn and `tailsieve COMMAND: …` heartbeat lines
+    (`cli.progress`) say the steps done instead.
     """
     con = progress_console(enabled)
     bar = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -139,9 +142,11 @@ def progress_bar(total: int, enabled: bool, steps: int | None = None) -> Iterato
         now = time.perf_counter()
         start = started.setdefault(name, last[0])
         last[0] = now
-        bar.update(task, advance=1, description=name if steps is None else f"{name} {done}/{steps}")
+        where = name if steps is None else f"{name} {done}/{steps}"
+        bar.update(task, advance=1, description=where)
+        beat.update(advance=1, note=where)
         if enabled and steps is not None and done == steps:
             bar.console.print(f"{name}: {steps} steps in {now - start:.1f} s", highlight=False)
 
-    with bar:
+    with bar, heartbeat(command, "policy steps", total, bar_shown=enabled) as beat:
         yield tick

@@ -167,6 +167,15 @@ def get_policy(name: str, **params: int | float | None) -> Policy:
     return POLICIES.resolve(name)(**params)
 
 
+def assign_checked(policy: Policy, batch: GroupBatch, replicas: int, curve: TpotCurve) -> Assignment:
+    """`policy.assign(batch, replicas, curve)`, checked to be an `Assignment` (a plugin's wrong result is one line
+    naming the policy and what it returned)."""
+    a = policy.assign(batch, replicas, curve)
+    if not isinstance(a, Assignment):
+        raise POLICIES.returned(policy.name, a, "an Assignment from assign()")
+    return a
+
+
 def lpt(weights: ArrayLike, bins: int) -> IntArray:
     """Longest-processing-time-first: heaviest item onto the currently lightest bin (ties: lowest index)."""
     w = np.asarray(weights, dtype=np.int64)

@@ -5,6 +5,7 @@ static) and one file each for `tailsieve-paper`, `tailsieve` and `tailsieve-fixe
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar, TypeVar
@@ -43,8 +44,9 @@ def register(name: str) -> Callable[[C], C]:
     return CONTROLLERS.register(name)
 
 
-class Controller:
-    """Base: decides (q, m) for the next step. Subclasses implement `update`."""
+class Controller(ABC):
+    """Base: decides (q, m) for the next step. Subclasses implement `update` (abstract: the base itself, or a
+    subclass without `update`, is refused as a policy at load)."""
 
     name: ClassVar[str] = ""
     min_replicas: ClassVar[int] = 2  # replicas a run needs: a tail and a bulk pool (uniform: 1)
@@ -79,9 +81,9 @@ class Controller:
         """The first step's tail-pool size: `m0` (None: R // 2)."""
         return self.config.m0 if self.config.m0 is not None else self.router.replicas // 2
 
+    @abstractmethod
     def update(self, state: ControlState, obs: StepObservation) -> ControlState:
         """Next state after observing one step."""
-        raise NotImplementedError
 
     # learning from a step --------------------------------------------------------------------------------------
     def learn(self, state: ControlState, obs: StepObservation) -> tuple[ControlState, Predictor]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_INT, check_tail_replicas, int_in, json_object
-from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS
+from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS, rank
 from tailsieve.policy.step import (
     GroupRef,
     GroupStatus,
@@ -289,10 +289,7 @@ class Router:
         if any(o.ref.cuts > cfg.max_redraws for o in done):
             raise InvariantError(f"step {plan.step}: a consumed group was cut more than {cfg.max_redraws} times")
         cut = [o for o in result.outcomes if o.status is GroupStatus.ABORTED]
-        ranked = RANKINGS.resolve(cfg.ranking)(cut)
-        if sorted(o.ref.uid for o in ranked) != sorted(o.ref.uid for o in cut):
-            raise InvariantError(f"step {plan.step}: ranking '{cfg.ranking}' did not return a permutation of the cut")
-        cut = ranked
+        cut = rank(cfg.ranking, cut)
         candidates = tuple(replace(o.ref, cuts=o.ref.cuts + 1) for o in cut)
         consumed = state.consumed + len(done)
         pending = {ref.uid for ref in (*candidates, *plan.requeue_after)}

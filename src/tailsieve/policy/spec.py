@@ -35,9 +35,7 @@ def check_loop_policy(name: str) -> None:
     listing both (the oracles need known lengths and exist only in `simulate`)."""
     if name in PEERS:
         return
-    if name not in CONTROLLERS and ":" not in name and name not in CONTROLLERS.entry_point_names():
-        raise CONTROLLERS.unknown(name, [*CONTROLLERS.names(), *PEERS])
-    CONTROLLERS.resolve(name)
+    CONTROLLERS.resolve(name, [*CONTROLLERS.names(), *PEERS])
 
 
 @dataclass(frozen=True, slots=True)

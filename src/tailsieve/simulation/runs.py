@@ -18,7 +18,7 @@ from tailsieve.analysis.weights import BiasWeights, WeightState, observe
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import check_replicas
 from tailsieve.loop import SKIP_STEPS, PeerLoop, PolicyRun, RunLog, StepRecord, build_loop
-from tailsieve.model.baselines import GroupBatch, get_policy
+from tailsieve.model.baselines import GroupBatch, assign_checked, get_policy
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
@@ -86,9 +86,7 @@ def check_policy(name: str, replicas: int) -> None:
     if name in ORACLES:
         check_replicas(name, get_policy(name).min_replicas, replicas)
         return
-    if name not in CONTROLLERS and ":" not in name and name not in CONTROLLERS.entry_point_names():
-        raise CONTROLLERS.unknown(name, [*policy_names(), "all"])
-    check_replicas(name, CONTROLLERS.resolve(name).min_replicas, replicas)
+    check_replicas(name, CONTROLLERS.resolve(name, [*policy_names(), "all"]).min_replicas, replicas)
 
 
 def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConfig) -> PolicySpec:
@@ -235,7 +233,7 @@ def _run_oracle(
     ex = SimExecutor(workload, curve, config.router, config.replica)
     records: list[StepRecord] = []
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
-        a = policy.assign(GroupBatch(lens), r, curve)
+        a = assign_checked(policy, GroupBatch(lens), r, curve)
         spans = np.asarray(a.replica_makespans_s, dtype=np.float64)
         if not config.replica.all_admit:  # the same replica model as the simulator (request order: batch order)
             ptoks = ex.prompt_tokens(ref.batch_prompts[i]) if ref.batch_prompts else None

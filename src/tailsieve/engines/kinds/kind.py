@@ -12,6 +12,7 @@ the same thing. Server halves are pure: frozen `ServerLaunch` values in, argumen
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -62,7 +63,7 @@ class ServerLaunch:
     cache_dir: str  # a scratch folder for the server's own caches
 
 
-class ServerHalf:
+class ServerHalf(ABC):
     """The launch half of an engine kind. Subclasses set the class attributes and implement `command` and
     `spec_flags`; the other hooks have defaults."""
 
@@ -76,21 +77,21 @@ class ServerHalf:
     needs_draft_model: ClassVar[frozenset[SpecMethod]] = frozenset()  # methods that need `speculative.model`
     own_keys: ClassVar[tuple[str, ...]] = ()  # speculative keys the spec table sets (refused in `speculative`)
 
+    @abstractmethod
     def default_command(self) -> tuple[str, ...]:
         """The server command before its flags, when `launch.command` is empty."""
-        raise NotImplementedError
 
+    @abstractmethod
     def command(self, launch: ServerLaunch, head: tuple[str, ...]) -> list[str]:
         """The whole command line after `head` (the command before the flags)."""
-        raise NotImplementedError
 
     def env(self, launch: ServerLaunch, environ: Mapping[str, str]) -> dict[str, str]:
         """Variables the server needs on top of `environ` (the launcher's own); none by default."""
         return {}
 
+    @abstractmethod
     def spec_flags(self, spec: SpecConfig, extra: Mapping[str, Any]) -> tuple[str, ...]:
         """A pool's speculative decoding as server flags (() when the pool does not speculate)."""
-        raise NotImplementedError
 
     def check_pool(self, spec: SpecConfig, extra: Mapping[str, Any], kind: str) -> None:
         """Refuse (`ConfigError`, one line) a pool the server of engine kind `kind` cannot run: a method outside
@@ -108,6 +109,7 @@ class ServerHalf:
     def check_memory(self, device: Device, memory: float) -> None:
         """Refuse a memory setting this server cannot express (`launch.memory`, given and finite; on gpu already a
         share in (0, 1]); by default any passes."""
+        return None
 
     def cpu_defaults(self, launch: ServerLaunch) -> list[str]:
         """`cpu_default_args` not already set by the replica's flags (cpu only, when `cpu_defaults` is on)."""
@@ -171,6 +173,4 @@ def kind_names() -> list[str]:
 
 def get_kind(name: str) -> EngineKind:
     """The engine kind registered as `name`; an unknown name is a one-line `ConfigError` listing the valid ones."""
-    if str(name) not in KINDS and ":" not in str(name) and str(name) not in KINDS.entry_point_names():
-        raise KINDS.unknown(str(name), kind_names())
-    return KINDS.resolve(str(name))
+    return KINDS.resolve(str(name), kind_names())

@@ -30,12 +30,13 @@ _GPUS = re.compile(r"[A-Za-z0-9:_-]+(,[A-Za-z0-9:_-]+)*")
 _HOST = re.compile(r"[A-Za-z0-9._:\[\]-]+")
 
 
-def kind_named(name: Any, where: str) -> EngineKind:
-    """The engine kind `[where] kind = name` names; else one line naming the key and the valid kinds."""
+def kind_named(name: Any, where: str, *, flag: bool = False) -> EngineKind:
+    """The engine kind `[where] kind = name` (or the flag `where`) names; else one line naming the key (or flag) and
+    the valid kinds. A registered name, a plugin `pkg.module:KIND` or an entry point (`KINDS.resolve`)."""
     try:
         return get_kind(name if isinstance(name, str) else repr(name))
     except ConfigError as exc:
-        raise ConfigError(f"{where}.kind: {exc}") from None
+        raise ConfigError(f"{where if flag else f'{where}.kind'}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +261,8 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     ports = obj.get("ports", [])
     if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
         raise ConfigError(f"{where}.ports must be a list of integers, got {ports!r}")
-    kind = kind_named(kw.get("kind", DEFAULT_KIND), where).name
+    kind = str(kw.get("kind", DEFAULT_KIND))
+    kind_named(kind, where)  # a plugin `pkg.module:KIND` stays named as written (its object may name itself else)
     return LaunchConfig(
         model=obj["model"], device=device, places=places, ports=tuple(ports),
         tail=pool_engine(tail, obj.get("tail", {}), f"{where}.tail", kind),

@@ -48,7 +48,6 @@ from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
 from tailsieve.loop import LoopState, PoolHook, build_loop
-from tailsieve.policy.controller import ControlState
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.step import GroupRef, StepPlan
 
@@ -105,8 +104,8 @@ class Rollout:
         self._by_id = {p.prompt_id: p for p in self.prompts}
         self._rendered: dict[str, str | Messages] = {}
         self._replay_id = self._replay_map()
-        self.rstate = self.router.initial_state()
-        self.cstate: ControlState = self.controller.initial()
+        start = self.loop.initial()
+        self.rstate, self.cstate = start.router, start.control
         self.weigher = BiasWeights() if config.bias_correction else None
         self.wstate = WeightState()  # the weights' window (not saved: it refills after a resume)
         self.generation: dict[str, int] = {}

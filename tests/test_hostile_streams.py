@@ -1,0 +1,120 @@
+"""The CLI's streams under hostile conditions (issue 41, item 11): a reader of stdout that leaves (quiet, exit 141),
+an encoding that cannot write TailSieve's symbols (ASCII-safe output), a Ctrl-C while the first modules load (one
+line, exit 130, no traceback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from tailsieve.cli import main
+from tailsieve.cli.streams import _ASCII, BROKEN_PIPE_EXIT, to_ascii
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+ENV = {**os.environ, "PYTHONPATH": SRC, "TAILSIEVE_PROGRESS": "off"}
+FAST = {"simulate": ["simulate", "--steps", "3", "--groups", "8", "--group-size", "2", "--replicas", "3"],
+        "simulate --json": ["simulate", "--steps", "3", "--groups", "8", "--group-size", "2", "--replicas", "3",
+                            "--json"],
+        "route": ["route", "--groups", "8", "--group-size", "2"], "curves": ["curves"]}
+
+
+def _cli(args: list[str], env: dict[str, str] = ENV) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "tailsieve", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("case", ["simulate", "simulate --json", "route"])
+def test_a_reader_that_leaves_is_a_quiet_exit_141(case: str) -> None:
+    """`tailsieve simulate | head -c 10`: the reader is gone before the output is written (its end of the pipe is
+    closed at once, so the write fails every time): no message, the exit status of a command killed by SIGPIPE."""
+    proc = _cli(FAST[case])
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=120), err) == (BROKEN_PIPE_EXIT, "")
+
+
+class _Gone:
+    """A stdout whose reader left: every write is a BrokenPipeError."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("argv", [["curves"], ["workloads"], ["simulate", "--steps", "2", "--json"],
+                                  ["simulate", "--steps", "2"]])
+def test_a_broken_pipe_in_process_is_141_and_silent(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """Whether `print` or a rich console meets the broken pipe (rich would exit 1 on its own)."""
+    monkeypatch.setattr(sys, "stdout", _Gone())
+    assert main(argv) == BROKEN_PIPE_EXIT
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("case", ["simulate", "route", "curves"])
+def test_an_ascii_terminal_gets_ascii_and_exit_0(case: str) -> None:
+    """`PYTHONIOENCODING=ascii`: every symbol is written as ASCII (× → x), never an encoding error."""
+    proc = _cli(FAST[case], env={**ENV, "PYTHONIOENCODING": "ascii"})
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (0, "")
+    text = out.decode("ascii")  # raises if a byte is not ASCII
+    assert case == "curves" or "x" in text
+
+
+@pytest.mark.parametrize("char", sorted(_ASCII))
+def test_each_symbol_has_its_ascii_spelling(char: str) -> None:
+    assert to_ascii(f"a{char}b") == f"a{_ASCII[char]}b" and to_ascii(f"a{char}b").isascii()
+
+
+@pytest.mark.parametrize(("text", "want"), [("1.357×", "1.357x"), ("±2σ", "+-2sigma"), ("é", "e"), ("⁴", "4"),
+                                            ("日本", "??"), ("plain", "plain"), ("", "")])
+def test_other_text_decomposes_or_becomes_a_question_mark(text: str, want: str) -> None:
+    assert to_ascii(text) == want
+
+
+def test_an_interrupt_while_the_cli_loads_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The entry point (`python -m tailsieve`, the console script) imports the CLI inside its own guard."""
+    from tailsieve.__main__ import run
+
+    loading = types.ModuleType("tailsieve.cli")
+
+    def interrupted(name: str) -> object:
+        raise KeyboardInterrupt
+
+    loading.__getattr__ = interrupted  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "tailsieve.cli", loading)
+    assert run() == 130
+    assert capsys.readouterr().err == "tailsieve: interrupted\n"
+
+
+def test_the_console_script_is_the_guarded_entry_point() -> None:
+    text = (Path(SRC).parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'tailsieve = "tailsieve.__main__:run"' in text
+
+
+@pytest.mark.parametrize("delay_s", [0.15, 0.3, 0.6])
+def test_ctrl_c_in_the_first_second_prints_no_traceback(delay_s: float) -> None:
+    """SIGINT at a few moments of the start (importing numpy, rich, the command): one line, exit 130."""
+    proc = _cli(["simulate", "--steps", "200"])
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    text = err.decode()
+    assert "Traceback" not in text, text
+    assert proc.returncode == 130 and len(text.splitlines()) == 1 and text.rstrip().endswith("interrupted"), text
