@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from tailsieve.errors import ConfigError, TailSieveError
-from tailsieve.redact import excerpt
+from tailsieve.redact import clip as clip  # re-exported: how every reader quotes file content
+from tailsieve.redact import excerpt as excerpt
 
 MAX_LENGTH = 10**9  # tokens in one response (or one prompt); larger values are rejected where they are read
 MAX_INT = 2**53  # other integer cells (steps, samples): exact in float64

@@ -66,8 +66,14 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
             text = str(value)
         except ValueError:  # more digits than int-to-str converts
             return f"{'-' if value < 0 else ''}an integer of about {int(abs(value).bit_length() * 0.30103)} digits"
-    text = redact(text)
+    return clip(text, limit)
+
+
+def clip(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """Text from a file as an error message shows it unquoted (a CSV header's columns): control characters escaped,
+    redacted, then cut to `limit` characters (`…` and the full length follow a cut)."""
+    text = redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
-__all__ = ["EXCERPT_CHARS", "MASK", "excerpt", "redact", "register_secret", "secret_name"]
+__all__ = ["EXCERPT_CHARS", "MASK", "clip", "excerpt", "redact", "register_secret", "secret_name"]

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import TraceError
-from tailsieve.inputs import MAX_INT, MAX_LENGTH, excerpt, loads_json, read_bytes, read_text
+from tailsieve.inputs import MAX_INT, MAX_LENGTH, clip, excerpt, loads_json, read_bytes, read_text
 
 DEFAULT_TRACE = "kodcode-r1"
 _BUNDLED = {
@@ -103,7 +103,7 @@ def _csv_rows(path: Path, lines: list[str]) -> tuple[list[str], list[tuple[int, 
     header = [h.strip() for h in parsed[start]]
     if len(set(header)) != len(header):
         dup = next(h for h in header if header.count(h) > 1)
-        raise TraceError(f"trace {path}, line {start + 1}: duplicate column '{dup}' in the header")
+        raise TraceError(f"trace {path}, line {start + 1}: duplicate column {excerpt(dup)} in the header")
     out = []
     for lineno, row in enumerate(parsed[start + 1 :], start=start + 2):
         if not row or (len(row) == 1 and not row[0].strip()):
@@ -243,10 +243,11 @@ def read_trace(
     lcol = _pick(header, LENGTH_ALIASES, length_column)
     if lcol is None:
         want = f"'{length_column}'" if length_column else "'length' (or " + ", ".join(LENGTH_ALIASES[1:]) + ")"
-        raise TraceError(f"trace {p}: missing length column {want}; columns are {', '.join(header)}")
+        raise TraceError(f"trace {p}: missing length column {want}; columns are {clip(', '.join(header))}")
     pcol = _pick(header, PROMPT_ALIASES, prompt_column)
     if prompt_column is not None and pcol is None:
-        raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are {', '.join(header)}")
+        raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are "
+                         f"{clip(', '.join(header))}")
     lengths = _int_column(rows, lcol, p, "length", required=True)
     pid = _prompt_ids(rows, pcol, p) if pcol is not None else np.char.add("row", np.arange(len(rows)).astype(np.str_))
 

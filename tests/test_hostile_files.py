@@ -1,0 +1,180 @@
+"""Hostile files at every input path (issue 41 items 6 and 7): each kind of file that is not what an input must be
+(a FIFO with no writer, /dev/zero, a symlink to a device, a directory, a file over the size cap, a /proc file whose
+st_size says 0, files full of secrets and long lines: environ, .env, JSON and TOML shapes) given to each input flag
+of each command, in-process through tests/hostile_harness.py. Every case exits non-zero in one line naming the file
+and why, within the harness's alarm (a FIFO or an endless device never hangs, nothing is read past the cap), and the
+line never quotes a secret or more than `EXCERPT_CHARS` characters of the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import tailsieve.inputs
+from hostile_harness import (
+    prompt_file,
+    report_outcomes,  # noqa: F401 (the module's autouse fixture: outcome counts)
+    rollout_base,
+    run_case,
+    scratch,
+    small_trace,
+    write,
+)
+from tailsieve.redact import EXCERPT_CHARS
+
+SHAPE = ["--steps", "1", "--groups", "3", "--group-size", "2", "--replicas", "2"]
+ENDPOINTS = ["--endpoints", "http://127.0.0.1:1,http://127.0.0.1:2"]
+
+
+def _rollout(root: Path, *extra: str) -> list[str]:
+    return [*rollout_base(root, prompt_file(root)), *extra]
+
+
+def _resume(name: str) -> Callable[[Path], Path]:
+    return lambda root: root / "out" / "uniform" / name
+
+
+Argv = Callable[[Path, str], list[str]]
+# Each input flag of each command: how the command line is built around the hostile path, and (for the files a
+# command finds by itself, not by flag) where the hostile file is put.
+FLAGS: dict[str, tuple[Argv, Callable[[Path], Path] | None]] = {
+    "curves CURVE": (lambda r, p: ["curves", p, "--json"], None),
+    "analyze WORKLOAD": (lambda r, p: ["analyze", p], None),
+    "simulate --curve": (lambda r, p: ["simulate", "--curve", p, "--workload", small_trace(r), *SHAPE], None),
+    "simulate --workload": (lambda r, p: ["simulate", "--workload", p, *SHAPE], None),
+    "simulate --config": (lambda r, p: ["simulate", "--config", p, "--workload", small_trace(r), *SHAPE], None),
+    "plan --curve": (lambda r, p: ["plan", "--curve", p, "--workload", small_trace(r), *SHAPE], None),
+    "plan --workload": (lambda r, p: ["plan", "--workload", p, *SHAPE], None),
+    "route --workload": (lambda r, p: ["route", "--workload", p, "--groups", "3", "--group-size", "2"], None),
+    "route --curve": (lambda r, p: ["route", "--curve", p, "--workload", small_trace(r), "--groups", "3"], None),
+    "oracle --workload": (lambda r, p: ["oracle", "--workload", p, "--sample", "4", "--repeat", "2"], None),
+    "oracle --curve": (lambda r, p: ["oracle", "--curve", p, "--workload", small_trace(r), "--sample", "4"], None),
+    "profile --plain-curve": (lambda r, p: ["profile", "--endpoint", "http://127.0.0.1:9", "--plain-curve", p,
+                                            "--method", "mtp", "--out", str(r / "m.json")], None),
+    "rollout --prompts": (lambda r, p: [*rollout_base(r, p)], None),
+    "rollout --replay-lengths": (lambda r, p: _rollout(r, "--replay-lengths", p), None),
+    "rollout --curve": (lambda r, p: _rollout(r, "--curve", p), None),
+    "rollout --launch": (lambda r, p: [a for a in rollout_base(r, prompt_file(r)) if a not in ENDPOINTS]
+                         + ["--launch", p], None),
+    "rollout --resume state.json": (lambda r, p: _rollout(r, "--resume"), _resume("state.json")),
+    "rollout --resume steps.jsonl": (lambda r, p: _rollout(r, "--resume"), _resume("steps.jsonl")),
+    "launch --config": (lambda r, p: ["launch", "--config", p, "--dry-run", "--out", str(r / "launch")], None),
+}
+
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-K7MDENG-bPxRfiCY", "HF_TOKEN": "hf_qwertyuiopasdfghjkl",
+           "GITHUB_TOKEN": "ghp_zxcvbnmlkjhgfdsa1234", "DB_PASSWORD": "correct-horse-battery",
+           "OPENAI_API_KEY": "sk-proj-0123456789abcdef"}
+LONG = "Z" * 300  # a run no error may quote whole
+
+
+def _secret_text(shape: str) -> bytes:
+    """A file of secret-bearing pairs: /proc/self/environ (NUL-separated), a .env file, JSON or TOML."""
+    pairs = [*SECRETS.items(), ("PAD", LONG)]
+    if shape == "environ":
+        return b"\0".join(f"{k}={v}".encode() for k, v in pairs) + b"\0"
+    if shape == "dotenv":
+        return "".join(f"{k}={v}\n" for k, v in pairs).encode()
+    if shape == "json":
+        return ("{" + ", ".join(f'"{k}": "{v}"' for k, v in pairs) + "}\n").encode()
+    return "".join(f'{k} = "{v}"\n' for k, v in pairs).encode()  # toml
+
+
+CAP = 65_536  # the lowered size cap of the oversized kinds (the bundled traces and prompts stay below it)
+PROC = "/proc/self/maps"  # st_size 0, yet longer than PROC_CAP in a process that imported numpy
+PROC_CAP = 4096  # above the small inputs the cases pass beside the hostile one
+# Each hostile kind: how it is made at `target` and the text its error must hold.
+KINDS: dict[str, tuple[str, ...]] = {
+    "fifo": ("a FIFO (named pipe), not a regular file",),
+    "dev-zero": ("a character device, not a regular file",),
+    "symlink-to-device": ("a character device, not a regular file",),
+    "directory": ("directory",),
+    "oversized": (f"more than the {CAP:,} bytes allowed",),
+    "proc-file": ("bytes allowed",),
+    "secret-environ": (),
+    "secret-dotenv": (),
+    "secret-json": (),
+    "secret-toml": (),
+}
+
+
+def make(kind: str, target: Path) -> str:
+    """Create the hostile input at `target` (or name a system file) and return the path to pass."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev-zero":
+        if target.parent.name != "uniform":  # a flag takes /dev/zero itself; a resume file must sit in the folder
+            return "/dev/zero"
+        target.symlink_to("/dev/zero")
+    elif kind == "symlink-to-device":
+        target.symlink_to("/dev/null")
+    elif kind == "directory":
+        target.mkdir()
+    elif kind == "oversized":
+        row = b'{"prompt_id": "a", "length": 5, "prompt": "q"}\n'
+        target.write_bytes(row * (CAP // len(row) + 2))
+    elif kind == "proc-file":
+        target.symlink_to(PROC)  # a regular file whose st_size is 0
+    else:
+        target.write_bytes(_secret_text(kind.removeprefix("secret-")))
+    return str(target)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("flag", sorted(FLAGS))
+def test_hostile_file_at_every_input(flag: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv_of, fixed = FLAGS[flag]
+    cap = PROC_CAP if kind == "proc-file" else CAP
+    monkeypatch.setattr(tailsieve.inputs, "MAX_FILE_BYTES", cap)
+    with scratch() as root:
+        suffix = ".json" if "secret-json" in kind else ".toml" if "secret-toml" in kind else ".jsonl"
+        target = fixed(root) if fixed is not None else root / f"input{suffix}"
+        path = make(kind, target)
+        argv = argv_of(root, path)
+        rc, err = run_case(f"files {kind}", argv, root)
+        assert rc != 0, (flag, kind)
+        shown = str(target) if path != "/dev/zero" else path
+        assert shown in err, (flag, kind, err)
+        assert all(e in err for e in KINDS[kind]), (flag, kind, err)
+        assert not any(v in err for v in SECRETS.values()), (flag, kind, err)
+        assert "Z" * (EXCERPT_CHARS + 1) not in err, (flag, kind, err)
+
+
+def test_every_input_flag_is_covered() -> None:
+    """The table names every command's file-taking flag (a new one must be added here)."""
+    commands = {f.split()[0] for f in FLAGS}
+    assert commands == {"curves", "analyze", "simulate", "plan", "route", "oracle", "profile", "rollout", "launch"}
+    assert len(FLAGS) == 19 and len(KINDS) == 10
+
+
+@pytest.mark.parametrize("size", [CAP - 1, CAP, CAP + 1])
+def test_the_cap_is_read_not_stat(size: int, tmp_path: Path) -> None:
+    """A regular file of exactly the cap is read; one byte more is refused: by reading, on a path fstat cannot size
+    (/proc) as on one it can."""
+    p = tmp_path / "f.txt"
+    p.write_bytes(b"x" * size)
+    if size <= CAP:
+        assert tailsieve.inputs.read_text(p, "file", max_bytes=CAP) == "x" * size
+        return
+    with pytest.raises(tailsieve.inputs.ConfigError, match=f"file {p}: more than the {CAP:,} bytes allowed"):
+        tailsieve.inputs.read_text(p, "file", max_bytes=CAP)
+    proc = Path(PROC)
+    assert proc.stat().st_size == 0 and len(proc.read_bytes()) > PROC_CAP
+    with pytest.raises(tailsieve.inputs.ConfigError, match=f"more than the {PROC_CAP:,} bytes allowed"):
+        tailsieve.inputs.read_text(proc, "file", max_bytes=PROC_CAP)
+
+
+def test_a_gzip_bomb_of_prompts_stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap counts decompressed text: a small .gz of endless zeros is refused, not inflated into memory."""
+    import gzip
+
+    monkeypatch.setattr(tailsieve.inputs, "MAX_FILE_BYTES", CAP)
+    with scratch() as root:
+        bomb = write(root, "p.jsonl.gz", gzip.compress(b"\0" * (CAP * 16)))
+        assert os.path.getsize(bomb) < CAP // 4
+        rc, err = run_case("files gzip", rollout_base(root, bomb), root)
+        assert rc == 1 and f"prompt file {bomb}: more than the {CAP:,} bytes allowed" in err
