@@ -265,7 +265,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)
-            if not ok or (typ is int and isinstance(v, bool)):
+            if key not in BOUNDS and (not ok or (typ is int and isinstance(v, bool))):  # bounds check their own
                 raise ConfigError(f"{where}.{key} must be {typ.__name__}, got {excerpt(v)}")
             kw[key] = v
     ports = obj.get("ports", [])
