@@ -8,6 +8,7 @@ line never quotes a secret or more than `EXCERPT_CHARS` characters of the file.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -178,3 +179,57 @@ def test_a_gzip_bomb_of_prompts_stops_at_the_cap(monkeypatch: pytest.MonkeyPatch
         assert os.path.getsize(bomb) < CAP // 4
         rc, err = run_case("files gzip", rollout_base(root, bomb), root)
         assert rc == 1 and f"prompt file {bomb}: more than the {CAP:,} bytes allowed" in err
+
+
+# ------------------------------------------------------------------ numbers a float64 cannot hold, named by key
+
+BIG = "1" + "0" * 400  # 10^400: an integer to JSON and TOML, OverflowError wherever it meets a float
+NUMBERS = {"json": (BIG, "-" + BIG, "1e400", "-1e999"), "toml": (BIG, "1e400", "nan", "inf", "-inf")}
+MODEL = '{"batch": [1, 8], "tpot_ms": [2.0, 3.0], "cost_model": {"kv_ms_per_1k": 0.1, "prefill_ms_per_token": 0.01}}'
+# (file name, the document with one placeholder per key, the keys, the command line)
+DOCS: dict[str, tuple[str, tuple[str, ...], Argv]] = {
+    "model.json": (MODEL, ("batch[1]", "tpot_ms[0]", "cost_model.kv_ms_per_1k", "cost_model.prefill_ms_per_token"),
+                   lambda r, p: ["simulate", "--curve", p, "--workload", small_trace(r), *SHAPE]),
+    "curve.json": ('{"batch": [1, 8], "tpot_ms": [2.0, 3.0]}', ("batch[0]", "tpot_ms[1]"),
+                   lambda r, p: ["curves", p, "--json"]),
+    "spec.toml": ('[spec.tail]\nmethod = "mtp"\ntokens = 2\nacceptance = 0.5\n',
+                  ("spec.tail.tokens", "spec.tail.acceptance"),
+                  lambda r, p: ["simulate", "--config", p, "--workload", small_trace(r), *SHAPE]),
+    "launch.toml": ('[launch]\nmodel = "m"\ngrace_s = 3.0\nmemory = 2\nrestart_retries = 1\n',
+                    ("launch.grace_s", "launch.memory", "launch.restart_retries"),
+                    lambda r, p: ["launch", "--config", p, "--dry-run", "--out", str(r / "o")]),
+}
+
+
+def _number_cases() -> list[tuple[str, str, str]]:
+    return [(doc, key, v) for doc, (_, keys, _) in DOCS.items() for key in keys
+            for v in NUMBERS[doc.rsplit(".", 1)[1]]]
+
+
+NUMBER_CASES = _number_cases()
+
+
+def _set(doc: str, text: str, key: str, value: str) -> str:
+    """`text` with `key`'s value replaced by the literal `value` (JSON: the path's leaf; TOML: the line)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if doc.endswith(".toml"):
+        return "\n".join(f"{leaf} = {value}" if ln.startswith(f"{leaf} =") else ln for ln in text.splitlines()) + "\n"
+    obj = json.loads(text)
+    name, _, index = leaf.partition("[")
+    parent = obj["cost_model"] if key.startswith("cost_model.") else obj
+    if index:
+        parent[name][int(index[:-1])] = "@"
+    else:
+        parent[name] = "@"
+    return json.dumps(obj).replace('"@"', value)
+
+
+@pytest.mark.parametrize(("doc", "key", "value"), NUMBER_CASES, ids=[f"{d}:{k}={v[:6]}" for d, k, v in NUMBER_CASES])
+def test_a_number_a_float_cannot_hold_is_named_by_file_and_key(doc: str, key: str, value: str) -> None:
+    text, _, argv_of = DOCS[doc]
+    with scratch() as root:
+        path = write(root, doc, _set(doc, text, key, value).encode())
+        rc, err = run_case("files numbers", argv_of(root, path), root)
+        assert rc == 1, err
+        assert path in err and f"key '{key}' holds" in err and "not a finite number" in err, err
+        assert len(err) < 300 and "OverflowError" not in err, err
