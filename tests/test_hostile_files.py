@@ -25,7 +25,7 @@ from hostile_harness import (
     small_trace,
     write,
 )
-from tailsieve.redact import EXCERPT_CHARS
+from tailsieve.redact import EXCERPT_CHARS, MASK, excerpt, redact
 
 SHAPE = ["--steps", "1", "--groups", "3", "--group-size", "2", "--replicas", "2"]
 ENDPOINTS = ["--endpoints", "http://127.0.0.1:1,http://127.0.0.1:2"]
@@ -233,3 +233,38 @@ def test_a_number_a_float_cannot_hold_is_named_by_file_and_key(doc: str, key: st
         assert rc == 1, err
         assert path in err and f"key '{key}' holds" in err and "not a finite number" in err, err
         assert len(err) < 300 and "OverflowError" not in err, err
+
+
+def test_proc_self_environ_as_a_curve_quotes_no_secret() -> None:
+    """The reported case, in its own process: /proc/self/environ (st_size 0, NUL-separated) as `--curve` is refused
+    in one line that quotes at most EXCERPT_CHARS characters and no secret of the environment."""
+    import subprocess
+    import sys
+
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(sys.path)} | {
+        k: v for k, v in SECRETS.items()}
+    env["PAD"] = LONG
+    done = subprocess.run([sys.executable, "-m", "tailsieve", "simulate", "--curve", "/proc/self/environ"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("tailsieve simulate: error: curve file /proc/self/environ: CSV header"), lines[0]
+    assert not any(v in done.stderr for v in SECRETS.values()) and "Z" * (EXCERPT_CHARS + 1) not in done.stderr
+    assert len(lines[0]) < 250, lines[0]
+
+
+# ------------------------------------------------------------------------ redaction of secret-looking names
+
+SECRET_SHAPES = ("{k}={v}", '"{k}": "{v}"', "{k} = \"{v}\"", "{k}: {v}", "'{k}': '{v}'", "export {k}={v};")
+PLAIN = {"max_tokens": "4096", "tokens": "3", "warmup_tokens": "16", "monkey": "banana", "KEYBOARD": "us"}
+
+
+@pytest.mark.parametrize("shape", SECRET_SHAPES)
+@pytest.mark.parametrize("name", [*sorted(SECRETS), "api_key", "db_passwd", "GOOGLE_APPLICATION_CREDENTIALS"])
+def test_secret_names_are_redacted_in_every_shape(name: str, shape: str) -> None:
+    value = SECRETS.get(name, "pl41n-s3cret-value")
+    text = shape.format(k=name, v=value) + " " + " ".join(shape.format(k=k, v=v) for k, v in PLAIN.items())
+    out = redact(text)
+    assert value not in out and MASK in out and name in out, out
+    assert all(v in out for v in PLAIN.values()), out  # ordinary names keep their values
+    assert value not in excerpt(text) and len(excerpt(text * 5)) <= EXCERPT_CHARS + 30

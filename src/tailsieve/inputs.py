@@ -103,7 +103,7 @@ def read_text(path: Path, what: str, error: ErrorType = ConfigError, *, max_byte
 class _Capped(io.RawIOBase):
     """A binary stream that raises `over` once more than `cap` bytes have come through it."""
 
-    def __init__(self, raw: IO[bytes], cap: int, over: Callable[[], TailSieveError]) -> None:
+    def __init__(self, raw: BinaryIO | gzip.GzipFile, cap: int, over: Callable[[], TailSieveError]) -> None:
         super().__init__()
         self.raw, self.cap, self.over, self.seen = raw, cap, over, 0
 
@@ -126,7 +126,7 @@ def open_text(path: Path, what: str, error: ErrorType = ConfigError, *, gz: bool
     more than `max_bytes` of (decompressed) text is a one-line error when it is reached."""
     cap = _cap(max_bytes)
     with open_input(path, what, error, max_bytes=cap) as raw:
-        inner: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        inner: BinaryIO | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
         capped = _Capped(inner, cap, lambda: _too_large(what, path, cap, error))
         with io.TextIOWrapper(io.BufferedReader(capped), encoding="utf-8-sig") as fh:
             yield fh
