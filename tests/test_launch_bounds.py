@@ -61,16 +61,26 @@ def test_each_bounded_key_at_and_past_its_ends(key: str, value: Any, accepted: b
 
 
 MEMORY = [(1, True), (2, True), (MAX_CPU_MEMORY_GIB, True), (MAX_CPU_MEMORY_GIB + 1, False), (1e308, False),
-          (10**20, False), (0.5, False), (-1, False)]
+          (10**20, False), (10**400, False), (float("nan"), False), (float("inf"), False), (0.5, False), (-1, False)]
+GPU_MEMORY = [(0.5, True), (1, True), (0, False), (1.01, False), (10**400, False), (float("nan"), False)]
 
 
-@pytest.mark.parametrize(("value", "accepted"), MEMORY, ids=[repr(v) for v, _ in MEMORY])
+@pytest.mark.parametrize(("value", "accepted"), MEMORY, ids=[repr(v)[:8] for v, _ in MEMORY])
 def test_cpu_memory_is_bounded(value: float, accepted: bool) -> None:
     if accepted:
         assert build(memory=value).memory == value
         return
     with pytest.raises(ConfigError, match=r"launch\.memory on cpu"):
         build(memory=value)
+
+
+@pytest.mark.parametrize(("value", "accepted"), GPU_MEMORY, ids=[repr(v)[:8] for v, _ in GPU_MEMORY])
+def test_gpu_memory_is_a_share(value: float, accepted: bool) -> None:
+    if accepted:
+        assert build(device="gpu", memory=value).memory == value
+        return
+    with pytest.raises(ConfigError, match=r"launch\.memory on gpu is a share of GPU memory in \(0, 1\]"):
+        build(device="gpu", memory=value)
 
 
 CORES = [("0", True), (str(MAX_CORE_ID), True), ("0-3:2", True), (f"0-{MAX_CORE_ID}", True),

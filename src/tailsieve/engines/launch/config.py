@@ -8,7 +8,6 @@ Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the conf
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -149,13 +148,11 @@ class LaunchConfig:
             if not 1 <= p <= 65535:
                 raise ConfigError(f"launch port {p} is outside 1..65535")
         if self.memory is not None:
-            if not math.isfinite(self.memory):
-                raise ConfigError(f"launch.memory must be a finite number, got {excerpt(self.memory)}")
-            if self.device is Device.GPU and not 0 < self.memory <= 1:
-                raise ConfigError("launch.memory on gpu is a share of GPU memory in (0, 1], got "
-                                  f"{excerpt(self.memory)}")
             if self.device is Device.CPU:
                 CPU_MEMORY.check(self.memory, "launch.memory on cpu")
+            elif isinstance(self.memory, bool) or not isinstance(self.memory, int | float) or not 0 < self.memory <= 1:
+                raise ConfigError("launch.memory on gpu is a share of GPU memory in (0, 1], got "
+                                  f"{excerpt(self.memory)}")
             server.check_memory(self.device, self.memory)
 
     def _texts(self) -> list[tuple[str, Any]]:
