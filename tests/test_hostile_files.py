@@ -268,3 +268,13 @@ def test_secret_names_are_redacted_in_every_shape(name: str, shape: str) -> None
     assert value not in out and MASK in out and name in out, out
     assert all(v in out for v in PLAIN.values()), out  # ordinary names keep their values
     assert value not in excerpt(text) and len(excerpt(text * 5)) <= EXCERPT_CHARS + 30
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_more_digits_than_python_converts_name_the_file(doc: str) -> None:
+    """A 5000-digit number (past int()'s 4300-digit limit) fails inside the parser: still one line naming the file."""
+    text, keys, argv_of = DOCS[doc]
+    with scratch() as root:
+        path = write(root, doc, _set(doc, text, keys[0], "9" * 5000).encode())
+        rc, err = run_case("files digits", argv_of(root, path), root)
+        assert rc == 1 and path in err and "invalid" in err and len(err) < 400, err

@@ -204,6 +204,8 @@ def loads_toml(text: str, where: str, error: ErrorType = ConfigError) -> dict[st
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:  # an integer of more digits than int() converts (4300)
+        raise error(f"{where}: invalid TOML ({excerpt(str(exc))})") from None
     except RecursionError:
         raise error(f"{where}: TOML nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not json_depth_ok(doc):
