@@ -207,7 +207,7 @@ def test_warm_up_generation_after_health(model: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="launch.warmup_tokens must be an integer in 0..4096, got -1"):
         fake_cfg(model, warmup_tokens=-1)
     assert load_launch_config(write_cfg(tmp_path, model, "warmup_tokens = 0\n")).warmup_tokens == 0
-    with pytest.raises(ConfigError, match="launch.warmup_tokens must be int, got 'x'"):
+    with pytest.raises(ConfigError, match="launch.warmup_tokens must be an integer in 0..4096, got 'x'"):
         load_launch_config(write_cfg(tmp_path, model, 'warmup_tokens = "x"\n'))
 
 

@@ -194,7 +194,7 @@ def test_bad_step_and_truncated_cells(tmp_path: Path) -> None:
 def test_not_utf8(tmp_path: Path) -> None:
     p = tmp_path / "t.csv"
     p.write_bytes(b"prompt_id,length\n\xff\xfe,1\n")
-    assert "not a UTF-8 text file" in error(p)
+    assert "not UTF-8 text (line 2, byte 17" in error(p)
 
 
 def test_missing_path_and_directory(tmp_path: Path) -> None:

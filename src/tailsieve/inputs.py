@@ -1,9 +1,12 @@
 """The validated input boundary shared by every file reader and flag check (docs/inputs.md).
 
-Files (curves, traces, prompts, TOML/JSON configs, resume state) are read through `read_text`, `loads_json` and
-`loads_toml`: UTF-8 (a byte-order mark is allowed), a size limit, a nesting-depth limit, no non-standard JSON
-constants (NaN, Infinity) unless asked, and every error one line naming the file (and line). Flags are checked with
-`finite`, `int_in` and `float_in`: finite numbers inside documented ranges, errors naming the flag.
+Files (curves, traces, prompts, TOML/JSON configs, resume state) are read through `open_input` (`read_bytes`,
+`read_text`, `open_text`), `loads_json` and `loads_toml`: regular files only (opened non-blocking and checked with
+fstat, so a FIFO never hangs and a device is never read), read with a cap (`MAX_FILE_BYTES` + 1 bytes, never trusting
+`st_size`), UTF-8 (a byte-order mark is allowed), a nesting-depth limit, no non-standard JSON constants (NaN,
+Infinity) unless asked, numbers a float64 holds, and every error one line naming the file (and line, and key). Flags
+are checked with `finite`, `int_in` and `float_in`: finite numbers inside documented ranges, errors naming the flag.
+Error messages quote file content through `excerpt` (redacted, at most 80 characters).
 
 Limits: `MAX_LENGTH` tokens per response (10^9; sums over any realistic step stay far inside int64),
 `MAX_STEP_REQUESTS` requests per step (N·G), `MAX_JSON_DEPTH` nesting levels, `MAX_FILE_BYTES` per document.
@@ -11,15 +14,23 @@ Limits: `MAX_LENGTH` tokens per response (10^9; sums over any realistic step sta
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import io
 import json
 import math
+import os
+import stat
+import sys
 import tomllib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from numbers import Integral
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.redact import clip as clip  # re-exported: how every reader quotes file content
+from tailsieve.redact import excerpt as excerpt
 
 MAX_LENGTH = 10**9  # tokens in one response (or one prompt); larger values are rejected where they are read
 MAX_INT = 2**53  # other integer cells (steps, samples): exact in float64
@@ -32,17 +43,93 @@ MAX_TEMPERATURE = 100.0  # sampling temperature (`rollout`, `profile`): sent to 
 ErrorType = Callable[[str], TailSieveError]
 
 
-def read_text(path: Path, what: str, error: ErrorType = ConfigError, *, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """A file's UTF-8 text (BOM stripped); one-line errors `WHAT PATH: …` for missing, unreadable, too large or
-    non-UTF-8 files."""
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _cap(max_bytes: int | None) -> int:
+    return MAX_FILE_BYTES if max_bytes is None else max_bytes  # read at call time: tests lower the module's limit
+
+
+def _too_large(what: str, path: Path, cap: int, error: ErrorType) -> TailSieveError:
+    return error(f"{what} {path}: more than the {cap:,} bytes allowed")
+
+
+def open_input(path: Path, what: str, error: ErrorType = ConfigError, *, max_bytes: int | None = None) -> BinaryIO:
+    """`path` opened for binary reading when it is a regular file of at most `max_bytes` (default `MAX_FILE_BYTES`)
+    by its size; else a one-line error `WHAT PATH: …`. Opened non-blocking (a FIFO without a writer never hangs)
+    and checked with fstat on the open descriptor (no race with a swapped path); a device, FIFO, socket or
+    directory, also behind a symlink, is refused before one byte is read. The size of a regular file is rechecked
+    while reading (`read_bytes`, `open_text`): /proc files say 0."""
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise error(f"{what} {path}: {size:,} bytes, more than the {max_bytes:,} allowed")
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    return decode(data, f"{what} {path}", error)
+    try:
+        st = os.fstat(fd)
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), None)
+        if kind is not None or not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {path}: {kind or 'not a file'}, not a regular file")
+        if st.st_size > _cap(max_bytes):
+            raise _too_large(what, path, _cap(max_bytes), error)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: Path, what: str, error: ErrorType = ConfigError, *, max_bytes: int | None = None) -> bytes:
+    """A regular file's bytes (`open_input`), read with a cap: at most `max_bytes` + 1 bytes are ever read, and more
+    than `max_bytes` is a one-line error."""
+    cap = _cap(max_bytes)
+    with open_input(path, what, error, max_bytes=cap) as fh:
+        try:
+            data = fh.read(cap + 1)
+        except OSError as exc:
+            raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > cap:
+        raise _too_large(what, path, cap, error)
+    return data
+
+
+def read_text(path: Path, what: str, error: ErrorType = ConfigError, *, max_bytes: int | None = None) -> str:
+    """A file's UTF-8 text (BOM stripped); one-line errors `WHAT PATH: …` for missing, unreadable, not regular, too
+    large or non-UTF-8 files."""
+    return decode(read_bytes(path, what, error, max_bytes=max_bytes), f"{what} {path}", error)
+
+
+class _Capped(io.RawIOBase):
+    """A binary stream that raises `over` once more than `cap` bytes have come through it."""
+
+    def __init__(self, raw: BinaryIO | gzip.GzipFile, cap: int, over: Callable[[], TailSieveError]) -> None:
+        super().__init__()
+        self.raw, self.cap, self.over, self.seen = raw, cap, over, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(min(len(buffer), self.cap + 1 - self.seen) or 1)
+        self.seen += len(data)
+        if self.seen > self.cap:
+            raise self.over()
+        buffer[: len(data)] = data
+        return len(data)
+
+
+@contextlib.contextmanager
+def open_text(path: Path, what: str, error: ErrorType = ConfigError, *, gz: bool = False,
+              max_bytes: int | None = None) -> Iterator[IO[str]]:
+    """A regular file (`open_input`) as UTF-8 text lines (BOM stripped), gunzipped when `gz`, for readers that stream;
+    more than `max_bytes` of (decompressed) text is a one-line error when it is reached."""
+    cap = _cap(max_bytes)
+    with open_input(path, what, error, max_bytes=cap) as raw:
+        inner: BinaryIO | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        capped = _Capped(inner, cap, lambda: _too_large(what, path, cap, error))
+        with io.TextIOWrapper(io.BufferedReader(capped), encoding="utf-8-sig") as fh:
+            yield fh
 
 
 def decode(data: bytes, where: str, error: ErrorType = ConfigError) -> str:
@@ -75,6 +162,23 @@ def json_depth_ok(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
+def check_numbers(obj: Any, where: str, error: ErrorType = ConfigError, *, allow_nan: bool = False) -> None:
+    """Every number in a parsed document is one a float64 holds (|x| <= 1.8e308: a JSON `1e400` parses as inf, an
+    integer of 400 digits overflows where it is used) and finite unless `allow_nan`; else one line naming `where`,
+    the key path (`cost_model.kv_ms_per_1k`, `batch[1]`) and a prefix of the value."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        key, cur = stack.pop()
+        if isinstance(cur, dict):
+            stack.extend(reversed([(f"{key}.{k}" if key else str(k), v) for k, v in cur.items()]))
+        elif isinstance(cur, list):
+            stack.extend(reversed([(f"{key}[{i}]", v) for i, v in enumerate(cur)]))
+        elif (isinstance(cur, float) and not allow_nan and not math.isfinite(cur)) or (
+                isinstance(cur, int) and not isinstance(cur, bool) and abs(cur) > sys.float_info.max):
+            at = f"key {excerpt(key)}" if key else "the document"
+            raise error(f"{where}: {at} holds {excerpt(cur)}, not a finite number within ±{sys.float_info.max:.1e}")
+
+
 def loads_json(text: str, where: str, error: ErrorType = ConfigError, *, allow_nan: bool = False,
                line: bool = True) -> Any:
     """Parse one JSON document (or, with `line=False`, one JSONL line whose number `where` already names); `where`
@@ -90,6 +194,7 @@ def loads_json(text: str, where: str, error: ErrorType = ConfigError, *, allow_n
         raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not json_depth_ok(obj):
         raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    check_numbers(obj, where, error, allow_nan=allow_nan)
     return obj
 
 
@@ -99,10 +204,13 @@ def loads_toml(text: str, where: str, error: ErrorType = ConfigError) -> dict[st
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:  # an integer of more digits than int() converts (4300)
+        raise error(f"{where}: invalid TOML ({excerpt(str(exc))})") from None
     except RecursionError:
         raise error(f"{where}: TOML nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not json_depth_ok(doc):
         raise error(f"{where}: TOML nested more than {MAX_JSON_DEPTH} levels deep")
+    check_numbers(doc, where, error)
     return doc
 
 
@@ -125,7 +233,7 @@ def finite(value: float, flag: str, *, lo: float | None = None, hi: float | None
         lo_s = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
         hi_s = "" if hi is None else f"<= {hi:g}"
         bound = " and ".join(s for s in (lo_s, hi_s) if s)
-        raise ConfigError(f"{flag} must be a finite number{' ' + bound if bound else ''}, got {value!r}")
+        raise ConfigError(f"{flag} must be a finite number{' ' + bound if bound else ''}, got {excerpt(value)}")
     return float(value)
 
 
@@ -133,7 +241,7 @@ def int_in(value: int, flag: str, lo: int, hi: int | None = None) -> int:
     """An integer in [lo, hi]; ConfigError naming the flag otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ConfigError(f"{flag} must be an integer {rng}, got {value!r}")
+        raise ConfigError(f"{flag} must be an integer {rng}, got {excerpt(value)}")
     return value
 
 
@@ -167,7 +275,7 @@ def finite_or_nan(value: Any, flag: str, *, lo: float | None = None, lo_open: bo
 def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
     """`value` when it is one of `choices` (compared with its type: True is not 1); ConfigError otherwise."""
     if not any(type(value) is type(c) and value == c for c in choices):
-        raise ConfigError(f"{flag} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+        raise ConfigError(f"{flag} must be one of {', '.join(repr(c) for c in choices)}, got {excerpt(value)}")
     return value
 
 

@@ -18,9 +18,10 @@ from rich.table import Table
 from tailsieve.cli._common import CliConsole, fmt, nonneg_int, positive_int, print_json
 from tailsieve.engines.kinds import kind_names
 from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for, make_launcher
+from tailsieve.engines.launch.bounds import BOUNDS, MAX_CPU_MEMORY_GIB
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, kind_named, launch_from_mapping
 from tailsieve.errors import ConfigError, Interrupted
-from tailsieve.inputs import finite
+from tailsieve.inputs import excerpt, finite
 from tailsieve.model.spec_parse import load_config_file, parse_spec, read_config
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.outputs import OutputLock, check_target, write_atomic, write_json_atomic
@@ -79,13 +80,13 @@ def _json_table(text: str, flag: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{flag}: invalid JSON: {exc.msg}") from None
     if not isinstance(obj, dict):
-        raise ConfigError(f"{flag}: expected a JSON object, got {text!r}")
+        raise ConfigError(f"{flag}: expected a JSON object, got {excerpt(text)}")
     return obj
 
 
 def _table(obj: Any, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise ConfigError(f"{where} must be a table, got {obj!r}")
+        raise ConfigError(f"{where} must be a table, got {excerpt(obj)}")
     return dict(obj)
 
 
@@ -101,9 +102,9 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
     table: dict[str, Any] = {}
     spec = PoolSpec()
     if args.memory is not None:
-        finite(args.memory, "--memory", lo=0, lo_open=True)
+        finite(args.memory, "--memory", lo=0, lo_open=True, hi=MAX_CPU_MEMORY_GIB)
     if args.startup_timeout is not None:
-        finite(args.startup_timeout, "--startup-timeout", lo=0, lo_open=True)
+        BOUNDS["startup_timeout_s"].check(args.startup_timeout, "--startup-timeout")
     if args.config:
         path = Path(args.config)
         spec = load_config_file(path)
@@ -114,7 +115,7 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         for key, sub in (("args", table), ("tail.args", table.get("tail", {})), ("bulk.args", table.get("bulk", {}))):
             v = sub.get(key.split(".")[-1])
             if v is not None and (isinstance(v, str) or not isinstance(v, list)):
-                raise ConfigError(f"config {path}: launch.{key} must be a list of strings, got {v!r}")
+                raise ConfigError(f"config {path}: launch.{key} must be a list of strings, got {excerpt(v)}")
     tail, bulk = spec.tail, spec.bulk
     if args.tail_spec:
         tail = parse_spec(args.tail_spec, "--tail-spec")
@@ -136,7 +137,7 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         try:
             table["ports"] = [int(x) for x in args.ports.split(",") if x.strip()]
         except ValueError:
-            raise ConfigError(f"--ports: expected comma-separated integers, got {args.ports!r}") from None
+            raise ConfigError(f"--ports: expected comma-separated integers, got {excerpt(args.ports)}") from None
     if args.server_args is not None:
         table["args"] = [*table.get("args", []), *_split(args.server_args, "--server-args")]
     for pool in ("tail", "bulk"):

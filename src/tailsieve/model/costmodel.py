@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.errors import CurveError
-from tailsieve.inputs import loads_json, read_text
+from tailsieve.inputs import excerpt, loads_json, read_text
 from tailsieve.model.curves import MAX_TPOT_MS, MIN_TPOT_MS, TpotCurve, builtin_curves, curve_from_points, load_curve
 
 MODEL_FORMAT = "tailsieve-cost-model/1"
@@ -92,7 +92,7 @@ class CostModel:
 def _term(obj: dict[str, Any], key: str, where: str) -> float:
     v = obj.get(key, 0.0)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= MAX_TERM_MS:
-        raise CurveError(f"{where}: cost_model.{key} must be a number in [0, {MAX_TERM_MS:g}], got {v!r}")
+        raise CurveError(f"{where}: cost_model.{key} must be a number in [0, {MAX_TERM_MS:g}], got {excerpt(v)}")
     return float(v)
 
 
@@ -123,7 +123,7 @@ def load_cost_model(spec: str | Path | TpotCurve | CostModel) -> CostModel:
     if isinstance(spec, str) and spec in builtin_curves():
         return CostModel(builtin_curves()[spec])
     path = Path(spec)
-    if path.is_file():
+    if path.exists():
         text = read_text(path, "curve file", CurveError)
         if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
             return model_from_json(loads_json(text, f"curve file {path}", CurveError), f"curve file {path}", str(path))

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import CurveError
-from tailsieve.inputs import loads_json, read_text
+from tailsieve.inputs import excerpt, loads_json, read_text
 
 FloatArray = NDArray[np.float64]
 MAX_CURVE_POINTS = 100_000
@@ -121,24 +121,24 @@ def _validate_points(name: str, batch: tuple[int, ...], tpot_ms: tuple[float, ..
     _check_size(where, len(batch))
     for b in batch:
         if isinstance(b, bool) or not isinstance(b, int):
-            raise CurveError(f"{where}: batch sizes must be integers, got {b!r}")
+            raise CurveError(f"{where}: batch sizes must be integers, got {excerpt(b)}")
         if b <= 0:
-            raise CurveError(f"{where}: batch sizes must be positive, got {b}")
+            raise CurveError(f"{where}: batch sizes must be positive, got {excerpt(b)}")
         if b > MAX_BATCH:
-            raise CurveError(f"{where}: batch sizes must be at most {MAX_BATCH:,}, got {b}")
+            raise CurveError(f"{where}: batch sizes must be at most {MAX_BATCH:,}, got {excerpt(b)}")
     for a, b in itertools.pairwise(batch):
         if b <= a:
-            raise CurveError(f"{where}: batch sizes must be strictly increasing, got {a} then {b}")
+            raise CurveError(f"{where}: batch sizes must be strictly increasing, got {excerpt(a)} then {b}")
     for t in tpot_ms:
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
-            raise CurveError(f"{where}: tpot_ms must be positive and finite, got {t!r}")
+            raise CurveError(f"{where}: tpot_ms must be positive and finite, got {excerpt(t)}")
         if not MIN_TPOT_MS <= t <= MAX_TPOT_MS:
-            raise CurveError(f"{where}: tpot_ms must lie in [{MIN_TPOT_MS:g}, {MAX_TPOT_MS:g}], got {t!r}")
+            raise CurveError(f"{where}: tpot_ms must lie in [{MIN_TPOT_MS:g}, {MAX_TPOT_MS:g}], got {excerpt(t)}")
 
 
 def _as_int(value: Any, where: str) -> int:
     if isinstance(value, bool):
-        raise CurveError(f"{where}: batch sizes must be integers, got {value!r}")
+        raise CurveError(f"{where}: batch sizes must be integers, got {excerpt(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -148,16 +148,16 @@ def _as_int(value: Any, where: str) -> int:
             return _as_int(float(value), where) if "." in value else int(value)
         except ValueError:
             pass
-    raise CurveError(f"{where}: batch sizes must be integers, got {value!r}")
+    raise CurveError(f"{where}: batch sizes must be integers, got {excerpt(value)}")
 
 
 def _as_float(value: Any, where: str) -> float:
     if isinstance(value, bool):
-        raise CurveError(f"{where}: tpot_ms must be a number, got {value!r}")
+        raise CurveError(f"{where}: tpot_ms must be a number, got {excerpt(value)}")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise CurveError(f"{where}: tpot_ms must be a number, got {value!r}") from None
+        raise CurveError(f"{where}: tpot_ms must be a number, got {excerpt(value)}") from None
 
 
 def curve_from_points(name: str, batch: Any, tpot_ms: Any, **meta: str) -> TpotCurve:
@@ -189,7 +189,7 @@ def read_curve_file(path: Path) -> TpotCurve:
         raise CurveError(f"curve file {path}: empty file")
     header = [h.strip() for h in rows[0]]
     if "batch" not in header or "tpot_ms" not in header:
-        raise CurveError(f"curve file {path}: CSV header must contain 'batch,tpot_ms', got {','.join(header)!r}")
+        raise CurveError(f"curve file {path}: CSV header must contain 'batch,tpot_ms', got {excerpt(','.join(header))}")
     ib, it = header.index("batch"), header.index("tpot_ms")
     batch, tpot = [], []
     for lineno, row in enumerate(rows[1:], start=2):
@@ -232,7 +232,7 @@ def load_curve(spec: str | Path | TpotCurve) -> TpotCurve:
     if isinstance(spec, str) and spec in curves:
         return curves[spec]
     path = Path(spec)
-    if path.is_file():
+    if path.exists():  # a FIFO, device or folder is refused by the reader, not taken for a curve name
         return read_curve_file(path)
     names = ", ".join(sorted(curves))
     raise CurveError(f"unknown curve '{spec}': not a built-in name ({names}) and no such file")

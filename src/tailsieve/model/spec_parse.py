@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import load_document
+from tailsieve.inputs import excerpt, load_document
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod, method_names
 
 SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share", "token_cost",
@@ -20,7 +20,7 @@ SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_co
 def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
     """A `SpecConfig` from loosely typed keys (a config-file table), with one-line errors naming `where.key`."""
     if not isinstance(obj, dict):
-        raise ConfigError(f"{where} must be a table with keys {', '.join(SPEC_KEYS)}, got {obj!r}")
+        raise ConfigError(f"{where} must be a table with keys {', '.join(SPEC_KEYS)}, got {excerpt(obj)}")
     unknown = sorted(set(obj) - set(SPEC_KEYS))
     if unknown:
         raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(SPEC_KEYS)})")
@@ -28,16 +28,16 @@ def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
     try:
         method = SpecMethod(str(raw).strip().lower())
     except ValueError:
-        raise ConfigError(f"{where}.method must be one of {method_names()}, got {raw!r}") from None
+        raise ConfigError(f"{where}.method must be one of {method_names()}, got {excerpt(raw)}") from None
     kw: dict[str, Any] = {}
     for key in SPEC_KEYS[1:]:
         if key not in obj:
             continue
         v = obj[key]
         if key == "tokens" and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ConfigError(f"{where}.tokens must be an integer in 0..{MAX_TOKENS}, got {v!r}")
+            raise ConfigError(f"{where}.tokens must be an integer in 0..{MAX_TOKENS}, got {excerpt(v)}")
         if key != "tokens" and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise ConfigError(f"{where}.{key} must be a number, got {v!r}")
+            raise ConfigError(f"{where}.{key} must be a number, got {excerpt(v)}")
         kw[key] = v
     try:
         return SpecConfig(method, **kw)
@@ -58,15 +58,15 @@ def parse_spec(text: str, where: str) -> SpecConfig:
         try:
             obj["tokens"] = int(tokens)
         except ValueError:
-            raise ConfigError(f"{where}: tokens must be an integer, got {tokens!r} in {text!r}") from None
+            raise ConfigError(f"{where}: tokens must be an integer, got {excerpt(tokens)} in {excerpt(text)}") from None
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or key.strip() not in SPEC_KEYS[2:]:
-            raise ConfigError(f"{where}: expected key=value with key in {', '.join(SPEC_KEYS[2:])}, got {opt!r}")
+            raise ConfigError(f"{where}: expected key=value with key in {', '.join(SPEC_KEYS[2:])}, got {excerpt(opt)}")
         try:
             obj[key.strip()] = float(value)
         except ValueError:
-            raise ConfigError(f"{where}: {key.strip()} must be a number, got {value.strip()!r}") from None
+            raise ConfigError(f"{where}: {key.strip()} must be a number, got {excerpt(value.strip())}") from None
     try:
         spec = spec_from_mapping(obj, where)
     except ConfigError as exc:
@@ -106,7 +106,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
     for table in ("spec", "launch"):
         if not isinstance(doc.get(table, {}), dict):
-            raise ConfigError(f"config {path}: {table} must be a table, got {doc[table]!r}"[:300])
+            raise ConfigError(f"config {path}: {table} must be a table, got {excerpt(doc[table])}"[:300])
     return doc
 
 

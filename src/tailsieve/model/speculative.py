@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import excerpt
 from tailsieve.model.curves import TpotCurve
 
 MAX_TOKENS = 32  # speculative tokens per iteration accepted by the configuration (vLLM allows fewer in practice)
@@ -114,10 +115,10 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpecMethod):
-            raise ConfigError(f"speculative method must be one of {method_names()}, got {self.method!r}")
+            raise ConfigError(f"speculative method must be one of {method_names()}, got {excerpt(self.method)}")
         t = self.tokens
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKENS):
-            raise ConfigError(f"speculative tokens must be an integer in 0..{MAX_TOKENS}, got {t!r}")
+            raise ConfigError(f"speculative tokens must be an integer in 0..{MAX_TOKENS}, got {excerpt(t)}")
         if self.method is SpecMethod.NONE and t:
             raise ConfigError(f"speculative method none takes no speculative tokens, got tokens={t}")
         for name, hi in (("acceptance", 1.0), ("decay", 1.0), ("draft_cost", math.inf), ("verify_cost", 1.0),
@@ -126,14 +127,14 @@ class SpecConfig:
             ok = v is None or (not isinstance(v, bool) and isinstance(v, int | float) and 0.0 <= v <= hi)
             if not ok or (v is not None and math.isnan(v)):
                 span = "[0, 1]" if hi == 1.0 else ">= 0 and finite"
-                raise ConfigError(f"speculative {name} must be {span}, got {v!r}")
+                raise ConfigError(f"speculative {name} must be {span}, got {excerpt(v)}")
         if self.draft_cost is not None and not math.isfinite(self.draft_cost):
-            raise ConfigError(f"speculative draft_cost must be >= 0 and finite, got {self.draft_cost!r}")
+            raise ConfigError(f"speculative draft_cost must be >= 0 and finite, got {excerpt(self.draft_cost)}")
         for name, lo, hi in (("token_cost", 0.0, 100.0), ("token_cost_slope", 0.0, 100.0),
                              ("acceptance_slope", -1.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:  # NaN fails the range
-                raise ConfigError(f"speculative {name} must be in [{lo:g}, {hi:g}], got {v!r}")
+                raise ConfigError(f"speculative {name} must be in [{lo:g}, {hi:g}], got {excerpt(v)}")
 
     @property
     def defaults(self) -> MethodDefaults:

@@ -9,6 +9,7 @@ runs without a file. Errors are one line naming the file, the line and the probl
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import TraceError
-from tailsieve.inputs import MAX_FILE_BYTES, MAX_INT, MAX_LENGTH, loads_json
+from tailsieve.inputs import MAX_INT, MAX_LENGTH, clip, excerpt, loads_json, read_bytes, read_text
 
 DEFAULT_TRACE = "kodcode-r1"
 _BUNDLED = {
@@ -73,15 +74,7 @@ def _pick(header: list[str], aliases: tuple[str, ...], override: str | None) -> 
 
 
 def _read_text(path: Path) -> list[str]:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise TraceError(f"trace {path}: larger than {MAX_FILE_BYTES:,} bytes")
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"trace {path}: not a UTF-8 text file") from None
-    lines = text.splitlines()
+    lines = read_text(path, "trace", TraceError).splitlines()
     if not any(line.strip() for line in lines):
         raise TraceError(f"trace {path}: empty file")
     return lines
@@ -110,7 +103,7 @@ def _csv_rows(path: Path, lines: list[str]) -> tuple[list[str], list[tuple[int, 
     header = [h.strip() for h in parsed[start]]
     if len(set(header)) != len(header):
         dup = next(h for h in header if header.count(h) > 1)
-        raise TraceError(f"trace {path}, line {start + 1}: duplicate column '{dup}' in the header")
+        raise TraceError(f"trace {path}, line {start + 1}: duplicate column {excerpt(dup)} in the header")
     out = []
     for lineno, row in enumerate(parsed[start + 1 :], start=start + 2):
         if not row or (len(row) == 1 and not row[0].strip()):
@@ -126,8 +119,9 @@ def _parquet_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, Any]
         import pyarrow.parquet as pq
     except ImportError:
         raise TraceError(f"trace {path}: reading Parquet needs pyarrow (pip install 'tailsieve[parquet]')") from None
+    data = read_bytes(path, "trace", TraceError)
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(io.BytesIO(data))
     except Exception as exc:  # pyarrow raises several unrelated types for bad files
         raise TraceError(f"trace {path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
     header = [str(c) for c in table.column_names]
@@ -158,7 +152,8 @@ def _int_cell(value: Any, path: Path, lineno: int, column: str, what: str, limit
             raise ValueError
         n = int(f)
     except (TypeError, ValueError, OverflowError):
-        raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is not an integer: {value!r}") from None
+        raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is not an integer: "
+                         f"{excerpt(value)}") from None
     if n < 0:
         raise TraceError(f"trace {path}, line {lineno}: {what} '{column}' is negative: {n}")
     if n > limit:
@@ -173,7 +168,7 @@ def _bool_cell(value: Any, path: Path, lineno: int, column: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
-    raise TraceError(f"trace {path}, line {lineno}: 'truncated' column '{column}' is not a boolean: {value!r}")
+    raise TraceError(f"trace {path}, line {lineno}: 'truncated' column '{column}' is not a boolean: {excerpt(value)}")
 
 
 def _int_column(
@@ -248,10 +243,11 @@ def read_trace(
     lcol = _pick(header, LENGTH_ALIASES, length_column)
     if lcol is None:
         want = f"'{length_column}'" if length_column else "'length' (or " + ", ".join(LENGTH_ALIASES[1:]) + ")"
-        raise TraceError(f"trace {p}: missing length column {want}; columns are {', '.join(header)}")
+        raise TraceError(f"trace {p}: missing length column {want}; columns are {clip(', '.join(header))}")
     pcol = _pick(header, PROMPT_ALIASES, prompt_column)
     if prompt_column is not None and pcol is None:
-        raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are {', '.join(header)}")
+        raise TraceError(f"trace {p}: missing prompt column '{prompt_column}'; columns are "
+                         f"{clip(', '.join(header))}")
     lengths = _int_column(rows, lcol, p, "length", required=True)
     pid = _prompt_ids(rows, pcol, p) if pcol is not None else np.char.add("row", np.arange(len(rows)).astype(np.str_))
 

@@ -8,7 +8,6 @@ Read from the `[launch]`, `[launch.tail]` and `[launch.bulk]` tables of the conf
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -17,8 +16,9 @@ from typing import Any
 
 from tailsieve.engines.kinds.kind import DEFAULT_KIND, Device, EngineKind, get_kind
 from tailsieve.engines.kinds.vllm import CPU_DEFAULT_ARGS, NEEDS_DRAFT_MODEL, VLLM_SERVER
+from tailsieve.engines.launch.bounds import BOUNDS, CPU_MEMORY, check_bounds, check_cores, check_no_nul
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_REPLICAS
+from tailsieve.inputs import MAX_REPLICAS, excerpt
 from tailsieve.model.spec_parse import load_config_file, read_config
 from tailsieve.model.speculative import SpecConfig
 
@@ -110,18 +110,16 @@ class LaunchConfig:
                     object.__setattr__(self, pool, replace(engine, kind=self.kind))
                 except ConfigError as exc:
                     raise ConfigError(f"launch.{pool}: {exc}") from None
-        if isinstance(self.restart_retries, bool) or not isinstance(self.restart_retries, int) \
-                or self.restart_retries < 0:
-            raise ConfigError(f"launch.restart_retries must be an integer >= 0, got {self.restart_retries!r}")
-        if not 0 <= self.restart_backoff_s < float("inf"):
-            raise ConfigError(f"launch.restart_backoff_s must be >= 0, got {self.restart_backoff_s!r}")
+        check_bounds({k: getattr(self, k) for k in BOUNDS})
+        check_no_nul(self._texts())
         r = self.replicas
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPLICAS:
-            raise ConfigError(f"launch.replicas must be an integer in 1..{MAX_REPLICAS}, got {r!r}")
+            raise ConfigError(f"launch.replicas must be an integer in 1..{MAX_REPLICAS}, got {excerpt(r)}")
         if not isinstance(self.device, Device):
-            raise ConfigError(f"launch.device must be cpu or gpu, got {self.device!r}")
+            raise ConfigError(f"launch.device must be cpu or gpu, got {excerpt(self.device)}")
         if not 0 <= self.tail_replicas <= max(r - 1, 0):
-            raise ConfigError(f"launch.tail_replicas must lie in [0, {max(r - 1, 0)}], got {self.tail_replicas}")
+            raise ConfigError(f"launch.tail_replicas must lie in [0, {max(r - 1, 0)}], got "
+                              f"{excerpt(self.tail_replicas)}")
         what = "cores" if self.device is Device.CPU else "gpus"
         if self.places and len(self.places) != r:
             raise ConfigError(f"launch.{what} lists {len(self.places)} entries for {r} replicas")
@@ -132,11 +130,14 @@ class LaunchConfig:
         if bad is not None:
             form = ("a taskset core list like 0, 0-3 or 0,2,4" if self.device is Device.CPU
                     else "CUDA_VISIBLE_DEVICES ids like 0 or 0,1")
-            raise ConfigError(f"launch.{what}: {bad!r} is not {form}")
+            raise ConfigError(f"launch.{what}: {excerpt(bad)} is not {form}")
+        if self.device is Device.CPU:
+            for p in self.places:
+                check_cores(p)
         if self.ray is not None and (not isinstance(self.ray, str) or not _HOST.fullmatch(self.ray)):
-            raise ConfigError(f"launch.ray must be auto or a Ray cluster address HOST:PORT, got {self.ray!r}")
+            raise ConfigError(f"launch.ray must be auto or a Ray cluster address HOST:PORT, got {excerpt(self.ray)}")
         if not isinstance(self.host, str) or not _HOST.fullmatch(self.host):
-            raise ConfigError(f"launch.host must be a host name or IP address, got {self.host!r}")
+            raise ConfigError(f"launch.host must be a host name or IP address, got {excerpt(self.host)}")
         if self.ports:
             if len(self.ports) != r:
                 raise ConfigError(f"launch.ports lists {len(self.ports)} ports for {r} replicas")
@@ -148,17 +149,24 @@ class LaunchConfig:
             if not 1 <= p <= 65535:
                 raise ConfigError(f"launch port {p} is outside 1..65535")
         if self.memory is not None:
-            if not math.isfinite(self.memory):
-                raise ConfigError(f"launch.memory must be a finite number, got {self.memory}")
-            if self.device is Device.GPU and not 0 < self.memory <= 1:
-                raise ConfigError(f"launch.memory on gpu is a share of GPU memory in (0, 1], got {self.memory}")
+            if self.device is Device.CPU:
+                CPU_MEMORY.check(self.memory, "launch.memory on cpu")
+            elif isinstance(self.memory, bool) or not isinstance(self.memory, int | float) or not 0 < self.memory <= 1:
+                raise ConfigError("launch.memory on gpu is a share of GPU memory in (0, 1], got "
+                                  f"{excerpt(self.memory)}")
             server.check_memory(self.device, self.memory)
-        if not (0 < self.startup_timeout_s < math.inf and 0 < self.grace_s < math.inf):
-            raise ConfigError("launch.startup_timeout_s and launch.grace_s must be finite and > 0, got "
-                              f"{self.startup_timeout_s} and {self.grace_s}")
-        w = self.warmup_tokens
-        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 4096:
-            raise ConfigError(f"launch.warmup_tokens must be an integer in 0..4096, got {w!r}")
+
+    def _texts(self) -> list[tuple[str, Any]]:
+        """Every text that becomes part of a server's argv or environment, with its key (for the NUL check)."""
+        out: list[tuple[str, Any]] = [("launch.model", self.model),
+                                      ("launch.served_model_name", self.served_model_name)]
+        for key, seq in (("args", self.args), ("command", self.command), ("tail.args", self.tail.args),
+                         ("bulk.args", self.bulk.args)):
+            out += [(f"launch.{key}[{i}]", v) for i, v in enumerate(seq)]
+        for pool in ("tail", "bulk"):
+            out += [(f"launch.{pool}.speculative.{k}", v) for k, v in getattr(self, pool).speculative]
+        out += [(f"launch.env key {excerpt(k)}", k) for k, _ in self.env]
+        return out + [(f"launch.env.{k}", v) for k, v in self.env]
 
     def place(self, i: int) -> str | None:
         """Replica i's cores (cpu) or GPU ids (gpu); default: core i mod the core count, or GPU i."""
@@ -198,7 +206,7 @@ def check_model(model: str) -> None:
 
 def _strs(v: Any, where: str) -> tuple[str, ...]:
     if isinstance(v, str) or not isinstance(v, list) or not all(isinstance(x, str | int) for x in v):
-        raise ConfigError(f"{where} must be a list of strings, got {v!r}")
+        raise ConfigError(f"{where} must be a list of strings, got {excerpt(v)}")
     return tuple(str(x) for x in v)
 
 
@@ -217,7 +225,7 @@ def pool_engine(spec: SpecConfig, obj: Any, where: str, kind: str = DEFAULT_KIND
         raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(POOL_KEYS)})")
     sp = obj.get("speculative", {})
     if not isinstance(sp, dict):
-        raise ConfigError(f"{where}.speculative must be a table of the engine's speculative keys, got {sp!r}")
+        raise ConfigError(f"{where}.speculative must be a table of the engine's speculative keys, got {excerpt(sp)}")
     try:
         return PoolEngine(spec, tuple(sorted(sp.items())), _strs(obj.get("args", []), f"{where}.args"), kind)
     except ConfigError as exc:
@@ -236,7 +244,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
     try:
         device = Device(str(obj.get("device", "cpu")).lower())
     except ValueError:
-        raise ConfigError(f"{where}.device must be cpu or gpu, got {obj.get('device')!r}") from None
+        raise ConfigError(f"{where}.device must be cpu or gpu, got {excerpt(obj.get('device'))}") from None
     wrong = "gpus" if device is Device.CPU else "cores"
     if wrong in obj:
         raise ConfigError(f"{where}.{wrong} does not apply to device {device.value}")
@@ -246,7 +254,7 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
         raise ConfigError(f"{where}.env must be a table of strings")
     bad_env = next((k for k in env if not k or "=" in k or "\0" in k), None)
     if bad_env is not None:
-        raise ConfigError(f"{where}.env: {bad_env!r} is not an environment variable name")
+        raise ConfigError(f"{where}.env: {excerpt(bad_env)} is not an environment variable name")
     kw: dict[str, Any] = {}
     for key, typ in (("replicas", int), ("base_port", int), ("memory", float), ("served_model_name", str),
                      ("tail_replicas", int), ("cpu_defaults", bool), ("host", str), ("startup_timeout_s", float),
@@ -255,12 +263,12 @@ def launch_from_mapping(obj: Any, tail: SpecConfig, bulk: SpecConfig, where: str
         if key in obj:
             v = obj[key]
             ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float) and not isinstance(v, bool)
-            if not ok or (typ is int and isinstance(v, bool)):
-                raise ConfigError(f"{where}.{key} must be {typ.__name__}, got {v!r}")
+            if key not in BOUNDS and (not ok or (typ is int and isinstance(v, bool))):  # bounds check their own
+                raise ConfigError(f"{where}.{key} must be {typ.__name__}, got {excerpt(v)}")
             kw[key] = v
     ports = obj.get("ports", [])
     if not isinstance(ports, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports):
-        raise ConfigError(f"{where}.ports must be a list of integers, got {ports!r}")
+        raise ConfigError(f"{where}.ports must be a list of integers, got {excerpt(ports)}")
     kind = str(kw.get("kind", DEFAULT_KIND))
     kind_named(kind, where)  # a plugin `pkg.module:KIND` stays named as written (its object may name itself else)
     return LaunchConfig(

@@ -120,7 +120,9 @@ class RayLauncher(ReplicaLauncher):
         lines = [f"# ray cluster: {self.config.ray or 'auto'}"]
         for rep in self.replicas:
             b = bundle(self.config, rep.index)
-            lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}")
+            env = self.serving.shown_env(rep)
+            lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}"
+                         + (f"  env: {env}" if env else ""))
             cmd = self.serving.command(rep, host=rep.host or "NODE_IP", port=str(rep.port) if rep.port else "FREE_PORT")
             lines.append(" ".join(cmd))
         return lines

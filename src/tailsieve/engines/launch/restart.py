@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailsieve.engines.launch.bounds import MAX_BACKOFF_S as MAX_DELAY_S
 from tailsieve.engines.launch.config import LaunchConfig
 
-MAX_DELAY_S = 30.0
+__all__ = ["MAX_DELAY_S", "RestartPolicy"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ it serves and how it ended. A launcher owns a `Serving` and a site; neither inhe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -23,6 +24,7 @@ from tailsieve.engines.kinds.kind import ServerLaunch
 from tailsieve.engines.launch.base import LaunchError, ReplicaSlot
 from tailsieve.engines.launch.config import Device, LaunchConfig
 from tailsieve.engines.launch.process import http_healthy, warm_up_error
+from tailsieve.redact import MASK, redact, secret_name
 
 if TYPE_CHECKING:
     from tailsieve.engines.launch.base import ReplicaLauncher
@@ -124,9 +126,12 @@ class Serving:
         return env | dict(c.env)
 
     def shown_env(self, rep: Replica) -> str:
-        """The placement variables a dry run prints (the kind's `shown_env` prefixes), sorted."""
-        shown = self.config.engine_kind.server.shown_env
-        return " ".join(f"{k}={v}" for k, v in sorted(self.env(rep).items()) if k.startswith(shown))
+        """The environment a dry run prints: the kind's variables (its `shown_env` prefixes) and every `launch.env`
+        variable, sorted, as NAME=value, shell-quoted; a secret-looking name's value is `[redacted]`, and any
+        credential-shaped text in a value too."""
+        shown, given = self.config.engine_kind.server.shown_env, {k for k, _ in self.config.env}
+        return " ".join(f"{k}={MASK if secret_name(k) else shlex.quote(redact(v))}"
+                        for k, v in sorted(self.env(rep).items()) if k.startswith(shown) or k in given)
 
     def healthy(self, rep: Replica) -> bool:
         """The kind's health path of the replica answers 200."""

@@ -9,7 +9,6 @@ or `none` (the text as is). `paper_sampling` is Table A.1's sampling configurati
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -21,7 +20,7 @@ from typing import Any
 
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import loads_json
+from tailsieve.inputs import loads_json, open_text
 
 TEXT_FIELDS = ("prompt", "problem", "question", "instruction", "input", "query", "text", "content")
 ID_FIELDS = ("id", "question_id", "task_id", "prompt_id", "uid", "global_id", "idx")
@@ -103,7 +102,7 @@ def prompt_path(spec: str | Path) -> Path:
     if isinstance(spec, str) and spec in BUNDLED_PROMPTS:
         return Path(str(resources.files("tailsieve").joinpath(BUNDLED_PROMPTS[spec])))
     p = Path(spec)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"prompt file {p} not found (bundled prompt sets: {', '.join(BUNDLED_PROMPTS)})")
     return p
 
@@ -113,13 +112,12 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
     suffix, a record without an id is `line-N`. An empty id, or an id that clashes with one of those generated
     ids, is a one-line `ConfigError` naming the file and line."""
     p = prompt_path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
     out: list[PromptRecord] = []
     seen: dict[str, int] = {}  # id in the file → times seen
     owner: dict[str, int] = {}  # id given → its line
     made: dict[str, int] = {}  # `line-N` id generated → its line
     try:
-        with opener(p, "rt", encoding="utf-8-sig") as fh:
+        with open_text(p, "prompt file", gz=p.suffix == ".gz") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue

@@ -18,6 +18,7 @@ from typing import Any
 
 from tailsieve.engines.rollout.state import control_from_json, control_to_json, router_from_json, router_to_json
 from tailsieve.errors import TailSieveError
+from tailsieve.inputs import read_text
 from tailsieve.integrations.slime.sample import sample_class, sample_from_dict, sample_to_dict
 from tailsieve.integrations.slime.settings import STANDIN_REFUSED, SlimeIntegrationError, check_flags
 from tailsieve.loop import LoopState
@@ -63,10 +64,10 @@ def read_rows(path: Any) -> list[dict[str, Any]]:
     """The rows of a JSONL prompt file (one-line error when missing or malformed)."""
     if not path:
         raise SlimeIntegrationError("no prompts: set --prompt-data (JSONL)")
+    lines = read_text(Path(str(path)), "prompt data", SlimeIntegrationError).splitlines()
     try:
-        lines = Path(str(path)).read_text(encoding="utf-8").splitlines()
         return [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise SlimeIntegrationError(f"prompt data {path}: {exc}") from None
 
 
@@ -187,8 +188,9 @@ class TailSieveDataSource:
         path = state_path(folder, rollout_id)
         if not path.exists():
             return
+        text = read_text(path, "TailSieve state", SlimeIntegrationError)
         try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
+            obj = json.loads(text)
             self.tailsieve = CarryState.from_json(obj)
             if isinstance(self.source, JsonlPromptSource) and "dataset" in obj:
                 self.source.restore(obj["dataset"])
