@@ -139,7 +139,8 @@ def test_hostile_file_at_every_input(flag: str, kind: str, monkeypatch: pytest.M
         rc, err = run_case(f"files {kind}", argv, root)
         assert rc != 0, (flag, kind)
         shown = str(target) if path != "/dev/zero" else path
-        assert shown in err, (flag, kind, err)
+        moved = target.name == "steps.jsonl" and f"{target.parent}: step 0 was not committed" in err
+        assert shown in err or moved, (flag, kind, err)  # moved: one unfinished line, set aside (docs/engines.md)
         assert all(e in err for e in KINDS[kind]), (flag, kind, err)
         assert not any(v in err for v in SECRETS.values()), (flag, kind, err)
         assert "Z" * (EXCERPT_CHARS + 1) not in err, (flag, kind, err)
