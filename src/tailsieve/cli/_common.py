@@ -67,12 +67,6 @@ def add_trace_columns(p: argparse.ArgumentParser, what: str = "the trace file") 
                    help=f"column of {what} holding the prompt ids (default: the first recognised alias)")
 
 
-def add_hidden_alias(p: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:
-    """An older flag name kept working (not shown in --help): `route --trace` is `--workload`, `--policies` is
-    `--policy`, so one name means one thing in every command."""
-    p.add_argument(old, dest=dest, help=argparse.SUPPRESS, **kwargs)
-
-
 class TraceColumns(TypedDict):
     """The column keywords of `load_trace` and `load_workload` (None: the recognised aliases)."""
 
