@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        rc = int(args.func(args))
     except BrokenPipeError:
         return 0
     except (TailSieveError, ValueError, OSError, OverflowError, RecursionError, MemoryError, csv.Error) as exc:
@@ -105,6 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _error_line(args.command, exc, internal=True)
         return 1
+    finally:
+        warnings = _take_warnings()  # dropped after an error: its one line stays alone
+    for line in warnings if rc == 0 else ():
+        print(line, file=sys.stderr)
+    return rc
+
+
+def _take_warnings() -> list[str]:
+    """The warnings the command noted (`cli._common.take_warnings`)."""
+    from tailsieve.cli._common import take_warnings
+
+    return take_warnings()
 
 
 def _error_line(command: str, exc: BaseException, *, internal: bool = False) -> None:

@@ -67,6 +67,29 @@ def add_trace_columns(p: argparse.ArgumentParser, what: str = "the trace file") 
                    help=f"column of {what} holding the prompt ids (default: the first recognised alias)")
 
 
+_WARNINGS: list[str] = []  # lines for stderr once the run goes ahead (`take_warnings`); an error line stays alone
+
+
+def take_warnings() -> list[str]:
+    """The warning lines noted so far, each once: printed on stderr when a run goes ahead (`cli.main` after the
+    command succeeds; `rollout` at its first step), never next to an error line (an error is one line)."""
+    lines = list(_WARNINGS)
+    _WARNINGS.clear()
+    return lines
+
+
+def warn_few_prompts(args: argparse.Namespace, prompts: int, what: str) -> None:
+    """Note a warning (`take_warnings`) when `prompts` distinct prompts cannot fill a step: each step draws N + E
+    groups (E = ⌈ρN⌉, `RouterConfig.extra`), so with fewer prompts the same prompt is drawn twice in one step."""
+    from tailsieve.policy.router import RouterConfig  # numpy: not on the path of `tailsieve --help`
+
+    need = args.groups + RouterConfig(groups=args.groups, rho=args.rho).extra
+    if prompts < need:
+        _WARNINGS.append(f"tailsieve {args.command}: warning: {what} has {prompts:,} prompts but a step draws N + E = "
+                         f"{need:,} groups (N = {args.groups:,}, rho = {args.rho:g}), so prompts repeat within a step; "
+                         "lower --groups or give more prompts")
+
+
 class TraceColumns(TypedDict):
     """The column keywords of `load_trace` and `load_workload` (None: the recognised aliases)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import progress_console, trace_columns
+from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
 from tailsieve.cli.flags import controller_config
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
@@ -117,7 +117,9 @@ def load_inputs(args: argparse.Namespace) -> Workload:
         mode = ReplayMode.SYNTHETIC
     if mode is ReplayMode.SYNTHETIC:
         raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
-    return load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
+    workload = load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
+    warn_few_prompts(args, len(workload.prompts), f"workload {workload.name}")
+    return workload
 
 
 @contextmanager
