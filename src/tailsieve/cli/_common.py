@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -101,6 +102,20 @@ def trace_columns(args: argparse.Namespace) -> TraceColumns:
     """The `length_column` / `prompt_column` keywords of `load_trace` and `load_workload`, from `add_trace_columns`."""
     return TraceColumns(length_column=getattr(args, "length_column", None),
                         prompt_column=getattr(args, "prompt_column", None))
+
+
+def missing_modules(names: Sequence[str]) -> list[str]:
+    """Which of the top-level modules `names` cannot be imported here (found without importing them, so an example
+    that needs an optional extra says so in one line before it starts anything)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # ValueError: sys.modules holds None for it (a blocked import)
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 def print_json(obj: Any) -> None:

@@ -132,7 +132,7 @@ def _parquet_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, Any]
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise TraceError(f"trace {path}: reading Parquet needs pyarrow (pip install 'tailsieve[parquet]')") from None
+        raise TraceError(f"trace {path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several unrelated types for bad files
