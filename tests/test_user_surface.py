@@ -79,3 +79,33 @@ def test_one_replica_still_runs_what_runs_on_one(capsys: pytest.CaptureFixture[s
     assert main(["simulate", "--replicas", "1", "--policy", "uniform,verl-lif", "--steps", "3", "--groups", "4",
                  "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_default_plot_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Every policy of the default `--plot` (14) has its own colour, line style and marker, and no legend covers an
+    axis label or tick label (the q/m panel's twin axis holds the right side, so its legend sits below)."""
+    import tailsieve.cli.simulate_cmd as simulate_cmd
+
+    figures: list[object] = []
+    monkeypatch.setattr(simulate_cmd, "save_figure", lambda fig, path, **kw: figures.append(fig))  # kept open
+    argv = ["simulate", "--steps", "3", "--groups", "8", "--replicas", "4", "--plot", str(tmp_path / "p.png")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    fig = figures[0]
+    fig.canvas.draw()  # type: ignore[attr-defined]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    axes = fig.axes  # type: ignore[attr-defined]
+    lines = axes[0].get_lines()
+    assert len(lines) == 14
+    assert len({(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines}) == 14
+    assert len({ln.get_color() for ln in lines}) >= 13  # one colour repeats at most, with another marker
+    legends = [ax.get_legend().get_window_extent(renderer) for ax in axes if ax.get_legend() is not None]
+    assert len(legends) == 2
+    texts = [t for ax in axes for t in (ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels())
+             if t.get_text()]
+    covered = [t.get_text() for t in texts for box in legends if box.overlaps(t.get_window_extent(renderer))]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # type: ignore[arg-type]
+    assert not covered, covered
