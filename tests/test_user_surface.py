@@ -5,6 +5,7 @@ errors that name only what the user asked for."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,28 @@ def test_the_default_plot_is_readable(tmp_path: Path, monkeypatch: pytest.Monkey
 
     plt.close(fig)  # type: ignore[arg-type]
     assert not covered, covered
+
+
+def render_allow_list() -> str:
+    """`ALLOWED` as docs/architecture.md prints it: one room a line, the five base modules as `base`."""
+    from test_layers import ALLOWED, BASE
+
+    out = []
+    for part, allowed in ALLOWED.items():
+        names = ["base", *(n for n in allowed if n not in BASE)] if set(BASE) <= set(allowed) else list(allowed)
+        out.append(textwrap.fill(", ".join(names), 120, initial_indent=f"{part:<20} ", subsequent_indent=" " * 21))
+    return "\n".join(out)
+
+
+def test_architecture_md_prints_the_allow_list_the_layout_test_checks() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert f"```text\n{render_allow_list()}\n```" in text
+
+
+def test_architecture_md_describes_adapters_as_packages() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    frameworks = sorted(p.name for p in (ROOT / "src" / "tailsieve" / "integrations").iterdir()
+                        if p.is_dir() and p.name != "__pycache__")
+    assert frameworks == ["slime", "trl", "verl"]
+    assert all((ROOT / "src" / "tailsieve" / "integrations" / f / "session.py").is_file() for f in frameworks)
+    assert "integrations/<framework>.py" not in text and "a package `src/tailsieve/integrations/<framework>/`" in text
