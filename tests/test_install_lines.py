@@ -82,7 +82,8 @@ def test_the_scan_finds_the_documented_lines() -> None:
     assert {"README.md", "docs/engines.md", "docs/grpo_example.md", "docs/integrations/trl.md",
             "docs/integrations/verl.md", "examples/trl_grpo/train.py"} <= files
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    test_line = next(n for n, text in enumerate(readme, 1) if text.startswith("pip install -e '.[dev]' && python -m pytest"))
+    command = "pip install -e '.[dev]' && python -m pytest"
+    test_line = next(n for n, text in enumerate(readme, 1) if text.startswith(command))
     assert ("README.md", test_line, ("-e", "'.[dev]'")) in LINES  # the README's test command, as .ci/run installs it
     assert "python -m pip install --quiet -e '.[dev]'\n" in CI
 
