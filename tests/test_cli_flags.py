@@ -42,17 +42,12 @@ def test_a_shared_flag_has_one_type_and_help_in_every_command(flag: str) -> None
     assert {a.type for a in users.values()} == {FLAGS[flag].get("type")}
 
 
-def test_served_model_name_is_one_meaning_and_model_a_deprecated_alias() -> None:
+def test_served_model_name_is_one_meaning() -> None:
     parsers = sub_parsers()
     for cmd in ("profile", "rollout"):
         a = option(parsers[cmd], "--served-model-name")
         assert a is not None and a.dest == "model"
-        alias = option(parsers[cmd], "--model")
-        assert alias is not None and alias.help == argparse.SUPPRESS
     assert option(parsers["launch"], "--model").help == "model folder or hub id"  # type: ignore[union-attr]
-    with pytest.warns(DeprecationWarning, match="--model is deprecated here, use --served-model-name"):
-        args = parsers["profile"].parse_args(["--endpoint", "http://x", "--out", "o.json", "--model", "m"])
-    assert args.model == "m"
 
 
 def test_no_flag_is_read_as_an_abbreviation(capsys: pytest.CaptureFixture[str]) -> None:

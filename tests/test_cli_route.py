@@ -92,20 +92,6 @@ def test_topq_and_subset(capsys: pytest.CaptureFixture[str]) -> None:
     assert repeated == doc  # repeatable, as in simulate
 
 
-def test_old_flag_names_are_hidden_aliases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--trace` and `--policies` (0.1) still work, mean `--workload` and `--policy`, and are not in --help."""
-    rows = [(f"p{i}", 100 * (i + 1)) for i in range(6) for _ in range(2)]
-    path = write_csv(tmp_path / "t.csv", "prompt_id,length", rows)
-    new = run_json(capsys, "--workload", path, "--policy", "seer-oracle", "--groups", "2", "--replicas", "2")
-    old = run_json(capsys, "--trace", path, "--policies", "seer-oracle", "--groups", "2", "--replicas", "2")
-    assert old == new and list(new["steps"][0]["policies"]) == ["uniform", "seer-oracle"]
-    for cmd in ("route", "oracle"):
-        with pytest.raises(SystemExit):
-            main([cmd, "--help"])
-        text = capsys.readouterr().out
-        assert "--workload" in text and "--trace" not in text and "--policies" not in text
-
-
 def test_trace_without_step_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [(f"p{i}", 100 * (i + 1)) for i in range(5) for _ in range(2)]
     path = write_csv(tmp_path / "t.csv", "prompt_id,length", rows)

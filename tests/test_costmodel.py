@@ -183,7 +183,8 @@ def test_plan_prints_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["plan", "--replicas", "1"], "policy tailsieve needs at least 2 replicas (a tail and a bulk pool), got R=1"),
+    (["plan", "--replicas", "1"], "--replicas 1: plan weighs a tail pool against the bulk, which needs at least 2 "
+                                  "replicas (a tail and a bulk pool)"),
     (["plan", "--curve", "/nope/model.json"], "unknown curve"),
     (["plan", "--steps", "0"], "--steps"),
     (["plan", "--kv-ms-per-1k", "nan"], "--kv-ms-per-1k"),

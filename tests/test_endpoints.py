@@ -82,7 +82,7 @@ def test_url_credentials_are_sent_as_basic_auth_and_never_shown(tmp_path: Path, 
     dead = f"http://admin:{secret}@127.0.0.1:9"
     rc = main(["rollout", "--endpoints", dead, "--prompts", str(prompts), "--groups", "2", "--group-size", "2",
                "--give-up-after", "0.2", "--out", str(tmp_path / "dead")])
-    rc2 = main(["profile", "--endpoint", dead, "--model", "m", "--batches", "1", "--retries", "0",
+    rc2 = main(["profile", "--endpoint", dead, "--served-model-name", "m", "--batches", "1", "--retries", "0",
                 "--out", str(tmp_path / "c.json")])
     cap = capsys.readouterr()
     assert rc == rc2 == 1 and "127.0.0.1:9" in cap.err and secret not in all_text(tmp_path, (cap.out, cap.err))
@@ -99,7 +99,8 @@ def test_url_credentials_with_an_api_key_are_refused_in_one_line(command: str, t
         url = srv.url.replace("http://", "http://admin:pw-0123456@")
         rollout = ["rollout", "--endpoints", f"{url},{url}", "--prompts", str(prompts), "--groups", "2",
                    "--group-size", "2"]
-        args = rollout if command == "rollout" else ["profile", "--endpoint", url, "--model", "fake", "--batches", "1"]
+        profile = ["profile", "--endpoint", url, "--served-model-name", "fake", "--batches", "1"]
+        args = rollout if command == "rollout" else profile
         rc = main([*args, "--out", str(tmp_path / "o")])
         assert srv.started == 0
     err = capsys.readouterr().err.strip()

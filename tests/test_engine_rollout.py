@@ -204,26 +204,6 @@ def test_restarts_reported_by_the_pool_hook_reach_the_controller(servers: list[F
     assert batches[1].record.makespan_s >= 3.0 and learnt == 3.0
 
 
-def test_deprecated_assign_by_m_still_moves_pools(servers: list[FakeServer]) -> None:
-    """0.1's `Rollout(assign=f(m))` keeps working (with a DeprecationWarning): it is called with each plan's m."""
-    calls: list[int] = []
-
-    def assign(m: int) -> float:
-        calls.append(m)
-        return 0.0
-
-    async def go() -> None:
-        cfg = config(policy="tailsieve", q=None, m=None, controller=ControllerConfig(m0=1))
-        with pytest.warns(DeprecationWarning, match="pools=f\\(plan\\)"):
-            r = Rollout([s.url for s in servers], cfg, PROMPTS, assign=assign)
-        async with r:
-            for _ in range(2):
-                await r.step()
-
-    asyncio.run(go())
-    assert calls == [0, 1]
-
-
 def test_an_adapter_replaces_the_executor_through_the_hook(servers: list[FakeServer]) -> None:
     """`Rollout.build_executor` is the override point for adapters: the subclass's executor runs every step."""
     plans: list[StepPlan] = []

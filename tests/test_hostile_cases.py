@@ -67,8 +67,8 @@ def test_known_cases_from_the_issue(tmp_path: Path) -> None:
 
 def trace_argv(cmd: str, path: str, root: Path) -> list[str]:
     shape = ["--groups", "3", "--group-size", "2", "--replicas", "2"]
-    return {"route": ["route", "--trace", path, *shape], "analyze": ["analyze", path],
-            "oracle": ["oracle", "--trace", path, "--sample", "4", "--repeat", "2"],
+    return {"route": ["route", "--workload", path, *shape], "analyze": ["analyze", path],
+            "oracle": ["oracle", "--workload", path, "--sample", "4", "--repeat", "2"],
             "simulate": ["simulate", "--workload", path, "--steps", "2", *shape, "--policy", "uniform"],
             "plan": ["plan", "--workload", path, "--steps", "2", *shape],
             "rollout": [*rollout_base(root, prompt_file(root)), "--replay-lengths", path]}[cmd]
@@ -170,8 +170,8 @@ def curve_argv(cmd: str, path: str, root: Path) -> list[str]:
             "simulate": ["simulate", "--curve", path, "--workload", trace, "--steps", "2", *shape, "--policy",
                          "uniform"],
             "plan": ["plan", "--curve", path, "--workload", trace, "--steps", "2", *shape],
-            "route": ["route", "--curve", path, "--trace", trace, *shape],
-            "oracle": ["oracle", "--curve", path, "--trace", trace, "--sample", "4", "--repeat", "2"],
+            "route": ["route", "--curve", path, "--workload", trace, *shape],
+            "oracle": ["oracle", "--curve", path, "--workload", trace, "--sample", "4", "--repeat", "2"],
             "rollout --curve": [*rollout_base(root, prompt_file(root)), "--curve", path],
             "rollout --tail-curve": [*rollout_base(root, prompt_file(root)), "--tail-curve", path]}[cmd]
 

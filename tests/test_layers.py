@@ -1,15 +1,11 @@
 """The layout's import rules (docs/architecture.md), read from the source as an allow-list per room: policy never
 imports the mechanisms, the engines never import the simulator, transport imports no other engine room, no two modules
-share a name, no function grows past 60 lines, and the 0.1 module
-paths still import (as the same module objects, with a DeprecationWarning). `engines/kinds` (one module per engine
+share a name, and no function grows past 60 lines. `engines/kinds` (one module per engine
 flavour: client backend + server half) sits between transport and the launchers/measurement."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -114,21 +110,3 @@ def test_no_function_over_sixty_lines() -> None:
                 if n > 60:
                     long.append(f"{f.relative_to(SRC)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, long
-
-
-OLD_PATHS = [("tailsieve.sim", "tailsieve.simulation.runs"), ("tailsieve.router", "tailsieve.policy.router"),
-             ("tailsieve.curves", "tailsieve.model.curves"),
-             ("tailsieve.engines.client", "tailsieve.engines.transport.engine_client"),
-             ("tailsieve.engines.launchers.local", "tailsieve.engines.launch.local_launcher")]
-
-
-@pytest.mark.parametrize(("old", "new"), OLD_PATHS)
-def test_old_module_paths_still_import_with_a_warning(old: str, new: str) -> None:
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
-    if old == "tailsieve.sim":
-        assert callable(module.run_policy) and module.SimConfig is not None

@@ -16,7 +16,7 @@ import pytest
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Batch, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.engine_executor import PlanNotRunnable
 from tailsieve.engines.rollout.peer_rollout import PeerRollout
 from tailsieve.engines.rollout.prompts import PromptRecord
@@ -36,11 +36,11 @@ def two() -> Iterator[list[FakeServer]]:
         yield [a, b]
 
 
-def test_a_peer_config_gives_a_peer_rollout_that_consumes_exactly_once(two: list[FakeServer]) -> None:
+def test_make_rollout_gives_a_peer_config_a_peer_rollout_that_consumes_exactly_once(two: list[FakeServer]) -> None:
     cfg = RolloutConfig(groups=4, group_size=3, rho=0.5, policy="rollpacker", sampling=SamplingParams(max_tokens=40))
 
     async def go() -> list[tuple[int, ...]]:
-        async with Rollout([s.url for s in two], cfg, PROMPTS) as r:
+        async with make_rollout([s.url for s in two], cfg, PROMPTS) as r:
             assert isinstance(r, PeerRollout)
             out = []
             for _ in range(4):
@@ -64,7 +64,7 @@ def test_the_same_peer_plans_the_same_steps_as_in_simulation(two: list[FakeServe
         make_peer("verl-lif", cfg.router(2), prompts=[p.prompt_id for p in PROMPTS]).initial_state())
 
     async def go() -> tuple[int, ...]:
-        async with Rollout([s.url for s in two], cfg, PROMPTS) as r:
+        async with make_rollout([s.url for s in two], cfg, PROMPTS) as r:
             b = await r.step()
             assert all(s.replica == plan.placement[g.uid][j] for g in b.groups for j, s in enumerate(g.samples))
             return tuple(g.uid for g in b.groups)
@@ -79,7 +79,7 @@ def test_a_resumed_prefix_the_executor_cannot_run_is_refused_before_anything_is_
     cfg = RolloutConfig(groups=4, group_size=3, rho=0.5, policy="april-drop", sampling=SamplingParams(max_tokens=20))
 
     async def go() -> None:
-        async with Rollout([s.url for s in two], cfg, PROMPTS) as r:
+        async with make_rollout([s.url for s in two], cfg, PROMPTS) as r:
             assert r.executor is not None and not r.executor.partial
             plan = make_peer("april-drop", r.rc, prompts=[p.prompt_id for p in PROMPTS]).plan(r.pstate)
             before = sum(s.started for s in two)
@@ -108,7 +108,7 @@ def test_april_partial_resumes_cut_members_from_their_text_on_the_replicas(two: 
                         sampling=SamplingParams(max_tokens=500))
 
     async def go() -> list[Batch]:
-        async with Rollout([s.url for s in two], cfg, PROMPTS) as r:
+        async with make_rollout([s.url for s in two], cfg, PROMPTS) as r:
             assert r.executor is not None and r.executor.partial
             return [await r.step() for _ in range(4)]
 

@@ -30,10 +30,7 @@ WL = fake_workload(60)
 CURVE = make_curve()
 
 
-def test_max_cuts_is_a_deprecated_alias_and_limits_are_validated() -> None:
-    with pytest.warns(DeprecationWarning, match="max_redraws"):
-        rc = RouterConfig(max_cuts=3)
-    assert rc == RouterConfig(max_redraws=3) and rc.max_redraws == 3 and rc.max_cuts is None
+def test_redraw_limits_are_validated() -> None:
     assert RouterConfig().max_redraws == 1
     for bad in (0, -1):
         with pytest.raises(ConfigError, match=f"max_redraws must be an integer >= 1, got {bad}"):

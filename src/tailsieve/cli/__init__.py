@@ -94,9 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        code = int(args.func(args))
+        rc = int(args.func(args))
         sys.stdout.flush()  # a reader that left shows here, not in the interpreter's final flush
-        return code
     except BrokenPipeError:
         return broken_pipe()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal turned into `Interrupted`: 128 + its number
@@ -112,6 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception as exc:
         return _failed(args.command, exc)
+    finally:
+        warnings = _take_warnings()  # dropped after an error: its one line stays alone
+    for line in warnings if rc == 0 else ():
+        print(line, file=sys.stderr)
+    return rc
+
+
+def _take_warnings() -> list[str]:
+    """The warnings the command noted (`cli._common.take_warnings`)."""
+    from tailsieve.cli._common import take_warnings
+
+    return take_warnings()
 
 
 def _failed(command: str, exc: Exception) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -69,10 +70,27 @@ def add_trace_columns(p: argparse.ArgumentParser, what: str = "the trace file") 
                    help=f"column of {what} holding the prompt ids (default: the first recognised alias)")
 
 
-def add_hidden_alias(p: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:
-    """An older flag name kept working (not shown in --help): `route --trace` is `--workload`, `--policies` is
-    `--policy`, so one name means one thing in every command."""
-    p.add_argument(old, dest=dest, help=argparse.SUPPRESS, **kwargs)
+_WARNINGS: list[str] = []  # lines for stderr once the run goes ahead (`take_warnings`); an error line stays alone
+
+
+def take_warnings() -> list[str]:
+    """The warning lines noted so far, each once: printed on stderr when a run goes ahead (`cli.main` after the
+    command succeeds; `rollout` at its first step), never next to an error line (an error is one line)."""
+    lines = list(_WARNINGS)
+    _WARNINGS.clear()
+    return lines
+
+
+def warn_few_prompts(args: argparse.Namespace, prompts: int, what: str) -> None:
+    """Note a warning (`take_warnings`) when `prompts` distinct prompts cannot fill a step: each step draws N + E
+    groups (E = ⌈ρN⌉, `RouterConfig.extra`), so with fewer prompts the same prompt is drawn twice in one step."""
+    from tailsieve.policy.router import RouterConfig  # numpy: not on the path of `tailsieve --help`
+
+    need = args.groups + RouterConfig(groups=args.groups, rho=args.rho).extra
+    if prompts < need:
+        _WARNINGS.append(f"tailsieve {args.command}: warning: {what} has {prompts:,} prompts but a step draws N + E = "
+                         f"{need:,} groups (N = {args.groups:,}, rho = {args.rho:g}), so prompts repeat within a step; "
+                         "lower --groups or give more prompts")
 
 
 class TraceColumns(TypedDict):
@@ -86,6 +104,20 @@ def trace_columns(args: argparse.Namespace) -> TraceColumns:
     """The `length_column` / `prompt_column` keywords of `load_trace` and `load_workload`, from `add_trace_columns`."""
     return TraceColumns(length_column=getattr(args, "length_column", None),
                         prompt_column=getattr(args, "prompt_column", None))
+
+
+def missing_modules(names: Sequence[str]) -> list[str]:
+    """Which of the top-level modules `names` cannot be imported here (found without importing them, so an example
+    that needs an optional extra says so in one line before it starts anything)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # ValueError: sys.modules holds None for it (a blocked import)
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 def print_json(obj: Any) -> None:

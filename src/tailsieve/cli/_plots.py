@@ -60,9 +60,13 @@ def pyplot() -> Any:
     return plt
 
 
-def legend_outside(ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None) -> None:
-    """The legend to the right of the axes, clear of the data."""
+def legend_outside(ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None, *,
+                   below: bool = False) -> None:
+    """The legend to the right of the axes, clear of the data; `below` puts it under the x-axis label instead (a
+    panel with a twin y-axis on the right, whose tick labels and label a legend there would cover)."""
     kw: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 7}
+    if below:
+        kw |= {"loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 4}
     if handles is not None:
         ax.legend(handles, labels, **kw)
     else:

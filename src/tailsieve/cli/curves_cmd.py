@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
-from tailsieve.cli._common import print_json, print_table
+from tailsieve.cli._common import PIPE_WIDTH, print_json, print_table
 from tailsieve.model.curves import builtin_curves, load_curve
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
             for label, text in (("source", c.source), ("licence", c.licence), ("derivation", c.derivation),
                                 ("past the last point", c.extension)):
                 if text:
-                    print(f"{label}: {text}")
+                    print(_wrapped(f"{label}: {text}"))
         return 0
     curves = builtin_curves()
     if args.json:
@@ -44,5 +45,10 @@ def run(args: argparse.Namespace) -> int:
                                          "past the last point", "licence"], listing)
     print("sources (data/ATTRIBUTION.md; `tailsieve curves NAME` shows how the points were derived):")
     for c in curves.values():
-        print(f"  {c.name}: {c.source}")
+        print(_wrapped(f"  {c.name}: {c.source}"))
     return 0
+
+
+def _wrapped(line: str) -> str:
+    """A prose line within the tables' pipe width (PIPE_WIDTH = 120), continued with an indent."""
+    return textwrap.fill(line, PIPE_WIDTH, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)

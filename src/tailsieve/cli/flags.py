@@ -11,14 +11,13 @@ The controller's flags are derived, one per `ControllerConfig` field (`add_contr
 argparse's one-line error, exit 2); `controller_config(args)` builds the config from the flags given.
 
 One name, one meaning: `--served-model-name` is the name a server serves (launch, profile, rollout), `--model`
-only a model folder or hub id (`launch`); `--model` of profile and rollout is a hidden deprecated alias. Every
-command's parser refuses abbreviations (`allow_abbrev=False`), so `--m` can never be read as `--model`.
+only a model folder or hub id (`launch`). Every command's parser refuses abbreviations (`allow_abbrev=False`), so
+`--m` can never be read as `--model`.
 """
 
 from __future__ import annotations
 
 import argparse
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -92,21 +91,10 @@ def add(p: argparse.ArgumentParser, name: str, **override: Any) -> None:
     p.add_argument(name, **{**FLAGS[name], **override})
 
 
-class _DeprecatedModel(argparse.Action):
-    """`--model NAME` of profile and rollout: the served name, now `--served-model-name` (warns once)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        warnings.warn(f"{parser.prog}: --model is deprecated here, use --served-model-name (in `launch`, --model "
-                      "is the model folder)", DeprecationWarning, stacklevel=2)
-        setattr(namespace, self.dest, values)
-
-
 def add_served_model_name(p: argparse.ArgumentParser) -> None:
-    """`--served-model-name` (the name /v1/models lists; default: its first), with `--model` as a hidden alias."""
+    """`--served-model-name` (the name /v1/models lists; default: its first)."""
     p.add_argument("--served-model-name", dest="model", metavar="NAME",
                    help="served model name (default: the first one /v1/models lists)")
-    p.add_argument("--model", dest="model", action=_DeprecatedModel, help=argparse.SUPPRESS)
 
 
 def controller_flag(name: str) -> str:

@@ -16,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from tailsieve.cli._common import (
-    add_hidden_alias,
     add_trace_columns,
     nonneg_int,
     plot_path,
@@ -59,7 +58,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--workload", metavar="TRACE",
                    help="trace file or bundled trace name (default: the bundled KodCode R1 trace)")
-    add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default=DEFAULT_CURVE, help=f"TPOT curve name or file (default {DEFAULT_CURVE})")
     p.add_argument("--sample", type=positive_int, help="requests per group, drawn without replacement")

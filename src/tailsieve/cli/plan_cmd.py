@@ -21,11 +21,12 @@ from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
 from tailsieve.cli.flags import add, add_controller_flags
-from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
+from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar, runs_on
+from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.simulation.runs import PEERS, check_policy, run_policy, static_grid
+from tailsieve.simulation.runs import PEERS, run_policy, static_grid
 from tailsieve.workloads import ReplayMode
 
 ADAPTIVE = "tailsieve"
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     """Simulate the three arms and print the answer."""
     model = load_cost_model(args.curve)
     config = build_config(args, ["static", ADAPTIVE], model)
-    check_policy(ADAPTIVE, args.replicas)
+    if not runs_on(ADAPTIVE, args.replicas):  # the user named no policy: the error names their --replicas
+        raise ConfigError(f"--replicas {args.replicas}: plan weighs a tail pool against the bulk, which needs at least "
+                          "2 replicas (a tail and a bulk pool)")
     workload = load_inputs(args)
     grid_size = max(config.router.extra, 1) * (args.replicas - 1)
     with progress_bar(config.steps * (grid_size + 2 + len(PEERS)), enabled=progress_enabled(),

@@ -25,7 +25,9 @@ from tailsieve.cli._common import (
     print_json,
     progress_console,
     progress_enabled,
+    take_warnings,
     trace_columns,
+    warn_few_prompts,
 )
 from tailsieve.cli.flags import add, add_controller_flags, add_served_model_name, controller_config
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
@@ -266,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
     for cfg in configs.values():
         cfg.policy_spec(replicas)  # every policy check once, before any replica starts (`PolicySpec`)
     prompts = load_prompts(args.prompts)
+    warn_few_prompts(args, len({p.prompt_id for p in prompts}), f"prompt set {args.prompts}")
     if args.weights_dir and not Path(args.weights_dir).is_dir():
         raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
     if args.weights_dir and len(configs) != 1:
@@ -326,6 +329,8 @@ def _run(args: argparse.Namespace, configs: dict[str, RolloutConfig], endpoints:
 
     def tick(name: str, batch: Batch) -> None:
         bar.update(task, advance=1, description=f"{name} step {batch.step}")
+        for line in take_warnings():  # the run went ahead: say it now, not at the end
+            con.print(line, markup=False, highlight=False, soft_wrap=True)
         for ev in [] if launcher is None else launcher.drain_events():  # a replica died / restarts / is back
             con.print(ev, markup=False, highlight=False)
         if not enabled:

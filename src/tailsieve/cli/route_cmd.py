@@ -18,7 +18,6 @@ from numpy.typing import NDArray
 from rich.table import Table
 
 from tailsieve.cli._common import (
-    add_hidden_alias,
     add_trace_columns,
     console,
     print_json,
@@ -91,7 +90,6 @@ def register(sub: Any) -> None:
                                    "all-admit model; report makespans and speedups over uniform group routing.")
     p.add_argument("--workload", metavar="TRACE",
                    help="bundled trace name or CSV/JSONL file (default: the bundled KodCode R1 trace)")
-    add_hidden_alias(p, "--trace", "workload")
     add_trace_columns(p)
     p.add_argument("--curve", default="h100-llama3-8b", help="TPOT curve: built-in name or file (default: %(default)s)")
     add(p, "--replicas")
@@ -100,7 +98,6 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", action="append", metavar="NAME",
                    help=f"repeatable (or comma-separated) subset of: {', '.join(POLICIES)} "
                         f"(default: {','.join(DEFAULT_POLICIES)}, plus topq when --q/--m are given)")
-    add_hidden_alias(p, "--policies", "policy", action="append")
     p.add_argument("--q", type=int, help="topq: number of isolated groups")
     p.add_argument("--m", type=int, help="topq: number of tail replicas")
     p.add_argument("--json", action="store_true", help="machine-readable output (structure in docs/baselines.md)")
@@ -212,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         if per_replica > SEER_MAX_PER_REPLICA and any(p.name == "seer-oracle" for p in policies):
             raise ConfigError(f"seer-oracle balances requests pairwise, quadratic in requests per replica: a step of "
                               f"{per_replica:,} requests per replica exceeds {SEER_MAX_PER_REPLICA:,}; lower --groups "
-                              "or --group-size, raise --replicas, or leave seer-oracle out of --policies")
+                              "or --group-size, raise --replicas, or leave seer-oracle out of --policy")
         result = _route_with_progress(steps, policies, args.replicas, curve, beat, enabled)
     doc = {"trace": trace.source, "curve": curve.name, "replicas": args.replicas, "group_size": args.group_size,
            "groups": args.groups, "prompts_left_out": left_out, **result}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import progress_console, trace_columns
+from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
 from tailsieve.cli.flags import controller_config
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
@@ -38,11 +38,29 @@ def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
     names = [n.strip() for v in values or ["all"] for n in v.split(",") if n.strip()]
     if not names:
         raise ConfigError(f"--policy is empty; valid: {', '.join(policy_names())}, or all")
-    chosen = list(policy_names()) if "all" in names else names
-    for name in chosen:
-        check_policy(name, replicas)
+    if "all" not in names:
+        for name in names:
+            check_policy(name, replicas)
+        chosen = names
+    else:  # the default: the user named no policy, so the error names the flag they gave (--replicas)
+        chosen = list(policy_names())
+        too_few = [n for n in chosen if not runs_on(n, replicas)]
+        if too_few:
+            ok = [n for n in chosen if n not in too_few]
+            raise ConfigError(f"--replicas {replicas}: {len(too_few)} of the {len(chosen)} policies of --policy all "
+                              "(the default) need at least 2 replicas (a tail and a bulk pool); give --replicas 2 or "
+                              f"more, or choose with --policy among {', '.join(ok)}")
     order = {n: i for i, n in enumerate(policy_names())}
     return sorted(dict.fromkeys(["uniform", *chosen]), key=lambda n: order[n])
+
+
+def runs_on(name: str, replicas: int) -> bool:
+    """Whether policy `name` runs on `replicas` replicas (`check_policy`, the one check)."""
+    try:
+        check_policy(name, replicas)
+    except ConfigError:
+        return False
+    return True
 
 
 def replica_config(args: argparse.Namespace, model: CostModel | None = None) -> ReplicaConfig:
@@ -118,7 +136,9 @@ def load_inputs(args: argparse.Namespace) -> Workload:
         mode = ReplayMode.SYNTHETIC
     if mode is ReplayMode.SYNTHETIC:
         raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
-    return load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
+    workload = load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
+    warn_few_prompts(args, len(workload.prompts), f"workload {workload.name}")
+    return workload
 
 
 @contextmanager

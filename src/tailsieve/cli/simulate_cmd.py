@@ -213,7 +213,7 @@ def save_plot(runs: dict[str, PolicyRun], path: Path, title: str, *, quiet: bool
     if adaptive:
         h1, l1 = ax2.get_legend_handles_labels()
         h2, l2 = ax_m.get_legend_handles_labels()
-        legend_outside(ax_m, h1 + h2, l1 + l2)
+        legend_outside(ax_m, h1 + h2, l1 + l2, below=True)  # the right side holds m's axis
     fig.suptitle(title)
     fig.tight_layout()
     save_figure(fig, path, quiet=quiet)

@@ -1,7 +1,7 @@
 """Real engines: an async OpenAI-compatible client, the engine executor, health/faults, the `Rollout` API,
 profiling, prompt templates, state save/restore and local vLLM (CPU) servers. See docs/engines.md."""
 
-from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, RequestMode, Sample
 from tailsieve.engines.rollout.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
 from tailsieve.engines.rollout.state import RolloutState
@@ -50,6 +50,7 @@ __all__ = [
     "TokenPrompt",
     "get_backend",
     "load_prompts",
+    "make_rollout",
     "paper_sampling",
     "register_backend",
     "render",

@@ -9,7 +9,6 @@ by its stream index `uid`) is either consumed in a step's batch or waits as a ca
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -55,8 +54,7 @@ class RouterConfig:
 
     `max_redraws` (default 1): a group is cut at most this many times; a group cut that often is pinned, i.e. its
     next attempt runs to completion (in the tail pool, or the bulk cutoff waits for it), so a long draw is not
-    redrawn until it happens to be short (App. E). Larger values trade length bias for speed. `max_cuts` is the
-    deprecated 0.1 name of the same limit (DeprecationWarning; removed in 0.3).
+    redrawn until it happens to be short (App. E). Larger values trade length bias for speed.
     """
 
     groups: int = 64
@@ -66,13 +64,8 @@ class RouterConfig:
     dispatch: Dispatch = Dispatch.REQUEST
     max_redraws: int = DEFAULT_REDRAWS
     ranking: str = DEFAULT_RANKING  # candidate ranking by name (`tailsieve.policy.ranking.RANKINGS`)
-    max_cuts: int | None = None  # deprecated alias of max_redraws
 
     def __post_init__(self) -> None:
-        if self.max_cuts is not None:
-            warnings.warn("RouterConfig(max_cuts=) is deprecated; use max_redraws=", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "max_redraws", self.max_cuts)
-            object.__setattr__(self, "max_cuts", None)
         object.__setattr__(self, "dispatch", dispatch_of(self.dispatch))
         if self.groups < 1:
             raise ConfigError(f"groups (N) must be >= 1, got {self.groups}")

@@ -68,9 +68,16 @@ class Trace:
 
 
 def _pick(header: list[str], aliases: tuple[str, ...], override: str | None) -> str | None:
-    if override is not None:
-        return override if override in header else None
-    return next((a for a in aliases if a in header), None)
+    """The header column of the first name (the override, else the aliases in order) that the header holds, ignoring
+    case (`Length` is `length`); a column spelled exactly as the name wins over one differing only in case."""
+    for name in (override,) if override is not None else aliases:
+        if name in header:
+            return name
+        folded = name.casefold()
+        hit = next((h for h in header if h.casefold() == folded), None)
+        if hit is not None:
+            return hit
+    return None
 
 
 def _read_text(path: Path) -> list[str]:
@@ -118,7 +125,7 @@ def _parquet_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, Any]
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise TraceError(f"trace {path}: reading Parquet needs pyarrow (pip install 'tailsieve[parquet]')") from None
+        raise TraceError(f"trace {path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     data = read_bytes(path, "trace", TraceError)
     try:
         table = pq.read_table(io.BytesIO(data))

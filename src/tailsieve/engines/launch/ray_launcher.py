@@ -10,7 +10,7 @@ launcher's `RestartPolicy` (`restart_retries` tries, the first at once, then `re
 replica when `/health` answers.
 One replica's death never stops the others: `failure()` speaks only when every replica has given up.
 
-`ray` is imported lazily (install the `ray` extra: `pip install 'tailsieve[ray]'`). The cluster address comes from
+`ray` is imported lazily (install the `ray` extra: `pip install -e '.[ray]'`). The cluster address comes from
 `LaunchConfig.ray` (`auto`, or `HOST:PORT`); a driver that already called `ray.init` keeps its own connection.
 """
 
@@ -144,7 +144,7 @@ class RayLauncher(ReplicaLauncher):
         try:
             import ray
         except ImportError:
-            raise LaunchError("the ray launcher needs Ray: pip install 'tailsieve[ray]'") from None
+            raise LaunchError("the ray launcher needs Ray: pip install -e '.[ray]' (from a clone)") from None
         if not ray.is_initialized():
             address = self.config.ray or "auto"
             check_reachable(address)

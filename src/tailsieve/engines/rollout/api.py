@@ -6,8 +6,8 @@ Each step plans with the same `Router` and controller as the simulator, executes
 Per-pool speculation (§3.4): the controller gets the tail pool's curve (`tail_curve`, or `spec` derived from
 `curve`). The step itself is the shared step loop (`tailsieve.loop.StepLoop.astep`) with `EngineExecutor`.
 `Rollout(..., pools=launcher.pool_hook)` gives a replica launcher each plan's pools before the step runs; the
-restart seconds it returns are added to the step's makespan (docs/launch.md). The 0.1 form `assign=f(m)` still
-works and warns.
+restart seconds it returns are added to the step's makespan (docs/launch.md). `make_rollout` builds the rollout a
+config names: a `Rollout`, or a `PeerRollout` for a peer policy (verl-lif, rollpacker, …).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -51,7 +50,7 @@ from tailsieve.loop import LoopState, PoolHook, build_loop
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.step import GroupRef, StepPlan
 
-__all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate", "pools_from_assign"]
+__all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate", "make_rollout"]
 
 def freeze_startup_heap() -> None:
     """Once per process: move every object alive now (imported modules, configs, the prompt set) out of the cyclic
@@ -69,19 +68,15 @@ _FROZEN = False
 
 class Rollout:
     """Drives real replicas step by step with the simulator's router and controller (see module docstring); a peer
-    policy's config gives a `PeerRollout` (`engines/rollout/peer_rollout.py`: the peer's own loop, same executor)."""
-
-    def __new__(cls, endpoints: Sequence[str | Endpoint], config: RolloutConfig, *args: Any, **kw: Any) -> Rollout:
-        if cls is Rollout and config.policy in PEERS:
-            from tailsieve.engines.rollout.peer_rollout import PeerRollout
-
-            return super().__new__(PeerRollout)
-        return super().__new__(cls)
+    policy runs as a `PeerRollout` (`engines/rollout/peer_rollout.py`: the peer's own loop, same executor), which
+    `make_rollout` builds."""
 
     def __init__(self, endpoints: Sequence[str | Endpoint], config: RolloutConfig,
                  prompts: Sequence[PromptRecord] | str | Path, *, state: RolloutState | str | Path | None = None,
-                 pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
-                 reload: ReloadHook | None = None) -> None:
+                 pools: PoolHook | None = None, reload: ReloadHook | None = None) -> None:
+        if type(self) is Rollout and config.policy in PEERS:
+            raise ConfigError(f"{config.policy} is a peer policy: make_rollout(endpoints, config, prompts) builds its "
+                              "PeerRollout")
         self.endpoints = tuple(e if isinstance(e, Endpoint) else Endpoint.parse(e) for e in endpoints)
         if not self.endpoints:
             raise ConfigError("no endpoints given")
@@ -92,11 +87,6 @@ class Rollout:
         self.policy_spec = config.policy_spec(len(self.endpoints))
         self.rc = self.policy_spec.router
         self.tail_curve, self.curve = self.policy_spec.cost.tail_curve, self.policy_spec.cost.bulk_curve
-        if assign is not None:
-            warnings.warn("Rollout(assign=f(m)) is deprecated: pass pools=f(plan) (a launcher's pool_hook), which "
-                          "receives the plan's tail and bulk replica ids", DeprecationWarning, stacklevel=2)
-            if pools is None:
-                pools = pools_from_assign(assign)
         self.pools = pools
         self.loop = build_loop(self.policy_spec, [p.prompt_id for p in self.prompts])
         self.router, self.controller = self.loop.router, self.loop.controller
@@ -352,6 +342,12 @@ class Rollout:
         return tuple(tuple(s.tokens >= cap for s in g.samples) for g in groups)
 
 
-def pools_from_assign(assign: Callable[[int], float]) -> PoolHook:
-    """Adapter for the deprecated `assign(m)` launcher call."""
-    return lambda plan: assign(plan.m)
+def make_rollout(endpoints: Sequence[str | Endpoint], config: RolloutConfig,
+                 prompts: Sequence[PromptRecord] | str | Path, **kw: Any) -> Rollout:
+    """The rollout `config.policy` names: a `PeerRollout` for a peer policy (`tailsieve.policy.peers.PEERS`), else a
+    `Rollout`; keywords as `Rollout`'s (`state`, `pools`, `reload`)."""
+    if config.policy in PEERS:
+        from tailsieve.engines.rollout.peer_rollout import PeerRollout
+
+        return PeerRollout(endpoints, config, prompts, **kw)
+    return Rollout(endpoints, config, prompts, **kw)

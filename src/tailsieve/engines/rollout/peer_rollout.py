@@ -1,5 +1,5 @@
 """`PeerRollout`: a peer policy (`tailsieve.policy.peers`: verl-lif, rollpacker, april-drop, openrlhf-group …) on
-real replicas. `Rollout(endpoints, RolloutConfig(policy="verl-lif"), prompts)` gives one.
+real replicas. `make_rollout(endpoints, RolloutConfig(policy="verl-lif"), prompts)` gives one.
 
 Everything but the policy is `Rollout`'s: the same endpoints, `EngineExecutor`, prompts, per-request seeds and
 generation counters, pool hook, weight sync and batches. Each step runs the peer's loop (`tailsieve.loop.PeerLoop`:

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.analysis.report import report_json
-from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig, pools_from_assign
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.resume import (
     STATE_FILE,
@@ -198,7 +198,7 @@ def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRe
         points[name] = read_folder(folder) if resume and folder.is_dir() else ResumePoint(None, ())
     prepared: dict[str, tuple[Rollout, PolicyOutput]] = {}
     for name, cfg in configs.items():
-        r = Rollout(endpoints, cfg, prompts, state=points[name].state, pools=pools, reload=reload)
+        r = make_rollout(endpoints, cfg, prompts, state=points[name].state, pools=pools, reload=reload)
         check_steps(points[name].steps, r.router)
         po = PolicyOutput(out, name)
         po.load(points[name].steps, points[name].uncommitted, points[name].note)
@@ -209,13 +209,12 @@ def prepare_runs(endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRe
 async def run_policies_real(
     endpoints: Sequence[str | Endpoint], prompts: Sequence[PromptRecord], configs: Mapping[str, RolloutConfig],
     steps: int, out: Path, *, resume: bool = False, meta: Mapping[str, Any] | None = None,
-    on_step: OnStep | None = None, pools: PoolHook | None = None, assign: Callable[[int], float] | None = None,
+    on_step: OnStep | None = None, pools: PoolHook | None = None,
     live_meta: Callable[[], Mapping[str, Any]] | None = None, weights_dir: Path | None = None,
     reload: ReloadHook | None = None, lock: OutputLock | None = None,
 ) -> dict[str, PolicyRun]:
     """Run every policy `steps` steps, interleaved A B A B …, writing `out` after each step (see module docstring).
-    `pools(plan)`: a launcher's pool move before each step (its restart seconds count in the step; the deprecated
-    `assign(m)` still works); `live_meta()`:
+    `pools(plan)`: a launcher's pool move before each step (its restart seconds count in the step); `live_meta()`:
     report keys read again at every write (the launcher's replicas and restart counts). `weights_dir`: before each
     step the newest checkpoint there (`latest_checkpoint`) is loaded when it changed (one policy only); `reload`:
     the restart fallback of that update (a launcher's `reload`). `out` has one writer (`tailsieve.outputs.OutputLock`):
@@ -224,8 +223,6 @@ async def run_policies_real(
         raise ConfigError(f"steps must be >= 1, got {steps}")
     if weights_dir is not None and len(configs) != 1:
         raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
-    if assign is not None and pools is None:
-        pools = pools_from_assign(assign)
     own = None if lock is not None else OutputLock(out, "rollout", folder=True)
     if own is not None:
         own.check()

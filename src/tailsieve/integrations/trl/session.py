@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Batch, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.weight_sync import WeightUpdate
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
@@ -107,7 +107,7 @@ class TrlSession:
         for i, row in enumerate(dataset):
             self._index.setdefault(repr(row[prompt_key]), i)
         self._loop = asyncio.new_event_loop()
-        self.rollout = Rollout(endpoints, self.config, records)
+        self.rollout = make_rollout(endpoints, self.config, records)
         self.history: list[StepStats] = []
         self.updates: list[WeightUpdate] = []
         self.probes: list[ProbeResult] = []
