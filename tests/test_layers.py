@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tailsieve"
 
 # The allow-list: the rooms of `tailsieve` each room may import (docs/architecture.md). A room is a top-level module
 # or package; `engines/` and `integrations/` are split one level further. An import of a room not listed fails.
-BASE = ("errors.py", "inputs.py", "hashing.py", "redact.py", "registry.py")
+BASE = ("errors.py", "inputs.py", "hashing.py", "outputs.py", "redact.py", "registry.py")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "model": ("errors.py", "inputs.py", "registry.py"),
     "policy": ("errors.py", "inputs.py", "registry.py", "model"),

@@ -236,6 +236,14 @@ def check_flags(args: argparse.Namespace) -> None:
     int_in(args.retries, "--retries", 0, MAX_RETRIES)
 
 
+def _check_weights_dir(args: argparse.Namespace, runs: int) -> None:
+    """`--weights-dir`: a folder, for one training run."""
+    if args.weights_dir and not Path(args.weights_dir).is_dir():
+        raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
+    if args.weights_dir and runs != 1:
+        raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the steps, writing the output folder as they complete; print the simulate-style table."""
     kind = args.kind or DEFAULT_KIND
@@ -269,10 +277,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.policy_spec(replicas)  # every policy check once, before any replica starts (`PolicySpec`)
     prompts = load_prompts(args.prompts)
     warn_few_prompts(args, len({p.prompt_id for p in prompts}), f"prompt set {args.prompts}")
-    if args.weights_dir and not Path(args.weights_dir).is_dir():
-        raise ConfigError(f"--weights-dir {args.weights_dir} is not a folder")
-    if args.weights_dir and len(configs) != 1:
-        raise ConfigError("--weights-dir drives one training run: give exactly one --policy")
+    _check_weights_dir(args, len(configs))
     # the folder's checks before any replica starts; with --launch the URLs are known only after start(), so the
     # checks run on stand-ins, one per replica (a Rollout built for checking opens no connection)
     stand_ins = endpoints or [Endpoint.parse(f"http://127.0.0.1:{i + 1}", kind) for i in range(replicas)]
