@@ -164,7 +164,7 @@ def test_moe_curves_equal_the_shared_rows(name: str) -> None:
     slope = (c.tpot_ms[3] - c.tpot_ms[2]) / 32
     assert c.tpot_s(128) * 1000 == pytest.approx(c.tpot_ms[3] + 64 * slope)
     assert f"+{slope:.3f} ms per request past b=64" in c.extension
-    assert c.licence == "BSD-3-Clause" and "argonne_mixtral_8x7b_step_ms.csv" in c.source
+    assert c.licence == "BSD-3-Clause" and "LLM-Inference-Bench" in c.source
     assert "prefill" in c.derivation and c.is_monotone
 
 
