@@ -148,7 +148,7 @@ def _fit(method: SpecMethod, family: Family, bracket: Bracket) -> SpecProfile:
         sign = 1.0 if bracket is Bracket.LOW else -1.0  # low: cost ≥ published, as cheap as it can be; high: mirrored
         found = box_lp(sign * weight, sign * a, sign * (t - k), LOWER, UPPER)
         if found is None:
-            raise ConfigError(f"no {bracket.value} {method.value} {family.value} profile contains every published point")
+            raise ConfigError(f"no {bracket.value} {method.value}-{family.value} profile contains the published points")
         x = found
     v, u0, u1 = (float(z) for z in x)
     spec = SpecConfig(method, tokens=DEPTH[method], acceptance=alpha, decay=1.0, draft_cost=DRAFT_COST[method],
