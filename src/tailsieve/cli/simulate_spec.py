@@ -96,7 +96,7 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     print_table(table, f"{args.spec}: {setting}")
     print_side_by_side(table)
     if ranged:
-        print_range(console(), ranged, policy, f"{args.spec} on {curve.name}, same stream and steps")
+        print_range(console(), range_json(ranged), policy, f"{args.spec} on {curve.name}, same stream and steps")
     if plot is not None:
         console().print(f"plot saved to {plot}")
     return 0

@@ -118,4 +118,5 @@ def range_json(rows: Sequence[RangeRow]) -> dict[str, object]:
                           "tailsieve_dd": arm(r.symmetric), "tail_only": arm(r.tail_only), "best_split": arm(r.split),
                           "best_split_places_tail": r.split_places_tail}
                          for r in rows],
-            "conclusions": [{"text": c.text, "values": list(c.values), "holds": c.holds} for c in conclusions(rows)]}
+            "conclusions": [{"text": c.text, "values": list(c.values), "holds": c.holds} for c in conclusions(rows)],
+            "verdicts": verdict_lines(rows)}
