@@ -36,6 +36,7 @@ DEPTH = {SpecMethod.MTP: 3, SpecMethod.DFLASH: 15}  # assumptions: the paper's M
 DRAFT_COST = {SpecMethod.MTP: 0.1, SpecMethod.DFLASH: 0.15}  # assumptions: one MTP layer per pass; a small drafter
 REFERENCE_CURVE = {Family.DENSE: "h100-llama3-8b", Family.MOE: "a100x4-mixtral-8x7b"}
 LOWER, UPPER = np.zeros(3), np.asarray([1.0, 100.0, 100.0])  # bounds of (v, u0, u1): SpecConfig's
+CENTRAL_PRECISION = 0.05  # the central profile's stated precision: relative error at each of its fit points
 
 
 @dataclass(frozen=True, slots=True)

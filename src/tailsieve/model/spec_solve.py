@@ -17,6 +17,13 @@ from numpy.typing import NDArray
 EPS = 1e-9
 
 
+def _snap(x: NDArray[np.float64], lo: NDArray[np.float64], hi: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Clip to the box; values within rounding of a bound sit on it (a vertex solve leaves 1e-17 residue)."""
+    x = np.clip(x, lo, hi)
+    x = np.where(np.abs(x - lo) < 1e-12, lo, x)
+    return np.where(np.abs(x - hi) < 1e-12, hi, x)
+
+
 def _key(obj: float, x: NDArray[np.float64]) -> tuple[float, ...]:
     return (round(obj, 10), *(round(float(v), 10) for v in x[::-1]))
 
@@ -35,7 +42,7 @@ def box_lstsq(a: NDArray[np.float64], r: NDArray[np.float64], lo: NDArray[np.flo
             x[free] = np.linalg.lstsq(a[:, free], rhs, rcond=None)[0]
         if np.any(x < lo - EPS) or np.any(x > hi + EPS):
             continue
-        x = np.clip(x, lo, hi)
+        x = _snap(x, lo, hi)
         key = _key(float(np.sum((a @ x - r) ** 2)), x)
         if best is None or key < best[0]:
             best = (key, x)
@@ -58,7 +65,7 @@ def box_lp(c: NDArray[np.float64], g: NDArray[np.float64], h: NDArray[np.float64
         x = np.linalg.solve(m, np.asarray([rhs[i] for i in idx]))
         if np.any(x < lo - EPS) or np.any(x > hi + EPS) or np.any(g @ x < h - EPS * np.maximum(1.0, np.abs(h))):
             continue
-        x = np.clip(x, lo, hi)
+        x = _snap(x, lo, hi)
         key = _key(float(c @ x), x)
         if best is None or key < best[0]:
             best = (key, x)
