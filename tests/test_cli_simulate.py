@@ -147,7 +147,7 @@ def test_per_pool_speculation_flags_and_config_file(capsys: pytest.CaptureFixtur
     plain = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1")
     assert plain["spec"]["tail"]["method"] == "none" and plain["spec"]["bulk"]["tokens"] == 0
     flags = run_json(capsys, "--policy", "static", "--q", "1", "--m", "1", "--tail-spec",
-                     "mtp:4,acceptance=0.8,verify_cost=0.5")
+                     "mtp:default:4,acceptance=0.8,verify_cost=0.5")  # a config file's table: the plain constants
     assert flags["spec"]["tail"] | {"expected_tokens": 0} == {
         "method": "mtp", "tokens": 4, "acceptance": 0.8, "decay": 0.95, "draft_cost": 0.1, "verify_cost": 0.5,
         "draft_share": 1.0, "token_cost": 0.0, "token_cost_slope": 0.0, "acceptance_slope": 0.0,

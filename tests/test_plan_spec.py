@@ -31,10 +31,13 @@ def test_parse_depths() -> None:
 def test_answer_is_the_fastest_pair_of_the_grid_and_matches_run_policy() -> None:
     wl = fake_workload()
     cfg = SimConfig(router=RouterConfig(groups=8, group_size=4, replicas=4, rho=0.25), steps=4)
-    args = argparse.Namespace(spec="mtp-qwen", spec_depths="0,2")
+    args = argparse.Namespace(spec="mtp", spec_depths="0,2")
     doc = answer(args, wl, CURVE, cfg, "static")
+    assert [r["label"] for r in doc["range"]["profiles"]] == ["low", "central", "high"]
+    central = doc["range"]["profiles"][1]
+    assert central["best_split"]["speedup"] == max(g["speedup"] for g in doc["grid"])
     assert [(g["d_bulk"], g["d_tail"]) for g in doc["grid"]] == [(0, 0), (0, 2), (2, 0), (2, 2)]
-    spec = parse_spec("mtp-qwen", "x")
+    spec = parse_spec("mtp", "x")
     ref = run_policy("uniform", wl, CURVE, cfg).mean_step_s()
     assert doc["reference_s"] == ref
     r = run_policy("static", wl, CURVE, replace(cfg, spec=PoolSpec(tail=spec.with_tokens(2), bulk=spec.with_tokens(0))))

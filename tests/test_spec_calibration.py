@@ -1,9 +1,12 @@
-"""Built-in speculation profiles (model/spec_calibration.py): the fitted model against the published points, the
-concurrency where speculation stops paying, and the concurrency terms of the cost model written out by hand."""
+"""Built-in speculation profiles (model/spec_calibration.py): the low, central and high profiles against every
+published point (containment, precision, optimality; one generated case per point, bracket or cell), the read
+numbers, and the concurrency terms of the cost model written out by hand."""
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,98 +14,111 @@ import pytest
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import load_curve
 from tailsieve.model.spec_calibration import (
+    CENTRAL_PRECISION,
+    PROFILE_METHODS,
+    CalibrationRow,
     alpha_for,
     calibration_rows,
     crossing,
-    measurements,
-    profiles,
+    point_alpha,
+    point_depth,
+    profile,
     speedup,
 )
-from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.spec_records import Bracket, Family, Use, measurements
 from tailsieve.model.speculative import EXACT_BATCH, SpecConfig, SpecMethod
 
 H100, MOE = load_curve("h100-llama3-8b"), load_curve("a100x4-mixtral-8x7b")
-
-# Each fit point's stated precision, written out: the sources round to whole percent (recipes: −8%, −32%), to
-# 0.1% (acceptance 36.5%), to whole tok/s (#29244: 88 → 162 and 146 → 93, so ±0.5 tok/s on each side of the
-# ratio) and to 0.01 tok/s (#19952, a ratio of ratios: ±1e-4).
-FIT_TOLERANCE = {
-    "recipes923-acceptance": 0.0005,
-    "recipes923-c8": 0.005,
-    "recipes923-c64": 0.005,
-    "sglang29244-dense": 0.0162,
-    "sglang19952-c32": 0.0001,
-    "sglang29244-moe": 0.0056,
-}
+ROWS = calibration_rows()
+BRACKETED = [r for r in ROWS if r.point.bracketed]
+CENTRAL = [r for r in ROWS if r.point.use is Use.CENTRAL]
+CELLS = [(m, f) for m in PROFILE_METHODS for f in Family]
 
 
-def test_every_fit_point_is_reproduced_within_its_stated_precision() -> None:
-    rows = {r.point.id: r for r in calibration_rows() if r.point.role == "fit"}
-    assert set(rows) == set(FIT_TOLERANCE)
-    for pid, tol in FIT_TOLERANCE.items():
-        assert rows[pid].point.tolerance == tol, pid
-        assert abs(rows[pid].error) <= tol, (pid, rows[pid].model, rows[pid].point.value)
-        assert abs(rows[pid].error) < 1e-9, pid  # closed-form fits: exact up to floating point
+@pytest.mark.parametrize("row", BRACKETED, ids=lambda r: r.point.id)
+def test_brackets_contain_every_published_speedup_at_its_concurrency(row: CalibrationRow) -> None:
+    p, tol = row.point, row.point.tolerance + 1e-9
+    assert row.low is not None and row.high is not None and row.central is not None
+    assert row.low <= p.value + tol and row.high >= p.value - tol, (p.id, row.low, p.value, row.high)
+    assert row.contained
 
 
-def test_published_values_are_the_quoted_numbers() -> None:
+@pytest.mark.parametrize("row", CENTRAL, ids=lambda r: r.point.id)
+def test_central_reproduces_its_fit_points_within_its_stated_precision(row: CalibrationRow) -> None:
+    assert row.central is not None
+    assert abs(row.central / row.point.value - 1.0) <= CENTRAL_PRECISION, (row.point.id, row.central)
+
+
+@pytest.mark.parametrize(("method", "family", "bracket"),
+                         [(m, f, b) for m, f in CELLS for b in (Bracket.LOW, Bracket.HIGH)])
+def test_each_bracket_touches_a_point_that_binds_it(method: SpecMethod, family: Family, bracket: Bracket) -> None:
+    """A bracket is fitted to the record, not drawn loosely around it: at least one point lies on it."""
+    rows = [r for r in BRACKETED if (r.point.method, r.point.family) == (method, family)]
+    ends = [r.low if bracket is Bracket.LOW else r.high for r in rows]
+    gaps = [abs(e - r.point.value) for e, r in zip(ends, rows, strict=True) if e is not None]
+    assert min(gaps) <= max(r.point.tolerance for r in rows) + 1e-6
+
+
+@pytest.mark.parametrize(("method", "family"), CELLS)
+def test_central_is_the_least_squares_optimum_of_its_points(method: SpecMethod, family: Family) -> None:
+    prof = profile(method, family, Bracket.CENTRAL)
+    pts = [r.point for r in CENTRAL if (r.point.method, r.point.family) == (method, family)]
+
+    def loss(spec: SpecConfig) -> float:
+        """The fitted objective: squared relative error of the iteration cost ā/S (= S_published/S_model − 1)."""
+        return sum((m.value / speedup(spec.with_tokens(point_depth(m)), prof.curve, m.concurrency or 1) - 1) ** 2
+                   for m in pts)
+
+    best = loss(prof.spec)
+    for key, hi in (("verify_cost", 1.0), ("token_cost", 100.0), ("token_cost_slope", 100.0)):
+        for step in (-1e-3, 1e-3):
+            v = getattr(prof.spec, key) + step
+            if 0.0 <= v <= hi:
+                assert loss(replace(prof.spec, **{key: v})) >= best - 1e-12, (key, step)
+
+
+@pytest.mark.parametrize(("method", "family"), CELLS)
+def test_acceptance_brackets_are_the_records_minimum_median_and_maximum(method: SpecMethod, family: Family) -> None:
+    alphas = sorted(point_alpha(m) for m in measurements() if m.method is method and m.use is Use.ACCEPTANCE)
+    got = [profile(method, family, b).spec.alpha for b in Bracket]
+    assert got == [alphas[0], statistics.median(alphas), alphas[-1]]
+    assert all(profile(method, family, b).spec.acceptance_slope == 0.0 for b in Bracket)
+
+
+def test_published_values_are_the_read_numbers() -> None:
     m = {x.id: x for x in measurements()}
-    assert m["recipes923-c8"].value == 0.92 and m["recipes923-c64"].value == 0.68
-    assert m["sglang29244-dense"].value == pytest.approx(162 / 88, abs=1e-4)
-    assert m["sglang29244-moe"].value == pytest.approx(93 / 146, abs=1e-4)
-    assert m["sglang19952-c32"].value == pytest.approx((2115.39 / 1860.84) / (207.19 / 103.61), abs=1e-4)
-    assert m["sglang19952-c4"].value == pytest.approx((684.67 / 361.46) / (207.19 / 103.61), abs=1e-4)
-    assert all(x.source.startswith("https://github.com/") for x in m.values())
+    for pid, num, den in (("zlab4b-mtp-c1", 458, 274), ("zlab4b-mtp-c32", 6873, 5836), ("zlab4b-dflash-c1", 959, 274),
+                          ("zlab4b-dflash-c16", 8563, 3663), ("zlab35b-mtp-c8", 2165, 1283),
+                          ("zlab35b-dflash-c1", 681, 246), ("skyrl-rollout", 310.1, 152.4), ("ornith9b", 207.5, 44.8),
+                          ("ornith35b", 470.2, 202.5), ("runtimewire-dflash", 874.6, 202.9),
+                          ("gpustack-rate1", 1.85, 1.50), ("sglang29244-moe", 93, 146),
+                          ("sglang19952-c32", 2115.39, 1860.84)):
+        assert m[pid].value == pytest.approx(num / den, abs=1e-4), pid
+    for x in m.values():
+        assert x.source and x.hardware and x.engine and x.model and x.task and x.note, x.id
+        assert x.tolerance > 0 and (x.concurrency is not None or not x.bracketed)
 
 
-def test_check_point_errors_are_the_documented_ones() -> None:
-    rows = {r.point.id: r for r in calibration_rows()}
-    # #19952 at concurrency 4 is not fitted: one v through the h100 curve's shape gives 0.911 against 0.947
-    assert rows["sglang19952-c4"].error == pytest.approx(-0.0363, abs=5e-4)
-    # flat acceptance predicts each group's mean; the published scatter around it is at most 0.055 (DFlash, of 6.3)
-    # and 0.0116 (MTP, of 0.57): what a concurrency-independent acceptance leaves
-    dflash = [abs(r.error) for r in rows.values() if r.point.id.startswith("sglang16818")]
-    mtp = [abs(r.error) for r in rows.values() if r.point.id.startswith("vllm41044")]
-    assert max(dflash) == pytest.approx(0.055, abs=1e-9) and max(mtp) == pytest.approx(0.0116, abs=1e-9)
+def test_the_issue_43_mismatch_is_gone() -> None:
+    """Before: the MoE DFlash profile lost at every concurrency and MTP lost from b = 8 on, so Table 2's MoE result
+    could not happen. The central profiles now win at low concurrency on their reference curves."""
+    assert speedup(profile(SpecMethod.DFLASH, Family.MOE, Bracket.CENTRAL).spec, MOE, 1) > 2.5
+    assert speedup(profile(SpecMethod.MTP, Family.DENSE, Bracket.CENTRAL).spec, H100, 8) > 1.4
+    assert speedup(profile(SpecMethod.MTP, Family.MOE, Bracket.CENTRAL).spec, MOE, 8) > 1.6
+    low = profile(SpecMethod.MTP, Family.DENSE, Bracket.LOW).spec  # the old pessimistic end stays as the low bracket
+    assert speedup(low, H100, 8) == pytest.approx(0.92, abs=1e-9) and speedup(low, H100, 64) == pytest.approx(0.68)
 
 
-def test_published_acceptance_does_not_trend_with_concurrency() -> None:
-    """Least-squares slope of the accept length on log2 b (#16818, TP1): far below the profiles' resolution."""
-    pts = [(m.concurrency, m.value) for m in measurements() if m.id.startswith("sglang16818")]
-    x = np.log2([b for b, _ in pts])
-    y = np.asarray([v for _, v in pts])
-    slope = np.polyfit(x, y, 1)[0]
-    assert abs(slope / y.mean()) < 0.002  # relative change per doubling
-    assert all(p.spec.acceptance_slope == 0.0 for p in profiles().values())
-
-
-def test_mtp_wins_at_low_concurrency_and_crosses_where_the_recipe_says_on_every_curve() -> None:
-    spec = profiles()["mtp-qwen"].spec
-    for curve in (H100, MOE, load_curve("a100-llama3-8b")):
-        assert speedup(spec, curve, 1) > 1.4 and speedup(spec, curve, 4) > 1.0 > speedup(spec, curve, 5)
-        assert speedup(spec, curve, 8) == pytest.approx(0.92, abs=1e-9)
-        assert speedup(spec, curve, 64) == pytest.approx(0.68, abs=1e-9)
-        cross = crossing(spec, curve)
-        assert cross is not None and 4.0 < cross < 5.0
-
-
-def test_mtp_speedup_is_the_closed_form_at_every_batch() -> None:
+def test_mtp_low_speedup_is_the_closed_form_at_every_batch() -> None:
     """v = 0: S(b) = ā / (1 + d·c + d·(u0 + u1·log2 b)), independent of the curve, up to EXACT_BATCH."""
-    spec = profiles()["mtp-qwen"].spec
+    spec = profile(SpecMethod.MTP, Family.DENSE, Bracket.LOW).spec
+    assert spec.verify == 0.0
     b = np.arange(1, EXACT_BATCH + 1)
     want = spec.expected_tokens() / (1 + 3 * 0.1 + 3 * (spec.token_cost + spec.token_cost_slope * np.log2(b)))
     got = H100.table(EXACT_BATCH)[1:] / spec.curve(H100).table(EXACT_BATCH)[1:]
     np.testing.assert_allclose(got, want, rtol=1e-11)
-
-
-def test_dflash_wins_on_the_dense_curve_and_loses_on_moe_at_batch_one() -> None:
-    dense, moe = profiles()["dflash-qwen3-8b"].spec, profiles()["dflash-qwen3-30b-a3b"].spec
-    assert speedup(dense, H100, 1) == pytest.approx(162 / 88, abs=1e-4)  # the file keeps 4 decimals
-    assert speedup(moe, MOE, 1) == pytest.approx(93 / 146, abs=1e-4)
-    assert crossing(moe, MOE) == 1.0  # loses already at b = 1
-    cross = crossing(dense, H100)
-    assert cross is not None and 32 < cross < 64  # #19952 still gains at concurrency 32
-    assert moe.verify > 0.8 > 0.2 > dense.verify  # MoE's extra tokens read further experts; dense ones nearly free
+    cross = crossing(spec, H100)
+    assert cross is not None and 4.0 < cross < 5.0
 
 
 def test_alpha_for_inverts_the_expected_tokens() -> None:
@@ -136,20 +152,6 @@ def test_token_cost_terms_enter_the_iteration_cost() -> None:
         tau_x = float(np.interp(x, np.arange(tau.size), tau))
         verify = tau[b] + 0.5 * (tau_x - tau[b]) + 0.5 * 3 * (0.03 + 0.02 * math.log2(b)) * tau[b]
         assert tspec[b] * spec.expected_tokens(b) == pytest.approx(verify * 1.2, rel=1e-11)
-
-
-def test_profiles_parse_by_name_with_overrides() -> None:
-    spec = parse_spec("mtp-qwen", "--tail-spec")
-    assert spec == profiles()["mtp-qwen"].spec and spec.depth == 3
-    two = parse_spec("MTP-QWEN:2,acceptance=0.7", "--tail-spec")
-    assert two.depth == 2 and two.alpha == 0.7 and two.token_cost_slope == spec.token_cost_slope
-    assert parse_spec("dflash-qwen3-30b-a3b", "x").depth == 15
-    with pytest.raises(ConfigError) as exc:
-        parse_spec("mtp-qwn", "--tail-spec")
-    assert str(exc.value) == ("--tail-spec.method must be one of none, mtp, eagle3, dflash, ngram, suffix, got "
-                              "'mtp-qwn', or a profile: mtp-qwen, dflash-qwen3-8b, dflash-qwen3-30b-a3b")
-    with pytest.raises(ConfigError, match=r"^--bulk-spec: speculative tokens must be an integer in 0..32, got 40$"):
-        parse_spec("mtp-qwen:40", "--bulk-spec")
 
 
 @pytest.mark.parametrize(("kw", "message"), [

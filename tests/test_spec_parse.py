@@ -18,7 +18,8 @@ def test_parse_spec() -> None:
     s = parse_spec("MTP:5, acceptance=0.8,decay=1,draft_cost=0", "--tail-spec")
     assert (s.method, s.depth, s.alpha, s.gamma, s.cost) == (MTP, 5, 0.8, 1.0, 0.0)
     assert parse_spec("none", "--bulk-spec") == SpecConfig()
-    assert parse_spec("dflash", "x").tokens is None
+    assert parse_spec("dflash:default", "x").tokens is None  # the method's own constants
+    assert parse_spec("dflash", "x").depth == 15  # the calibrated central profile (block 16)
     for text, needle in [
         ("warp:3", "--tail-spec.method must be one of none, mtp"),
         ("mtp:x", "--tail-spec: tokens must be an integer, got 'x'"),

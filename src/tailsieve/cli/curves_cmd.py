@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from tailsieve.cli._common import PIPE_WIDTH, print_json, print_table
+from tailsieve.cli.curves_spec import lines, profile_doc
 from tailsieve.model.curves import builtin_curves, load_curve
 
 
@@ -14,12 +15,22 @@ def register(sub: Any) -> None:
     """Add the `curves` command."""
     p = sub.add_parser("curves", help="list built-in TPOT curves (or show one curve or file)")
     p.add_argument("curve", nargs="?", help="show this curve (built-in name or file) with τ(b) samples")
+    p.add_argument("--spec", action="store_true", help="show the speculation profiles' speedup against concurrency "
+                   "beside the published points (docs/speculative.md)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """List curves, or tabulate one."""
+    """List curves, or tabulate one, or the speculation profiles (--spec)."""
+    if args.spec:
+        if args.json:
+            print_json(profile_doc())
+        else:
+            print("\n".join(lines()[1:]))
+            print("[fit]: the central profile's least-squares points; [range]: the low and high profiles contain it;\n"
+                  "[check]: shown only. Sources: data/spec_measurements.json, docs/speculative.md.")
+        return 0
     if args.curve:
         c = load_curve(args.curve)
         sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]

@@ -65,7 +65,8 @@ FLAGS: dict[str, dict[str, Any]] = {
                                        "0; the flag overrides the file)"},
     "--max-num-seqs": {"type": int, "help": "replica admission cap (FCFS queue); default: all admitted"},
     "--tail-spec": {"metavar": "SPEC",
-                    "help": "tail pool speculation METHOD[:TOKENS][,key=value…] (docs/speculative.md)"},
+                    "help": "tail pool speculation NAME[:BRACKET][:TOKENS][,key=value…]: mtp and dflash are the "
+                            "published range's central profile, mtp:low / mtp:high its brackets (docs/speculative.md)"},
     "--bulk-spec": {"metavar": "SPEC", "help": "bulk pool speculation, same form as --tail-spec"},
     "--bias-correction": {"action": "store_true",
                           "help": "per-group weights that undo the routing's length bias (beyond the paper; "

@@ -17,12 +17,15 @@ from rich.table import Table
 
 from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
+from tailsieve.cli.spec_range_view import print_range
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.spec_parse import parse_spec
-from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecMethod
+from tailsieve.model.spec_fit import context_for
+from tailsieve.model.spec_parse import parse_spec, spec_range
+from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.simulation.spec_budget import tail_bound_share
+from tailsieve.simulation.spec_range import range_json, row_from_grid
 from tailsieve.workloads import Workload
 
 DEFAULT_DEPTHS = "0,1,2,3"
@@ -31,7 +34,8 @@ DEFAULT_DEPTHS = "0,1,2,3"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """plan's `--spec` and `--spec-depths`."""
     p.add_argument("--spec", help="answer 'which speculative depth per pool?' for this method or built-in profile "
-                                  "(mtp-qwen, dflash-qwen3-8b, dflash-qwen3-30b-a3b, or METHOD[,key=value…])")
+                                  "(mtp, dflash: the central profile for the curve's family, the low and high ones "
+                                  "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…])")
     p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
                    help="depths tried on each pool, comma-separated (default: %(default)s)")
 
@@ -53,22 +57,33 @@ def parse_depths(text: str) -> tuple[int, ...]:
 def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,
            policy: str) -> dict[str, Any]:
     """Run the depth grid and return the answer as JSON-ready data."""
-    spec = parse_spec(args.spec, "--spec")
+    context = context_for(getattr(args, "curve", None), curve)
+    spec = parse_spec(args.spec, "--spec", context)
     if spec.method is SpecMethod.NONE:
         raise ConfigError("--spec needs a speculative method or profile, got none")
     depths = parse_depths(args.spec_depths)
     pairs = [(b, t) for b in depths for t in depths]
-    total = config.steps * (len(pairs) + len(depths) + 1)
+    others = [(label, s) for label, s in spec_range(args.spec, context) if s != spec]
+    sweeps = 1 + len(others)
+    total = config.steps * (sweeps * (len(pairs) + len(depths)) + 1)
     with progress_bar(total, enabled=progress_enabled(), command="plan") as tick:
         def run(name: str, pools: PoolSpec) -> Any:
             return run_policy(name, workload, curve, replace(config, spec=pools), on_step=tick)
 
+        def sweep(s: SpecConfig) -> tuple[dict[int, float], dict[tuple[int, int], tuple[float, float, int, int]]]:
+            uni = {d: run("uniform", PoolSpec.uniform(s.with_tokens(d))).mean_step_s() for d in depths}
+            cells = {}
+            for d_bulk, d_tail in pairs:
+                r = run(policy, PoolSpec(tail=s.with_tokens(d_tail), bulk=s.with_tokens(d_bulk)))
+                cells[(d_bulk, d_tail)] = (r.mean_step_s(), tail_bound_share(r), r.final_q, r.final_m)
+            return uni, cells
+
         reference = run("uniform", PoolSpec()).mean_step_s()
-        uniform = {d: run("uniform", PoolSpec.uniform(spec.with_tokens(d))).mean_step_s() for d in depths}
-        grid = {}
-        for d_bulk, d_tail in pairs:
-            r = run(policy, PoolSpec(tail=spec.with_tokens(d_tail), bulk=spec.with_tokens(d_bulk)))
-            grid[(d_bulk, d_tail)] = (r.mean_step_s(), tail_bound_share(r), r.final_q, r.final_m)
+        uniform, grid = sweep(spec)
+        swept = {label: (uniform, grid) if s == spec else sweep(s) for label, s in spec_range(args.spec, context)}
+    ranged = [row_from_grid(label, {d: reference / t for d, t in u.items()},
+                            {k: reference / v[0] for k, v in g.items()},
+                            {k: not math.isnan(v[1]) for k, v in g.items()}) for label, (u, g) in swept.items()]
     best = min(grid, key=lambda k: (grid[k][0], k[1], k[0]))
     ubest = min(uniform, key=lambda d: (uniform[d], d))
     t_best, share, q, m = grid[best]
@@ -82,6 +97,7 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
                  "vs_best_uniform": uniform[ubest] / t_best, "uses_tail_pool": not math.isnan(share),
                  "final_q": q, "final_m": m},
         "best_uniform": {"depth": ubest, "speedup": reference / uniform[ubest]},
+        "range": range_json(ranged) if ranged else None,
     }
 
 
@@ -104,3 +120,5 @@ def print_answer(con: Console, doc: dict[str, Any]) -> None:
               f"without speculation, {best['vs_best_uniform']:.3f}× uniform at its best depth {ub['depth']} "
               f"({ub['speedup']:.3f}×); settles at q = {best['final_q']}, m = {best['final_m']}{where}.",
               highlight=False)
+    if doc.get("range"):
+        print_range(con, doc["range"], doc["policy"], f"{doc['spec']}, same stream and steps")

@@ -66,7 +66,7 @@ def register(sub: Any) -> None:
                         "MTP/EAGLE-3 only c + token_cost is measurable, docs/speculative.md)")
     p.add_argument("--verify-cost", type=float, default=0.0,
                    help="verify_cost v held fixed in the concurrency fit (default: %(default)s, the extra tokens' cost "
-                        "is token_cost + token_cost_slope·log2 b alone, as in mtp-qwen)")
+                        "is token_cost + token_cost_slope·log2 b alone, as in mtp-dense:low)")
     p.add_argument("--out", required=True, help="model (curve) JSON to write; `--curve` of simulate, rollout, plan")
     p.add_argument("--plot", help="also save the measured points against the fit (or τ(b) and throughput) to this "
                                   ".png/.pdf/.svg")

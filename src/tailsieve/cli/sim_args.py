@@ -19,7 +19,8 @@ from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.model.costmodel import CostModel
-from tailsieve.model.spec_parse import load_config_file, parse_spec
+from tailsieve.model.spec_fit import context_for
+from tailsieve.model.spec_parse import SpecContext, load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of
@@ -99,7 +100,8 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
                           dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
     return SimConfig(router=router, replica=replica, controller=controller_config(args), steps=args.steps, q=args.q,
-                     m=args.m, shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args), restart_s=args.restart_s,
+                     m=args.m, shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args, spec_context(args, model)),
+                     restart_s=args.restart_s,
                      bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies),
                      engine_scale=engine_scale)
 
@@ -118,13 +120,18 @@ def peer_config(args: argparse.Namespace, policies: list[str]) -> PeerConfig:
         raise ConfigError(f"{flag}: {e}") from None
 
 
-def pool_spec(args: argparse.Namespace) -> PoolSpec:
+def spec_context(args: argparse.Namespace, model: CostModel | None) -> SpecContext:
+    """What a bare `mtp` / `dflash` means on this run's `--curve` (its family; a model file's own fit first)."""
+    return SpecContext() if model is None else context_for(getattr(args, "curve", None), model.curve)
+
+
+def pool_spec(args: argparse.Namespace, context: SpecContext | None = None) -> PoolSpec:
     """Per-pool speculation: the --config file's [spec] tables, then --tail-spec / --bulk-spec on top."""
     pools = load_config_file(Path(args.config)) if args.config else PoolSpec()
     if args.tail_spec is not None:
-        pools = replace(pools, tail=parse_spec(args.tail_spec, "--tail-spec"))
+        pools = replace(pools, tail=parse_spec(args.tail_spec, "--tail-spec", context))
     if args.bulk_spec is not None:
-        pools = replace(pools, bulk=parse_spec(args.bulk_spec, "--bulk-spec"))
+        pools = replace(pools, bulk=parse_spec(args.bulk_spec, "--bulk-spec", context))
     return pools
 
 

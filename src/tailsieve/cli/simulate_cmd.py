@@ -86,7 +86,8 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
     add(p, "--tail-spec")
     add(p, "--bulk-spec")
     p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
-                   "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; METHOD[,key=value…]")
+                   "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; NAME[:BRACKET][,key=value…] "
+                   "(mtp, dflash: also under the published range's low, central and high profiles)")
     p.add_argument("--spec-budgets", metavar="LIST", help="--spec: comma-separated budgets d (default: 0,1,…,6)")
     add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")

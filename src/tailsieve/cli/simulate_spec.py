@@ -11,10 +11,12 @@ from rich.table import Table
 
 from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
+from tailsieve.cli.spec_range_view import print_range
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.model.spec_parse import parse_spec
+from tailsieve.model.spec_fit import context_for
+from tailsieve.model.spec_parse import SpecContext, parse_spec, spec_range
 from tailsieve.model.speculative import SpecConfig, SpecMethod
 from tailsieve.outputs import write_figure
 from tailsieve.simulation.runs import ORACLES
@@ -25,6 +27,7 @@ from tailsieve.simulation.spec_budget import (
     check_budgets,
     matched_budget,
 )
+from tailsieve.simulation.spec_range import range_json, row_from_table
 
 NEAR_BEST = 0.02  # a budget is "useful" while its step time is within 2% of the best budget's
 ROUTE_WIN = 0.01  # route-specific depths "win" when the best split is over 1% faster than d/d at the same budget
@@ -49,12 +52,12 @@ def spec_policy(values: list[str] | None) -> str:
     return names[0]
 
 
-def spec_template(text: str) -> SpecConfig:
-    """The method and constants the table sweeps (`--spec mtp`, `--spec eagle3,acceptance=0.7`)."""
-    spec = parse_spec(text, "--spec")
+def spec_template(text: str, context: SpecContext | None = None) -> SpecConfig:
+    """The method and constants the table sweeps (`--spec mtp`, `--spec mtp:low`, `--spec eagle3,acceptance=0.7`)."""
+    spec = parse_spec(text, "--spec", context)
     if spec.method is SpecMethod.NONE:
         raise ConfigError("--spec needs a speculative method (mtp, eagle3, dflash, ngram, suffix), got none")
-    if ":" in text.split(",")[0]:
+    if any(p.strip().isdigit() for p in text.split(",")[0].split(":")[1:]):
         raise ConfigError(f"--spec takes a method, not a depth (the table sweeps --spec-budgets), got {text!r}")
     return spec
 
@@ -63,16 +66,23 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     """Run the matched-budget comparison and print it (or JSON)."""
     if args.config or args.tail_spec is not None or args.bulk_spec is not None:
         raise ConfigError("--spec sweeps the depths itself; drop --config/--tail-spec/--bulk-spec")
-    template = spec_template(args.spec)
+    model = load_cost_model(args.curve)
+    context = context_for(args.curve, model.curve)
+    template = spec_template(args.spec, context)
+    others = [(label, s) for label, s in spec_range(args.spec, context) if s != template]
     budgets = parse_budgets(args.spec_budgets) if args.spec_budgets is not None else DEFAULT_BUDGETS
     policy = spec_policy(args.policy)
-    model = load_cost_model(args.curve)
     config = build_config(args, [policy], model)
     curve = model.curve
     workload = load_inputs(args)
-    runs = 1 + sum(2 * (d > 0) + d + 1 for d in budgets)
-    with progress_bar(runs * config.steps, enabled=progress_enabled()) as tick:
+    runs = sum(2 * (d > 0) + d + 1 for d in budgets)
+    with progress_bar((1 + runs * (1 + len(others))) * config.steps, enabled=progress_enabled()) as tick:
         table = matched_budget(template, budgets, workload, curve, config, policy=policy, on_step=tick)
+        tables = {label: (table if s == template else
+                          matched_budget(s, budgets, workload, curve, config, policy=policy, on_step=tick,
+                                         shared=table))
+                  for label, s in spec_range(args.spec, context)}
+    ranged = [row_from_table(label, t) for label, t in tables.items()]
     replay = "synthetic" if workload.is_synthetic else args.replay
     setting = (f"{workload.name} ({replay}), curve {curve.name}, R={args.replicas}, N={args.groups} × "
                f"G={args.group_size}, {config.steps} steps, ρ={args.rho}")
@@ -81,10 +91,13 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     if args.json:
         print_json({"workload": workload.name, "replay": replay, "curve": curve.name, "replicas": args.replicas,
                     "groups": args.groups, "group_size": args.group_size, "steps": config.steps, "rho": args.rho,
-                    "seed": args.seed, "window_skip": SKIP_STEPS, "spec_text": args.spec, **table_json(table)})
+                    "seed": args.seed, "window_skip": SKIP_STEPS, "spec_text": args.spec, **table_json(table),
+                    "range": range_json(ranged) if ranged else None})
         return 0
     print_table(table, f"{args.spec}: {setting}")
     print_side_by_side(table)
+    if ranged:
+        print_range(console(), range_json(ranged), policy, f"{args.spec} on {curve.name}, same stream and steps")
     if plot is not None:
         console().print(f"plot saved to {plot}")
     return 0

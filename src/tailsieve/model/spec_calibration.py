@@ -1,94 +1,83 @@
-"""Built-in speculation profiles fitted to published measurements (`--tail-spec mtp-qwen`, …); docs/speculative.md.
+"""Built-in speculation profiles fitted to the published record (`--tail-spec mtp`, `mtp:low`, `dflash-moe:high`);
+docs/speculative.md.
 
-The numbers live in `data/spec_measurements.json`, each with its source thread; this module holds the recipe: which
-constants each profile fixes by assumption (named below) and which it solves from the `fit` points, in closed form.
-The fitted model reproduces every `fit` point exactly (to floating point), which the tests check against each
-point's stated precision; `check` points are compared only (`calibration_rows`).
+Per method (MTP, DFlash) and model family (dense, MoE), three profiles in the model's own form (`SpecConfig`):
 
-- `mtp-qwen` (vLLM recipes, MTP losing 8% at concurrency 8 and 32% at 64, acceptance 36.5%): depth 3 and draft
-  cost 0.1 are assumptions, γ = 1; v = 0 and the per-extra-token cost u0 + u1·log2 b is solved from the two
-  speedups, so the profile is the same on every base curve.
-- `dflash-qwen3-8b` (dense): block 16 (d = 15, SGLang's default) and γ = 1 are assumptions; α from the accept length
-  2.8 of the A800 run, v from the concurrency-32/1 speedup ratio of the Qwen3.5-27B H100 sweep, c from the A800
-  batch-1 speedup 1.84, both on the reference curve h100-llama3-8b.
-- `dflash-qwen3-30b-a3b` (MoE): the dense drafting cost c (assumption: same drafter design); α from accept length
-  2.0, v from the batch-1 slowdown 146 → 93 tok/s on the reference curve a100x4-mixtral-8x7b.
+- acceptance α (γ = 1, s = 0: every published sweep is flat in concurrency): the minimum, median and maximum of the
+  method's published acceptances (`Use.ACCEPTANCE`, each converted to α at its own depth) for low, central and high;
+- depth d and draft cost c: assumptions per method (MTP d = 3, c = 0.1; DFlash block 16, d = 15, c = 0.15);
+- verification share v and the per-token terms u0, u1 (v ∈ [0, 1], u ≥ 0): fitted. The cost of an iteration in plain
+  steps, ā/S(b), is linear in (v, u0, u1), so the central profile is the least-squares fit (relative error) to the
+  `Use.CENTRAL` points (the z-lab cards' concurrency sweeps, one source per cell), and the low (high) bracket is the
+  linear programme: as fast (slow) as it can be while below (above) every bracketed point of its method and family
+  at that point's concurrency and depth — so the brackets contain the published points by construction, and each
+  touches the points that bind it.
+
+Each profile's costs are relative to its family's reference curve (dense: h100-llama3-8b; MoE: a100x4-mixtral-8x7b).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import statistics
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import Any
 
 import numpy as np
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve, load_curve
-from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.model.spec_records import Bracket, Family, Measurement, Metric, Use, measurements, points
+from tailsieve.model.spec_solve import box_lp, box_lstsq
+from tailsieve.model.speculative import Drafter, SpecConfig, SpecMethod, iteration_s
 
-MTP_DEPTH, MTP_DRAFT_COST = 3, 0.1  # assumptions (the recipe's depth is not stated; one MTP layer per pass)
-DFLASH_DEPTH = 15  # assumption: block size 16 (SGLang's default verify block for the -b16 drafters)
-DENSE_CURVE, MOE_CURVE = "h100-llama3-8b", "a100x4-mixtral-8x7b"
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """One published number (`data/spec_measurements.json`)."""
-
-    id: str
-    profile: str
-    metric: str  # speedup | speedup_ratio (S(b)/S(1)) | acceptance_rate | acceptance_flat
-    concurrency: int | None
-    value: float
-    tolerance: float  # the precision the source states
-    role: str  # fit | check
-    source: str
-    setup: str
-    accept_length: float | None = None
+PROFILE_METHODS = (SpecMethod.MTP, SpecMethod.DFLASH)
+DEPTH = {SpecMethod.MTP: 3, SpecMethod.DFLASH: 15}  # assumptions: the paper's MTP-3; DFlash block 16
+DRAFT_COST = {SpecMethod.MTP: 0.1, SpecMethod.DFLASH: 0.15}  # assumptions: one MTP layer per pass; a small drafter
+REFERENCE_CURVE = {Family.DENSE: "h100-llama3-8b", Family.MOE: "a100x4-mixtral-8x7b"}
+LOWER, UPPER = np.zeros(3), np.asarray([1.0, 100.0, 100.0])  # bounds of (v, u0, u1): SpecConfig's
+CENTRAL_PRECISION = 0.05  # the central profile's stated precision: relative error at each of its fit points
 
 
 @dataclass(frozen=True, slots=True)
 class SpecProfile:
-    """A named, calibrated `SpecConfig` (tokens = the measured depth) and the curve its costs are relative to."""
+    """A calibrated `SpecConfig` (tokens = the profile's depth) and the curve its costs are relative to."""
 
-    name: str
+    method: SpecMethod
+    family: Family
+    bracket: Bracket
     spec: SpecConfig
     reference_curve: str
-    summary: str
+
+    @property
+    def name(self) -> str:
+        """`mtp-dense`, `dflash-moe:low`, … (the central one has no suffix)."""
+        base = f"{self.method.value}-{self.family.value}"
+        return base if self.bracket is Bracket.CENTRAL else f"{base}:{self.bracket.value}"
+
+    @property
+    def curve(self) -> TpotCurve:
+        """The reference curve."""
+        return load_curve(self.reference_curve)
 
 
 @dataclass(frozen=True, slots=True)
 class CalibrationRow:
-    """A published point against the fitted model."""
+    """A published point against the three profiles of its method and family (None: not comparable)."""
 
     point: Measurement
-    model: float
+    low: float | None
+    central: float | None
+    high: float | None
 
     @property
-    def error(self) -> float:
-        """model − published."""
-        return self.model - self.point.value
-
-    @property
-    def within(self) -> bool:
-        """True when the model reproduces the point within its stated precision."""
-        return abs(self.error) <= self.point.tolerance + 1e-12
-
-
-@lru_cache(maxsize=1)
-def measurements() -> tuple[Measurement, ...]:
-    """Every shipped measurement, in file order."""
-    text = resources.files("tailsieve").joinpath("data/spec_measurements.json").read_text(encoding="utf-8")
-    raw: list[dict[str, Any]] = json.loads(text)["measurements"]
-    return tuple(Measurement(**m) for m in raw)
-
-
-def _point(pid: str) -> Measurement:
-    return next(m for m in measurements() if m.id == pid)
+    def contained(self) -> bool:
+        """True when low ≤ published ≤ high within the point's stated precision (or the point is not bracketed)."""
+        if not self.point.bracketed:
+            return True
+        assert self.low is not None and self.high is not None
+        tol = self.point.tolerance + 1e-9
+        return self.low <= self.point.value + tol and self.high >= self.point.value - tol
 
 
 def alpha_for(expected: float, depth: int) -> float:
@@ -105,66 +94,85 @@ def alpha_for(expected: float, depth: int) -> float:
     return (lo + hi) / 2
 
 
-def _growth(curve: TpotCurve, b: int, depth: int) -> float:
-    """τ(b(d+1))/τ(b) − 1: the curve's growth over the verified block."""
-    return curve.tpot_s(b * (depth + 1)) / curve.tpot_s(b) - 1.0
+def point_depth(m: Measurement) -> int:
+    """The point's depth, or its method's profile depth when the source does not state one."""
+    return DEPTH[m.method] if m.depth is None else m.depth
 
 
-def _mtp_qwen() -> SpecProfile:
-    d = MTP_DEPTH
-    rate, p8, p64 = _point("recipes923-acceptance"), _point("recipes923-c8"), _point("recipes923-c64")
-    expected = 1.0 + rate.value * d
-    r8, r64 = expected / p8.value, expected / p64.value  # iteration cost in plain steps: 1 + d·c + d·(u0 + u1 log2 b)
-    assert p8.concurrency is not None and p64.concurrency is not None
-    u1 = (r64 - r8) / (d * (math.log2(p64.concurrency) - math.log2(p8.concurrency)))
-    u0 = (r8 - 1.0 - d * MTP_DRAFT_COST) / d - u1 * math.log2(p8.concurrency)
-    spec = SpecConfig(SpecMethod.MTP, tokens=d, acceptance=alpha_for(expected, d), decay=1.0,
-                      draft_cost=MTP_DRAFT_COST, verify_cost=0.0, token_cost=u0, token_cost_slope=u1)
-    return SpecProfile("mtp-qwen", spec, DENSE_CURVE, "MTP, vLLM recipe (#923, numbers as quoted in issue 26): "
-                       "acceptance 36.5%, -8% at concurrency 8, -32% at 64; the same on every curve (v = 0)")
+def point_alpha(m: Measurement) -> float:
+    """α implied by an acceptance point at its own depth."""
+    d = point_depth(m)
+    expected = 1.0 + d * m.value if m.metric is Metric.ACCEPTANCE_RATE else m.value
+    return alpha_for(expected, d)
 
 
-def _dflash_dense() -> tuple[SpecProfile, float]:
-    d, curve = DFLASH_DEPTH, load_curve(DENSE_CURVE)
-    dense, ratio = _point("sglang29244-dense"), _point("sglang19952-c32")
-    assert dense.accept_length is not None and ratio.concurrency is not None
-    g1, gb = _growth(curve, 1, d), _growth(curve, ratio.concurrency, d)
-    r = 1.0 / ratio.value  # R(b)/R(1) with flat acceptance: (1 + v·g(b)) / (1 + v·g(1))
-    v = (r - 1.0) / (gb - r * g1)
-    c = dense.accept_length / dense.value / (1.0 + v * g1) - 1.0
-    spec = SpecConfig(SpecMethod.DFLASH, tokens=d, acceptance=alpha_for(dense.accept_length, d), decay=1.0,
-                      draft_cost=c, verify_cost=v)
-    return SpecProfile("dflash-qwen3-8b", spec, DENSE_CURVE, "DFlash block 16 on a dense 8B (SGLang #29244 A800 "
-                       "batch 1: 88 -> 162 tok/s; concurrency shape from #19952)"), c
+def bracket_alpha(method: SpecMethod, bracket: Bracket) -> float:
+    """The minimum, median or maximum α of the method's published acceptances (every family: acceptance is the
+    drafter's and the text's, not the verification cost's)."""
+    alphas = sorted(point_alpha(m) for m in points(method, use=Use.ACCEPTANCE))
+    pick = {Bracket.LOW: alphas[0], Bracket.CENTRAL: statistics.median(alphas), Bracket.HIGH: alphas[-1]}
+    return float(pick[bracket])
 
 
-def _dflash_moe(c: float) -> SpecProfile:
-    d, curve, moe = DFLASH_DEPTH, load_curve(MOE_CURVE), _point("sglang29244-moe")
-    assert moe.accept_length is not None
-    v = (moe.accept_length / moe.value / (1.0 + c) - 1.0) / _growth(curve, 1, d)
-    spec = SpecConfig(SpecMethod.DFLASH, tokens=d, acceptance=alpha_for(moe.accept_length, d), decay=1.0,
-                      draft_cost=c, verify_cost=min(v, 1.0))
-    return SpecProfile("dflash-qwen3-30b-a3b", spec, MOE_CURVE, "DFlash block 16 on an MoE (SGLang #29244 A800 "
-                       "batch 1, Qwen3-30B-A3B: 146 -> 93 tok/s)")
+def _base(method: SpecMethod, alpha: float, depth: int) -> SpecConfig:
+    return SpecConfig(method, tokens=depth, acceptance=alpha, decay=1.0, draft_cost=DRAFT_COST[method],
+                      verify_cost=0.0)
+
+
+def _linear_rows(pts: tuple[Measurement, ...], method: SpecMethod, alpha: float,
+                 curve: TpotCurve) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per point: K (cost in plain steps at v = u = 0), A (its coefficients on v, u0, u1) and t = ā/S (published)."""
+    ks, rows, ts = [], [], []
+    for m in pts:
+        assert m.concurrency is not None
+        d, b = point_depth(m), m.concurrency
+        base = _base(method, alpha, d)
+        tau = curve.table(b * (d + 1) + 1)
+        k = float(iteration_s(tau, np.asarray([b]), base)[0]) / tau[b]
+        scale = 1.0 + DRAFT_COST[method] if base.defaults.drafter is Drafter.PARALLEL else 1.0
+        growth = tau[b * (d + 1)] / tau[b] - 1.0
+        ks.append(k)
+        rows.append([scale * growth, scale * d, scale * d * math.log2(b)])
+        ts.append(base.expected_tokens(b) / m.value)
+    return np.asarray(ks), np.asarray(rows), np.asarray(ts)
+
+
+def _fit(method: SpecMethod, family: Family, bracket: Bracket) -> SpecProfile:
+    alpha, curve = bracket_alpha(method, bracket), load_curve(REFERENCE_CURVE[family])
+    use = (Use.CENTRAL,) if bracket is Bracket.CENTRAL else (Use.CENTRAL, Use.RANGE)
+    pts = tuple(m for m in points(method, family) if m.bracketed and m.use in use)
+    k, a, t = _linear_rows(pts, method, alpha, curve)
+    if bracket is Bracket.CENTRAL:
+        x = box_lstsq(a / t[:, None], 1.0 - k / t, LOWER, UPPER)
+    else:
+        weight = (a / t[:, None]).sum(axis=0)
+        sign = 1.0 if bracket is Bracket.LOW else -1.0  # low: cost ≥ published, as cheap as it can be; high: mirrored
+        found = box_lp(sign * weight, sign * a, sign * (t - k), LOWER, UPPER)
+        if found is None:
+            raise ConfigError(f"no {bracket.value} {method.value}-{family.value} profile contains the published points")
+        x = found
+    v, u0, u1 = (float(z) for z in x)
+    spec = SpecConfig(method, tokens=DEPTH[method], acceptance=alpha, decay=1.0, draft_cost=DRAFT_COST[method],
+                      verify_cost=v, token_cost=u0, token_cost_slope=u1)
+    return SpecProfile(method, family, bracket, spec, REFERENCE_CURVE[family])
 
 
 @lru_cache(maxsize=1)
 def profiles() -> dict[str, SpecProfile]:
-    """The built-in profiles by name (fitted once)."""
-    dense, c = _dflash_dense()
-    out = (_mtp_qwen(), dense, _dflash_moe(c))
+    """Every built-in profile by name (fitted once)."""
+    out = (_fit(m, f, b) for m in PROFILE_METHODS for f in Family for b in Bracket)
     return {p.name: p for p in out}
 
 
+def profile(method: SpecMethod, family: Family, bracket: Bracket) -> SpecProfile:
+    """One profile."""
+    return next(p for p in profiles().values() if (p.method, p.family, p.bracket) == (method, family, bracket))
+
+
 def profile_names() -> str:
-    """Comma-separated profile names, for messages."""
-    return ", ".join(profiles())
-
-
-def lookup(name: str) -> SpecConfig | None:
-    """A profile's `SpecConfig` by name (case-insensitive), None for any other name."""
-    p = profiles().get(name.strip().lower())
-    return None if p is None else p.spec
+    """The accepted profile names, for messages."""
+    return "mtp, dflash (central, for the curve's family), mtp-dense, mtp-moe, dflash-dense, dflash-moe; each with " \
+           ":low, :central or :high (and :default for the uncalibrated method constants)"
 
 
 def speedup(spec: SpecConfig, curve: TpotCurve, b: int) -> float:
@@ -186,22 +194,20 @@ def crossing(spec: SpecConfig, curve: TpotCurve, limit: int = 4096) -> float | N
     return float(bs[i - 1] + (s[i - 1] - 1.0) / (s[i - 1] - s[i]))
 
 
-def calibration_rows() -> tuple[CalibrationRow, ...]:
-    """Every measurement against its profile's model (on the profile's reference curve)."""
-    return tuple(CalibrationRow(m, _model_value(m)) for m in measurements())
-
-
-def _model_value(m: Measurement) -> float:
-    prof = profiles()[m.profile]
-    spec, curve = prof.spec, load_curve(prof.reference_curve)
-    if m.metric == "acceptance_rate":
+def model_value(m: Measurement, prof: SpecProfile) -> float | None:
+    """What the profile predicts for the point (at the point's depth), None when it has no concurrency."""
+    spec = prof.spec.with_tokens(point_depth(m))
+    if m.metric is Metric.ACCEPTANCE_RATE:
         return (spec.expected_tokens() - 1.0) / spec.depth
-    assert m.concurrency is not None
-    if m.metric == "speedup":
-        return speedup(spec, curve, m.concurrency)
-    if m.metric == "speedup_ratio":
-        return speedup(spec, curve, m.concurrency) / speedup(spec, curve, 1)
-    group = [x for x in measurements() if x.source == m.source and x.metric == m.metric]
-    mean = sum(x.value for x in group) / len(group)  # flat acceptance predicts the group mean at every b, × ā(b)/ā(1)
-    return mean * spec.expected_tokens(m.concurrency) / spec.expected_tokens(1)
+    if m.metric is Metric.ACCEPT_LENGTH:
+        return spec.expected_tokens()
+    return None if m.concurrency is None else speedup(spec, prof.curve, m.concurrency)
 
+
+def calibration_rows() -> tuple[CalibrationRow, ...]:
+    """Every measurement against the low, central and high profile of its method and family."""
+    rows = []
+    for m in measurements():
+        vals = [model_value(m, profile(m.method, m.family, b)) for b in Bracket]
+        rows.append(CalibrationRow(m, *vals))
+    return tuple(rows)

@@ -27,7 +27,8 @@ from numpy.typing import NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import load_document
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.spec_parse import SPEC_KEYS, spec_from_mapping
+from tailsieve.model.spec_parse import SPEC_KEYS, SpecContext, spec_from_mapping
+from tailsieve.model.spec_records import family_of
 from tailsieve.model.speculative import Drafter, SpecConfig, iteration_s
 
 TERM_MAX = 100.0  # SpecConfig's bound on u0 and u1
@@ -135,3 +136,15 @@ def spec_from_profile_file(path: Path) -> SpecConfig:
         raise ConfigError(f"model file {path} has no speculative.concurrency_fit block (tailsieve profile writes one "
                           "on a speculative server with --plain-curve and --method)")
     return spec_from_mapping({k: v for k, v in block.items() if k in SPEC_KEYS}, f"model file {path}")
+
+
+def context_for(curve_arg: str | Path | None, curve: TpotCurve) -> SpecContext:
+    """What a bare `mtp` / `dflash` means on this `--curve`: its model family, and the file's own concurrency fit
+    when `--curve` is a `tailsieve profile` model file that has one (a user's own numbers first)."""
+    fitted = None
+    if curve_arg is not None and str(curve_arg).lower().endswith(".json") and Path(curve_arg).is_file():
+        doc: Any = load_document(Path(curve_arg), "model file", ConfigError)
+        block = (doc.get("speculative") or {}).get("concurrency_fit") if isinstance(doc, dict) else None
+        if isinstance(block, dict):
+            fitted = spec_from_profile_file(Path(curve_arg))
+    return SpecContext(family_of(curve), fitted)

@@ -5,12 +5,13 @@ build)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import excerpt, load_document
+from tailsieve.model.spec_records import Bracket, Family
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod, method_names
 
 SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share", "token_cost",
@@ -45,20 +46,41 @@ def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def parse_spec(text: str, where: str) -> SpecConfig:
-    """`METHOD[:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share, token_cost,
-    token_cost_slope, acceptance_slope), e.g. `mtp:5,acceptance=0.8`; METHOD may also be a built-in profile
-    (`mtp-qwen`, `model/spec_calibration.py`) or a `profile` model file with a concurrency fit (`spec.json`,
-    `model/spec_fit.py`): its fitted constants and measured depth, the given keys on top."""
+@dataclass(frozen=True, slots=True)
+class SpecContext:
+    """What a bare `mtp` / `dflash` resolves against: the `--curve`'s model family, and the speculative server a
+    `tailsieve profile --method` fit measured (the `--curve` model file's `speculative.concurrency_fit`), which then
+    takes the central profile's place: a user's own numbers first."""
+
+    family: Family = Family.DENSE
+    fitted: SpecConfig | None = None
+
+
+BRACKET_WORDS = (*(b.value for b in Bracket), "default")  # default: the method's uncalibrated constants
+
+
+def parse_spec(text: str, where: str, context: SpecContext | None = None) -> SpecConfig:
+    """`NAME[:BRACKET][:TOKENS][,key=value…]` (keys: acceptance, decay, draft_cost, verify_cost, draft_share,
+    token_cost, token_cost_slope, acceptance_slope), e.g. `mtp:5,acceptance=0.8`. NAME is a method; `mtp` and
+    `dflash` are their calibrated profiles (`model/spec_calibration.py`: the central one for the context's family,
+    or the context's fitted server; `mtp:low`, `mtp:high`, `mtp-moe`, `dflash-dense:high`; `mtp:default` the
+    method's plain constants); or a `profile` model file with a concurrency fit (`spec.json`, `model/spec_fit.py`):
+    its constants and measured depth, the given keys on top."""
+    ctx = context or SpecContext()
     head, *opts = [p.strip() for p in text.split(",")]
-    method, _, tokens = head.partition(":")
-    profile = _profile(method)
-    obj: dict[str, Any] = {"method": method if profile is None else profile.method.value}
+    name, *parts = [p.strip() for p in head.split(":")]
+    bracket = next((p.lower() for p in parts if p.lower() in BRACKET_WORDS), None)
+    tokens = [p for p in parts if p.lower() not in BRACKET_WORDS]
+    if len(tokens) > 1 or len(parts) - len(tokens) > 1:
+        raise ConfigError(f"{where}: expected NAME[:BRACKET][:TOKENS], got {head!r}")
+    base = _base(name, bracket, ctx, where)
+    obj: dict[str, Any] = {"method": name if base is None else base.method.value}
     if tokens:
         try:
-            obj["tokens"] = int(tokens)
+            obj["tokens"] = int(tokens[0])
         except ValueError:
-            raise ConfigError(f"{where}: tokens must be an integer, got {excerpt(tokens)} in {excerpt(text)}") from None
+            raise ConfigError(f"{where}: tokens must be an integer, got {excerpt(tokens[0])} in "
+                              f"{excerpt(text)}") from None
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or key.strip() not in SPEC_KEYS[2:]:
@@ -75,24 +97,39 @@ def parse_spec(text: str, where: str) -> SpecConfig:
         from tailsieve.model.spec_calibration import profile_names
 
         raise ConfigError(f"{exc}, or a profile: {profile_names()}") from None
-    if profile is None:
+    if base is None:
         return spec
     try:
-        return replace(profile, **{k: v for k, v in obj.items() if k != "method"})
+        return replace(base, **{k: v for k, v in obj.items() if k != "method"})
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _profile(name: str) -> SpecConfig | None:
-    """A built-in speculation profile by name, or a `profile` model file's fit (`NAME.json`; imported here: both are
-    built from this module)."""
-    if name.strip().lower().endswith(".json"):
+def _base(name: str, bracket: str | None, ctx: SpecContext, where: str) -> SpecConfig | None:
+    """The configuration NAME[:BRACKET] stands for before tokens and keys: a profile model file's fit, a calibrated
+    profile (or the context's fit), or None for a plain method (its defaults)."""
+    if name.lower().endswith(".json"):
+        if bracket is not None:
+            raise ConfigError(f"{where}: a model file's fit takes no bracket, got {bracket!r}")
         from tailsieve.model.spec_fit import spec_from_profile_file
 
-        return spec_from_profile_file(Path(name.strip()))
-    from tailsieve.model.spec_calibration import lookup
+        return spec_from_profile_file(Path(name))
+    from tailsieve.model.spec_calibration import PROFILE_METHODS, profile
 
-    return lookup(name)
+    method_text, _, family_text = name.lower().partition("-")
+    method = next((m for m in PROFILE_METHODS if m.value == method_text), None)
+    if method is None or (family_text and family_text not in {f.value for f in Family}):
+        if bracket not in (None, "default"):
+            names = ", ".join(m.value for m in PROFILE_METHODS)
+            raise ConfigError(f"{where}: no published range for {name!r} (calibrated: {names}, -dense, -moe)")
+        return None
+    if bracket == "default":
+        return SpecConfig(method)
+    family = Family(family_text) if family_text else ctx.family
+    chosen = Bracket(bracket) if bracket else Bracket.CENTRAL
+    if chosen is Bracket.CENTRAL and not family_text and ctx.fitted is not None and ctx.fitted.method is method:
+        return ctx.fitted
+    return profile(method, family, chosen).spec
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -122,3 +159,23 @@ def load_config_file(path: Path) -> PoolSpec:
                         bulk=spec_from_mapping(spec.get("bulk", {}), "spec.bulk"))
     except ConfigError as exc:
         raise ConfigError(f"config {path}: {exc}") from None
+
+
+def spec_range(text: str, context: SpecContext | None = None) -> tuple[tuple[str, SpecConfig], ...]:
+    """The published range a `--spec` text stands in: for a calibrated method without key overrides (`mtp`,
+    `dflash-moe:high`, …) its low, central and high profiles (the central one replaced by the context's fit, labelled
+    `your fit`, with the built-in central beside it); empty for anything else (a plain method, keys, a model file)."""
+    ctx = context or SpecContext()
+    head, *opts = [p.strip() for p in text.split(",")]
+    name, *parts = [p.strip().lower() for p in head.split(":")]
+    from tailsieve.model.spec_calibration import PROFILE_METHODS, profile
+
+    method_text, _, family_text = name.partition("-")
+    method = next((m for m in PROFILE_METHODS if m.value == method_text), None)
+    if opts or method is None or "default" in parts or (family_text and family_text not in {f.value for f in Family}):
+        return ()
+    family = Family(family_text) if family_text else ctx.family
+    out = [(b.value, profile(method, family, b).spec) for b in Bracket]
+    if not family_text and ctx.fitted is not None and ctx.fitted.method is method:
+        out.insert(0, ("your fit", ctx.fitted))
+    return tuple(out)

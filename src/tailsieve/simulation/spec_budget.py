@@ -112,8 +112,11 @@ def matched_budget(
     *,
     policy: str = "tailsieve",
     on_step: OnRun | None = None,
+    shared: BudgetTable | None = None,
 ) -> BudgetTable:
-    """Run the baseline and every TailSieve split for each budget (method and constants from `spec`)."""
+    """Run the baseline and every TailSieve split for each budget (method and constants from `spec`). `shared`, a
+    table of another method profile on the same stream, lends its runs without speculation (the reference and the
+    budget-0 row), which no profile changes."""
     budgets = check_budgets(budgets)
     if policy == "uniform":
         raise ConfigError("the matched-budget comparison needs a two-pool policy, not uniform")
@@ -129,9 +132,14 @@ def matched_budget(
         return SplitRun(d_bulk, d_tail, r.mean_step_s(), r.final_q, r.final_m, tail_bound_share(r))
 
     off = spec.with_tokens(0)
-    reference = run("uniform", PoolSpec.uniform(off), "uniform d=0").mean_step_s()
+    zero = next((r for r in shared.rows if r.d_base == 0), None) if shared is not None else None
+    reference = (shared.reference_s if shared is not None else
+                 run("uniform", PoolSpec.uniform(off), "uniform d=0").mean_step_s())
     rows: list[BudgetRow] = []
     for d in budgets:
+        if d == 0 and zero is not None:
+            rows.append(zero)
+            continue
         base = reference if d == 0 else run("uniform", PoolSpec.uniform(spec.with_tokens(d)), f"uniform d={d}")
         splits = tuple(split(2 * d - d_tail, d_tail) for d_tail in range(d, 2 * d + 1))
         tail_only = split(0, d) if d > 0 else None

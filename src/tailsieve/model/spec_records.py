@@ -1,0 +1,99 @@
+"""The published speculative-decoding record (`data/spec_measurements.json`) as typed data: one `Measurement` per
+number, with its source, hardware, engine, model, family, method, depth, concurrency and task (docs/speculative.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from tailsieve.model.curves import TpotCurve
+from tailsieve.model.speculative import SpecMethod
+
+
+class Family(StrEnum):
+    """The target model's family: its extra verified tokens cost differently (an MoE routes them to more experts)."""
+
+    DENSE = "dense"
+    MOE = "moe"
+
+
+class Bracket(StrEnum):
+    """Which end of the published range a profile stands for."""
+
+    LOW = "low"
+    CENTRAL = "central"
+    HIGH = "high"
+
+
+class Use(StrEnum):
+    """What a measurement does in the calibration."""
+
+    CENTRAL = "central"  # the central profile is fitted to it (least squares); the brackets contain it
+    RANGE = "range"  # the low and high brackets contain it at its concurrency
+    ACCEPTANCE = "acceptance"  # the method's acceptance record: its minimum, median and maximum α
+    CHECK = "check"  # shown beside the profiles, not fitted (concurrency unknown, or derived)
+
+
+class Metric(StrEnum):
+    """The measured quantity."""
+
+    SPEEDUP = "speedup"  # tok/s with speculation over tok/s without, same setup
+    ACCEPTANCE_RATE = "acceptance_rate"  # accepted / drafted tokens
+    ACCEPT_LENGTH = "accept_length"  # tokens per verification step (ā)
+
+
+MOE_MARKERS = ("moe", "mixtral", "-a3b", "-a17b", "-a22b")  # a curve whose name or description says MoE
+
+
+def family_of(curve: TpotCurve) -> Family:
+    """The family of the model a curve measures (its name or description names an MoE), for bare `--spec mtp`."""
+    text = f"{curve.name} {curve.description}".lower()
+    return Family.MOE if any(m in text for m in MOE_MARKERS) else Family.DENSE
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One published number."""
+
+    id: str
+    method: SpecMethod
+    family: Family
+    use: Use
+    metric: Metric
+    concurrency: int | None
+    depth: int | None  # speculative tokens per step (block size − 1 for DFlash); None: not stated
+    value: float
+    tolerance: float  # the precision the source states
+    source: str
+    hardware: str
+    engine: str
+    model: str
+    task: str
+    note: str
+
+    @property
+    def bracketed(self) -> bool:
+        """True for the speedups the low and high profiles must contain at their concurrency."""
+        return self.metric is Metric.SPEEDUP and self.use in (Use.CENTRAL, Use.RANGE) and self.concurrency is not None
+
+
+def _measurement(raw: dict[str, Any]) -> Measurement:
+    return Measurement(**(raw | {"method": SpecMethod(raw["method"]), "family": Family(raw["family"]),
+                                 "use": Use(raw["use"]), "metric": Metric(raw["metric"])}))
+
+
+@lru_cache(maxsize=1)
+def measurements() -> tuple[Measurement, ...]:
+    """Every shipped measurement, in file order."""
+    text = resources.files("tailsieve").joinpath("data/spec_measurements.json").read_text(encoding="utf-8")
+    return tuple(_measurement(m) for m in json.loads(text)["measurements"])
+
+
+def points(method: SpecMethod, family: Family | None = None, use: Use | None = None) -> tuple[Measurement, ...]:
+    """The measurements of one method (and family, and use)."""
+    return tuple(m for m in measurements() if m.method is method and (family is None or m.family is family)
+                 and (use is None or m.use is use))
