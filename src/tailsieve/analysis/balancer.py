@@ -19,13 +19,16 @@ Standings (`Standing`), decided in this order:
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 from tailsieve.analysis.fidelity import paired_2sigma, window
 from tailsieve.loop import SKIP_STEPS, PolicyRun
+from tailsieve.policy.peers import PEERS
 
-__all__ = ["BALANCER", "BalancerVerdict", "Standing", "against_balancer", "balancer_json", "sentence"]
+__all__ = ["BALANCER", "BalancerVerdict", "Standing", "against_balancer", "balancer_json", "balancer_verdicts",
+           "sentence"]
 
 BALANCER = "verl-lif"  # verl's request balancer (docs/peers.md)
 SAME_TIME = 1e-9  # relative: step times this close are the same step time (float summation order)
@@ -109,3 +112,13 @@ def balancer_json(v: BalancerVerdict) -> dict[str, object]:
 def sentence(v: BalancerVerdict, uniform_speedup: float | None) -> str:
     """The verdict as a sentence, with the policy's speedup over uniform when uniform ran."""
     return v.note + ("." if uniform_speedup is None else f"; {uniform_speedup:.3f}× uniform.")
+
+
+def balancer_verdicts(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
+                      oracles: Collection[str] = ()) -> dict[str, BalancerVerdict]:
+    """The verdict of every two-pool policy that ran (not uniform, a peer or an oracle) against verl's balancer;
+    empty when the balancer did not run."""
+    if BALANCER not in runs:
+        return {}
+    return {name: against_balancer(run, runs[BALANCER], skip=skip) for name, run in runs.items()
+            if name != "uniform" and name not in PEERS and name not in oracles}
