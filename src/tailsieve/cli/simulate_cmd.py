@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tailsieve.analysis.balancer import BalancerVerdict, balancer_verdicts, sentence
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts, sentence
 from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
@@ -169,7 +169,7 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     for name, v in verdicts.items():
-        con.print(sentence(v, summaries[name].speedup), highlight=False)
+        con.print(f"against {BALANCER}: {sentence(v, summaries[name].speedup)}", highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):
