@@ -160,8 +160,9 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
     con = console()
     if not full:
         con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
-        con.print(f"{HEADLINE_NOTE} --policy all: every policy, the fidelity lines and the tail capture table.",
-                  highlight=False)
+        con.print(f"{HEADLINE_NOTE} *: knows each response's length in advance and splits uniform's batches without "
+                  "over-provisioning (a heuristic, not a bound). --policy all: every policy, the fidelity lines and "
+                  "the tail capture table.", highlight=False)
         if "tailsieve" in verdicts:
             con.print(sentence(verdicts["tailsieve"], summaries["tailsieve"].speedup), highlight=False)
         return
@@ -180,7 +181,8 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
     con.print(cap)
     con.print(f"mean step: mean makespan over all steps but the first {SKIP_STEPS} (warm-up, first steady step); "
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
-              "and replays uniform's batches (App. A.2). q/m: last step's; streamrl-oracle's m = dedicated "
+              "and replays uniform's batches (App. A.2); topq-best is a known-length top-q heuristic without "
+              "over-provisioning, not a bound. q/m: last step's; streamrl-oracle's m = dedicated "
               "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
               "lengths vs uniform (App. E). off-policy: consumed tokens generated in an earlier step (resumed "
               "prefixes); dropped: prompts dropped unconsumed; delayed: consumed groups first dispatched ≥ 2 steps "
