@@ -52,10 +52,9 @@ def test_every_block_kind_renders_and_unknown_kinds_fail() -> None:
         REGEN.render("run simulate --steps 0")
 
 
-def test_real_server_blocks_are_left_alone_without_real_and_compared_by_structure(tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_blocks_run_only_with_real_and_compare_structure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real-server block is not run by a plain regeneration or --check (CI), and with --real only a change of its
-    structure (the text with its numbers masked: policies, q/m moves, the verdict's words) counts as stale."""
+    structure (the text with its numbers masked: the lines, the policies, the verdict's words) counts as stale."""
     doc = tmp_path / "d.md"
     old = "step 1: 1.25s q=4 m=1\ntailsieve pays here: 1.300× verl's balancer"
     doc.write_text(f"<!-- regen: real-grpo --steps 2 -->\n```text\n{old}\n```\n", encoding="utf-8")

@@ -58,6 +58,7 @@ from tailsieve.loop import PolicyRun, StepRecord
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.workloads import Workload, load_workload
 
+QM_MARGIN = 0.3  # the q/m panel's axis below 0
 LENGTHS, LENGTH_SCALE, AGAINST = "video-rl", 0.125, "verl-lif"  # the default length profile and the balancer
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
@@ -227,17 +228,20 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
 
 def qm_panel(ax: Any, x: Sequence[int], q: Sequence[int], m: Sequence[int]) -> None:
     """q and m per step, both visible where they coincide (both 0 at uniform): q a solid line with hollow circles,
-    m a dashed line with small filled squares; an integer axis from 0 (to 1 when both stay 0)."""
+    m a dashed line with small filled squares; integer ticks from 0 (to 1 when both stay 0), the axis opened a little
+    below 0 so that a line at 0 is not drawn on the frame."""
     from matplotlib.ticker import MaxNLocator
 
     ax.step(x, q, where="post", color="tab:blue", linestyle="-", linewidth=2.2, marker="o", markersize=8,
             markerfacecolor="none", label="q (isolated groups)")
     ax.step(x, m, where="post", color="tab:orange", linestyle="--", linewidth=1.4, marker="s", markersize=4,
             label="m (tail replicas)")
-    ax.set_ylim(0, max([*q, *m, 1]) + 0.5)
+    ax.set_ylim(-QM_MARGIN, max([*q, *m, 1]) + 0.5)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("controller: q, m (0, 0 = uniform)")
-    ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("controller: q, m (0, 0 = uniform)", pad=16)
+    ax.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+              borderaxespad=0.1)  # between the title and the axes, clear of the data
 
 
 def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
