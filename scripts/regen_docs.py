@@ -96,7 +96,8 @@ def simulate_json() -> str:
     policies = {name: dict(doc["policies"][name]) for name in ("uniform", "tailsieve")}
     for entry in policies.values():
         entry["steps"] = [entry["steps"][0], "..."]
-    out = {k: v for k, v in doc.items() if k not in ("policies", "capture", "spec")}
+    out = {k: v for k, v in doc.items() if k not in ("policies", "capture", "spec", "vs_balancer")}
+    out["vs_balancer"] = {"tailsieve": doc["vs_balancer"]["tailsieve"], "...": "every other two-pool policy"}
     out |= {"spec": "...", "policies": policies | {"...": "every other policy"}, "capture": [doc["capture"][0], "..."]}
     return _compact(_round(out))
 
