@@ -64,14 +64,15 @@ def tailsieve(argv: list[str], width: str) -> str:
     """What `tailsieve ARGV` prints on stdout (in-process, this checkout's sources), right-stripped lines."""
     from tailsieve.cli import main
 
-    buf = io.StringIO()
-    with columns(width), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+    buf, err = io.StringIO(), io.StringIO()
+    with columns(width), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
         except SystemExit as exc:  # --help
             rc = int(exc.code or 0)
     if rc != 0:
-        raise SystemExit(f"regen_docs: `tailsieve {shlex.join(argv)}` exited {rc}")
+        said = err.getvalue().strip().splitlines()[-1:]
+        raise SystemExit(f"regen_docs: `tailsieve {shlex.join(argv)}` exited {rc}" + (f": {said[0]}" if said else ""))
     return "\n".join(line.rstrip() for line in buf.getvalue().strip("\n").splitlines())
 
 

@@ -104,8 +104,12 @@ def test_notes_word_for_word() -> None:
 def test_only_two_pool_policies_are_judged_and_only_when_the_balancer_ran() -> None:
     runs = {n: _run(n, _policy_times(1.0, 0.0)) for n in ("uniform", "tailsieve", "static", "april-drop", "x-or")}
     assert balancer_verdicts(runs) == {}
+    runs["verl-lif"] = _run("verl-lif", [], split=False)  # a rollout's report after tailsieve's first step
+    assert balancer_verdicts(runs) == {}
     runs["verl-lif"] = _run("verl-lif", _balancer(), split=False)
     assert list(balancer_verdicts(runs, oracles=("x-or",))) == ["tailsieve", "static"]
+    runs["static"] = _run("static", [])  # interleaved: static has not run its first step yet
+    assert list(balancer_verdicts(runs, oracles=("x-or",))) == ["tailsieve"]
 
 
 # plan on the h100 curve: exact answers where the split pays, where tailsieve deals as the balancer does (before

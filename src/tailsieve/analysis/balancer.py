@@ -116,9 +116,9 @@ def sentence(v: BalancerVerdict, uniform_speedup: float | None) -> str:
 
 def balancer_verdicts(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
                       oracles: Collection[str] = ()) -> dict[str, BalancerVerdict]:
-    """The verdict of every two-pool policy that ran (not uniform, a peer or an oracle) against verl's balancer;
-    empty when the balancer did not run."""
-    if BALANCER not in runs:
+    """The verdict of every two-pool policy that ran a step (not uniform, a peer or an oracle) against verl's
+    balancer; empty when the balancer has not run a step (a rollout's report mid-run)."""
+    if BALANCER not in runs or not runs[BALANCER].steps:
         return {}
     return {name: against_balancer(run, runs[BALANCER], skip=skip) for name, run in runs.items()
-            if name != "uniform" and name not in PEERS and name not in oracles}
+            if run.steps and name != "uniform" and name not in PEERS and name not in oracles}
