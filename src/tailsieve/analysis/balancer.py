@@ -62,23 +62,21 @@ class BalancerVerdict:
         return self.standing is Standing.PAYS
 
 
-def _pm(band: float | None, n: int) -> str:
-    return f"±{100 * band:.1f}% at 2σ over {n} paired steps" if band is not None else f"{n} paired steps"
+def _pm(band: float, n: int) -> str:
+    return f"±{100 * band:.1f}% at 2σ over {n} paired steps"
 
 
 def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_STEPS) -> BalancerVerdict:
     """The standing of `run` against the balancer's run (module docstring), with its one-clause note."""
-    mine = [s.makespan_s for s in window(run.steps, skip)]
-    theirs = [s.makespan_s for s in window(balancer.steps, skip)]
-    mean, ref = sum(mine) / len(mine), sum(theirs) / len(theirs)
+    ours = {s.step: s.makespan_s for s in window(run.steps, skip)}
+    theirs = {s.step: s.makespan_s for s in window(balancer.steps, skip)}
+    mean, ref = sum(ours.values()) / len(ours), sum(theirs.values()) / len(theirs)
     speedup = ref / mean if mean > 0 else math.inf
     band, n = paired_2sigma(run, balancer, skip=skip)
     steady = [s for s in run.steps if not s.warmup]
     tail = sum(1 for s in steady if s.m > 0)
-    ours = {s.step: s.makespan_s for s in window(run.steps, skip)}
-    paired = {s.step: s.makespan_s for s in window(balancer.steps, skip)}
-    same_times = ours.keys() == paired.keys() and all(math.isclose(t, paired[k], rel_tol=SAME_TIME) for k, t in
-                                                      ours.items())
+    same_times = ours.keys() == theirs.keys() and all(math.isclose(t, theirs[k], rel_tol=SAME_TIME)
+                                                      for k, t in ours.items())
     never = tail == 0 and all(s.q == 0 for s in steady)
     name, x = run.policy, f"{speedup:.3f}×"
     if never and (same_times or any(s.dealt for s in steady)):
