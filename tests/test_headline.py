@@ -41,7 +41,8 @@ def test_rows_are_the_deciding_ones_in_order() -> None:
                                        ("rollpacker", 1.5)]}
     assert headline_rows(s, PEERS) == [
         ("uniform", "the reference"), ("verl-lif", "verl's request balancer"), ("tailsieve", "TailSieve"),
-        ("topq-best", "known-length top-q heuristic"), ("april-drop", "fastest peer (slime APRIL)")]  # verl-lif is its own row
+        ("topq-best", "known-length top-q heuristic"),
+        ("april-drop", "fastest peer (slime APRIL)")]  # verl-lif is its own row
     rows = headline_rows({"uniform": s["uniform"], "static q=2 m=1": summary("static q=2 m=1")}, PEERS,
                          bound="static q=2 m=1")
     assert rows == [("uniform", "the reference"), ("static q=2 m=1", "best static split")]
