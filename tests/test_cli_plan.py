@@ -1,5 +1,6 @@
 """`tailsieve plan`'s answer follows from the table it prints: a model file where a static split and the controller
-pay beyond noise, and every branch of `answer` on hand-built rows."""
+pay beyond noise against verl's balancer, and every branch of `answer` on hand-built rows (the exact answers on
+bundled workloads: tests/test_balancer_verdicts.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tailsieve.analysis.balancer import BalancerVerdict, Standing
 from tailsieve.cli import main
 from tailsieve.cli.plan_cmd import answer, beats_uniform
 from test_headline import summary
@@ -35,27 +37,35 @@ def test_plan_verdict_follows_its_table_where_the_split_pays(tmp_path: Path,
     # split pays is checked on hand-built rows in test_answer_branches
     assert not ada["verdict"]["within_noise"] and ada["verdict"]["left_uniform"] and doc["pays"]
     assert (ada["final_q"], ada["final_m"]) == (best["q"], best["m"])  # it settles where the static grid says
-    assert doc["answer"] == f"It pays here: the adaptive controller gives {ada['speedup']:.3f}× uniform beyond noise."
+    vs = doc["vs_balancer"]["tailsieve"]
+    assert vs["pays"] and vs["standing"] == "pays"
+    assert doc["answer"] == (f"tailsieve pays here: {vs['speedup']:.3f}× verl's balancer "
+                             f"(±{100 * vs['speedup_2sigma']:.1f}% at 2σ over 14 paired steps); "
+                             f"{ada['speedup']:.3f}× uniform.")
     assert main(["plan", "--curve", str(model), *ARGS]) == 0
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())
-    assert " ".join(doc["answer"].split()) in out and "does not pay" not in out and "Neither" not in out
+    assert " ".join(doc["answer"].split()) in out and "does not pay" not in out and "No static split" not in out
     assert f"static q={best['q']} m={best['m']} best static split {best['mean_step_s']:.2f}" in out
 
 
+def _vs(name: str, standing: Standing, speedup: float) -> BalancerVerdict:
+    return BalancerVerdict(name, standing, speedup, 0.05, 10, 0 if standing is Standing.SAME else 9,
+                           f"{name} is {standing.value}")
+
+
 def test_answer_branches() -> None:
-    uni, ada_yes, ada_no = summary("uniform"), summary("tailsieve", 1.2), summary("tailsieve", 1.02, noise=True)
-    static_yes, static_no = summary("static q=1 m=1", 1.1), summary("static q=1 m=1", 1.01, noise=True)
-    lif = summary("verl-lif", 1.15)
-    s = {"uniform": uni, "tailsieve": ada_yes, "static q=1 m=1": static_yes, "verl-lif": lif}
-    assert answer(s, "static q=1 m=1") == "It pays here: the adaptive controller gives 1.200× uniform beyond noise."
-    s["tailsieve"] = ada_no
-    assert answer(s, "static q=1 m=1") == (
-        "A static split pays here: q=1 m=1 gives 1.100× uniform beyond noise (set it with --policy static --q 0 "
-        "--m 0); the adaptive controller (1.020×) is within noise of uniform. verl's request balancer (verl-lif, "
-        "1.150×) is faster still.")
-    s["static q=1 m=1"] = static_no
-    assert answer(s, "static q=1 m=1") == ("Neither the controller nor any static split beats uniform beyond noise "
-                                           "here; verl's request balancer does (verl-lif, 1.150×).")
-    s["verl-lif"] = summary("verl-lif", 1.01, noise=True)
-    assert answer(s, "static q=1 m=1").endswith("here: uniform is as good on this fleet and workload.")
+    """The controller's verdict against the balancer first; when it does not pay, the best static split if that
+    pays against the balancer, else the advice to keep the balancer."""
+    s = {"uniform": summary("uniform"), "tailsieve": summary("tailsieve", 1.2),
+         "static q=1 m=1": summary("static q=1 m=1", 1.1), "verl-lif": summary("verl-lif", 1.15)}
+    ts, st = "tailsieve", "static q=1 m=1"
+    assert answer(s, st, {ts: _vs(ts, Standing.PAYS, 1.04), st: _vs(st, Standing.PAYS, 1.2)}) == (
+        "tailsieve is pays; 1.200× uniform.")
+    assert answer(s, st, {ts: _vs(ts, Standing.WITHIN_NOISE, 1.01), st: _vs(st, Standing.PAYS, 1.12)}) == (
+        "tailsieve is within_noise; 1.200× uniform. A static split pays: q=1 m=1 gives 1.120× verl's balancer "
+        "(±5.0% at 2σ) and 1.100× uniform (set it with --policy static --q 0 --m 0).")
+    for standing in (Standing.SAME, Standing.SLOWER, Standing.UNKNOWN):
+        assert answer(s, st, {ts: _vs(ts, standing, 1.0), st: _vs(st, Standing.WITHIN_NOISE, 1.0)}) == (
+            f"tailsieve is {standing.value}; 1.200× uniform. No static split beats verl's balancer beyond noise "
+            "either: keep verl's balancer (verl-lif, 1.150× uniform).")
     assert not beats_uniform(summary("x", 0.9)) and not beats_uniform(summary("x", None))

@@ -35,12 +35,26 @@ def test_three_steps_on_policy(tmp_path: Path) -> None:
     for r in rows:
         assert set(r) >= KEYS
         assert r["stale_samples"] == 0 and r["weight_version"] == r["step"]
-        assert 0.0 <= r["reward_mean"] <= 1.0 and 1 <= r["mean_length"] <= r["max_length"] <= 128
+        # the default length profile: video-rl's lengths × 0.125, capped at 2048 × 0.125 = 256 tokens
+        assert 0.0 <= r["reward_mean"] <= 1.0 and 1 <= r["mean_length"] <= r["max_length"] <= 256
         # the engine sampled from the weights the trainer just saved: bf16 rounding only (0.0008-0.004 nats per
         # token measured over 20 steps), while weights one step old differ by 0.11-0.22 nats (a stale server)
         assert r["logprob_gap"] < 0.02
     assert (tmp_path / "ckpt-0003" / "config.json").is_file() and (tmp_path / "grpo.png").stat().st_size > 0
-    assert "step 2:" in proc.stderr
+    assert "step 2:" in proc.stderr and "verl-lif step" in proc.stderr
+    assert (out["lengths"], out["length_scale"]) == ("video-rl", 0.125)
+    assert "lengths: a length profile, video-rl's response lengths × 0.125 replayed" in proc.stderr
+    # 3 steps leave one paired step after the window's first two: too few to tell a speedup from noise, unless the
+    # controller never placed a tail pool in its two steady steps, when it dealt requests as the balancer does
+    vs = out["vs_balancer"]
+    assert (vs["balancer"], vs["paired_steps"], vs["tail_steps"]) == ("verl-lif", 1, sum(r["m"] > 0 for r in rows))
+    if vs["tail_steps"]:
+        assert vs["standing"] == "unknown"
+        assert "against verl-lif: too few paired steps (1) to tell tailsieve from verl's balancer." in proc.stderr
+    else:
+        assert vs["standing"] == "same"
+        assert "against verl-lif: tailsieve is the same as verl's balancer here: it never placed a tail pool" in (
+            proc.stderr)
 
 
 def test_bad_arguments_exit_with_one_line() -> None:

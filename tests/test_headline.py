@@ -26,7 +26,7 @@ def summary(name: str, speedup: float | None = 1.0, *, batch: BatchFidelity | No
 
 def test_price_names_what_a_policy_gives_up() -> None:
     assert price(summary("x")) == "none"
-    assert price(summary("x", oracle=True)) == "knows the lengths: a bound"
+    assert price(summary("x", oracle=True)) == "knows the lengths (not realizable)"
     b = BatchFidelity(off_policy_token_share=0.221, dropped_prompt_share=0.0, delayed_prompt_share=0.008,
                       batch_length_cv=0.2)
     assert price(summary("x", batch=b)) == "22.1% off-policy tokens, 0.8% delayed"
@@ -41,7 +41,8 @@ def test_rows_are_the_deciding_ones_in_order() -> None:
                                        ("rollpacker", 1.5)]}
     assert headline_rows(s, PEERS) == [
         ("uniform", "the reference"), ("verl-lif", "verl's request balancer"), ("tailsieve", "TailSieve"),
-        ("topq-best", "known-length bound"), ("april-drop", "fastest peer (slime APRIL)")]  # verl-lif is its own row
+        ("topq-best", "known-length top-q heuristic"),
+        ("april-drop", "fastest peer (slime APRIL)")]  # verl-lif is its own row
     rows = headline_rows({"uniform": s["uniform"], "static q=2 m=1": summary("static q=2 m=1")}, PEERS,
                          bound="static q=2 m=1")
     assert rows == [("uniform", "the reference"), ("static q=2 m=1", "best static split")]

@@ -3,6 +3,14 @@ replicas, a torch GRPO update on CPU, new weights reloaded into every replica be
 
     python examples/grpo_cpu/train.py --steps 20 --policy tailsieve --json --plot grpo.png
 
+By default the responses follow a length profile (`--lengths video-rl --length-scale 0.125`): every request gets
+ignore_eos and the max_tokens of a replayed response length of the bundled video-rl workload (median about 25
+tokens after scaling, 3% of samples looping to the 256-token cap), a distribution where isolating the tail pays,
+scaled to what two CPU replicas serve in seconds. `--lengths none` lets the policy choose its lengths (capped by
+`--max-tokens`). Each step the balancer verl runs (`--against verl-lif`) takes one measurement step on the same
+weights and prompt stream (its batch is not trained on), so the summary gives the speedup against it with its
+paired ±2σ band (`tailsieve.analysis.balancer`).
+
 Step 0 is shown apart (`first_step: true`, its own line and marker): it is the router's warm-up step (every
 replica bulk, N + E groups) and the servers' first real batch (the launcher's warm-up is one 16-token request;
 the first batch with this many requests and with log-probs pays one-time engine costs), so it takes several times
@@ -21,17 +29,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
 from tailsieve.cli import CliParser
 from tailsieve.cli._common import missing_modules, plot_path
 from tailsieve.engines.launch import LocalLauncher
@@ -42,7 +54,12 @@ from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import TailSieveError
+from tailsieve.loop import PolicyRun, StepRecord
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.workloads import Workload, load_workload
+
+QM_MARGIN = 0.3  # the q/m panel's axis below 0
+LENGTHS, LENGTH_SCALE, AGAINST = "video-rl", 0.125, "verl-lif"  # the default length profile and the balancer
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
 NEEDS = ("torch", "transformers", "vllm")
@@ -85,7 +102,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--groups", type=int, default=8, help="N complete groups per step (default: %(default)s)")
     ap.add_argument("--group-size", type=int, default=4, help="G samples per group (default: %(default)s)")
     ap.add_argument("--rho", type=float, default=0.5, help="over-provisioning ρ (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="response length cap (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128,
+                    help="response length cap with --lengths none (default: %(default)s)")
+    ap.add_argument("--lengths", default=LENGTHS, metavar="WORKLOAD",
+                    help="length profile: replay this bundled workload's response lengths (ignore_eos, max_tokens "
+                         "per request), or 'none' for the policy's own lengths (default: %(default)s)")
+    ap.add_argument("--length-scale", type=float, default=LENGTH_SCALE,
+                    help="multiply the replayed lengths (default: %(default)s: CPU-sized)")
+    ap.add_argument("--against", default=AGAINST, choices=[AGAINST, "none"],
+                    help="one measurement step of verl's request balancer per training step, same weights and "
+                         "prompts, and the speedup against it (default: %(default)s)")
     ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of model, prompts, sampling (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the trainer (default: %(default)s)")
@@ -101,6 +127,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if not 0 < a.stall_timeout < float("inf"):
         ap.error(f"--stall-timeout must be a positive number of seconds, got {a.stall_timeout}")
+    if not 0 < a.length_scale <= 1:
+        ap.error(f"--length-scale must lie in (0, 1], got {a.length_scale}")
+    if a.lengths != "none":
+        try:
+            load_workload(a.lengths)
+        except TailSieveError as exc:
+            ap.error(f"--lengths {a.lengths}: {str(exc).splitlines()[0]}")
     if a.policy == "static" and (a.q is None or a.m is None):
         ap.error("--policy static needs --q and --m")
     if a.plot is not None:
@@ -127,29 +160,56 @@ def trainer_groups(batch: Batch, tokenizer: Any) -> list[Any]:
     return out
 
 
+def length_profile(a: argparse.Namespace) -> Workload | None:
+    """The replayed length profile (`--lengths`), None for the policy's own lengths."""
+    return None if a.lengths == "none" else load_workload(a.lengths)
+
+
+def profile_line(a: argparse.Namespace, w: Workload | None) -> str:
+    """What the run's lengths are, said once on stderr at the start."""
+    if w is None:
+        return f"lengths: the policy's own, capped at {a.max_tokens} tokens (--lengths none)"
+    cap = "" if w.max_length is None else f", cap {max(1, round(w.max_length * a.length_scale))} tokens"
+    return (f"lengths: a length profile, {w.name}'s response lengths × {a.length_scale:g} replayed (ignore_eos, "
+            f"max_tokens per request{cap}); --lengths none for the policy's own")
+
+
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
-                work: Path) -> list[StepRow]:
-    """The training loop: rollout step → reward → GRPO update → save → reload into every replica."""
+                work: Path) -> tuple[list[StepRow], BalancerVerdict | None]:
+    """The training loop: rollout step (+ the balancer's measurement step) → reward → GRPO update → save → reload
+    into every replica; the rows and the verdict against the balancer (None with --against none)."""
     import torch
     from grpo import GRPOTrainer, make_prompts
 
     torch.set_num_threads(a.threads)
     trainer = GRPOTrainer(policy, lr=a.lr, seed=a.seed)
     prompts = [PromptRecord(f"p{i}", text) for i, text in enumerate(make_prompts(256, a.seed))]
+    replay = length_profile(a)
+    print(profile_line(a, replay), file=sys.stderr, flush=True)
     cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
                         curve="cpu-vllm-tiny", controller=ControllerConfig(), logprobs=True, seed=a.seed, shuffle=True,
                         sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens),
-                        faults=FaultPolicy(stall_timeout_s=a.stall_timeout))
+                        faults=FaultPolicy(stall_timeout_s=a.stall_timeout), replay=replay,
+                        length_scale=a.length_scale)
     rows: list[StepRow] = []
-    async with Rollout(endpoints, cfg, prompts, reload=launcher.reload) as r:
+    records: dict[str, list[StepRecord]] = {a.policy: [], AGAINST: []}
+    async with contextlib.AsyncExitStack() as stack:
+        r = await stack.enter_async_context(Rollout(endpoints, cfg, prompts, reload=launcher.reload))
+        lif = None if a.against == "none" else await stack.enter_async_context(
+            Rollout(endpoints, replace(cfg, policy=AGAINST, q=None, m=None), prompts, reload=launcher.reload))
         for t in range(a.steps):
             batch = await r.step()
+            records[a.policy].append(batch.record)
+            if lif is not None:  # a measurement step on the same weights: timed, not trained on
+                records[AGAINST].append((await lif.step()).record)
             stale = sum(s.weight_version != t for g in batch.groups for s in g.samples)
             t0 = time.perf_counter()
             stats = trainer.step(trainer_groups(batch, trainer.tokenizer))
             t1 = time.perf_counter()
             ckpt = trainer.save(work / f"ckpt-{t + 1:04d}")
             await r.update_weights(ckpt)
+            if lif is not None:
+                await lif.update_weights(ckpt)
             t2 = time.perf_counter()
             lengths = [n for g in batch.groups for n in g.lengths]
             rows.append(StepRow(t, stats["reward_mean"], sum(lengths) / len(lengths), max(lengths), batch.record.q,
@@ -158,8 +218,32 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
             first = " (first step: warm-up step and the servers' first real batch, shown apart)" if t == 0 else ""
             print(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
                   f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
-                  f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}", file=sys.stderr, flush=True)
-    return rows
+                  f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}"
+                  + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"),
+                  file=sys.stderr, flush=True)
+    if a.against == "none":
+        return rows, None
+    runs = {name: PolicyRun(name, tuple(rs), tuple(np.zeros((0, 0), np.int64) for _ in rs), ())
+            for name, rs in records.items()}
+    return rows, against_balancer(runs[a.policy], runs[AGAINST])
+
+
+def qm_panel(ax: Any, x: Sequence[int], q: Sequence[int], m: Sequence[int]) -> None:
+    """q and m per step, both visible where they coincide (both 0 at uniform): q a solid line with hollow circles,
+    m a dashed line with small filled squares; integer ticks from 0 (to 1 when both stay 0), the axis opened a little
+    below 0 so that a line at 0 is not drawn on the frame."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.step(x, q, where="post", color="tab:blue", linestyle="-", linewidth=2.2, marker="o", markersize=8,
+            markerfacecolor="none", label="q (isolated groups)")
+    ax.step(x, m, where="post", color="tab:orange", linestyle="--", linewidth=1.4, marker="s", markersize=4,
+            label="m (tail replicas)")
+    ax.set_ylim(-QM_MARGIN, max([*q, *m, 1]) + 0.5)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("controller: q, m (0, 0 = uniform)", pad=16)
+    ax.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+              borderaxespad=0.1)  # between the title and the axes, clear of the data
 
 
 def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
@@ -177,10 +261,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     ax[0, 1].plot(x, [r.max_length for r in rows], label="max")
     ax[0, 1].set_title("response length (tokens)")
     ax[0, 1].legend()
-    ax[1, 0].step(x, [r.q for r in rows], where="post", label="q (isolated groups)")
-    ax[1, 0].step(x, [r.m for r in rows], where="post", label="m (tail replicas)")
-    ax[1, 0].set_title("controller")
-    ax[1, 0].legend()
+    qm_panel(ax[1, 0], x, [r.q for r in rows], [r.m for r in rows])
     later = [r for r in rows if not r.first_step]
     ax[1, 1].plot([r.step for r in later], [r.step_s for r in later], marker=".", label="steps 1…")
     first = [r for r in rows if r.first_step]
@@ -200,7 +281,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     plt.close(fig)
 
 
-def run(a: argparse.Namespace) -> list[StepRow]:
+def run(a: argparse.Namespace) -> tuple[list[StepRow], BalancerVerdict | None]:
     """Build the model and initial policy, start two replicas on it, train, stop the replicas."""
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="grpo_cpu_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -222,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: this example needs {', '.join(missing)} (not installed): {INSTALL}", file=sys.stderr)
         return 1
     try:
-        rows = run(a)
+        rows, verdict = run(a)
     except (TailSieveError, OSError) as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 1
@@ -232,10 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.plot:
         plot(rows, a.plot, a.policy)
         print(f"plot saved to {a.plot}", file=sys.stderr)
+    later = [r.step_s for r in rows if not r.first_step]
+    mean = sum(later) / len(later) if later else None
+    if verdict is not None:
+        print(f"against {AGAINST}: {sentence(verdict, None)}", file=sys.stderr)
     if a.json:
-        later = [r.step_s for r in rows if not r.first_step]
-        print(json.dumps({"policy": a.policy, "first_step_s": round(rows[0].step_s, 4) if rows else None,
-                          "mean_step_s_after_first": round(sum(later) / len(later), 4) if later else None,
+        print(json.dumps({"policy": a.policy, "lengths": a.lengths, "length_scale": a.length_scale,
+                          "first_step_s": round(rows[0].step_s, 4) if rows else None,
+                          "mean_step_s_after_first": None if mean is None else round(mean, 4),
+                          "vs_balancer": None if verdict is None else balancer_json(verdict),
                           "steps": [r.to_json() for r in rows]}))
     return 0
 

@@ -1,11 +1,12 @@
 """The short table `simulate` and `plan` print first: the few rows that answer "does it beat what I run?".
 
 Rows, in order, each only when it ran: `uniform` (the reference), `verl-lif` (verl's request balancer: what a verl
-user runs today), `tailsieve` (this package's controller), the best static split (`plan`) or the known-length bound
-(`topq-best`, `simulate`), and the fastest other peer with its fidelity price (what it gives up for its speed:
-off-policy tokens, dropped or delayed prompts, a length bias against uniform). `--policy all` prints every policy
-with the full columns instead (`analysis.report.summary_table`).
-"""
+user runs today), `tailsieve` (this package's controller), the best static split (`plan`) or the known-length top-q
+heuristic (`topq-best`, `simulate`: the best top-(q, m) split of uniform's own batches in hindsight, with no
+over-provisioning and no redraws; a heuristic, not a bound: tailsieve can beat it), and the fastest other peer with
+its fidelity price (what it gives up for its speed: off-policy tokens, dropped or delayed prompts, a length bias
+against uniform). `--policy all` prints every policy with the full columns instead
+(`analysis.report.summary_table`). """
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ HEADLINE_NOTE = ("speedup = uniform's mean step time / the policy's on the same 
                  "gives up for it (off-policy tokens, dropped or delayed prompts, batch lengths vs uniform's).")
 PEER_ROLES = {"april-partial": "slime APRIL", "april-drop": "slime APRIL", "rollpacker": "RollPacker",
               "openrlhf-group": "OpenRLHF"}  # docs/peers.md
+TOPQ_ROLE = "known-length top-q heuristic"  # not a bound: no over-provisioning (docs/baselines.md, `topq-best`)
 BIAS_SHOWN = 0.01  # a length ratio this far from 1 is part of the price
 
 
 def price(s: PolicySummary) -> str:
     """What a policy gives up for its speed: off-policy tokens, dropped / delayed prompts, length bias ("none")."""
     if s.oracle:
-        return "knows the lengths: a bound"
+        return "knows the lengths (not realizable)"
     parts = []
     if s.batch is not None:
         for share, what in ((s.batch.off_policy_token_share, "off-policy tokens"),
@@ -48,7 +50,7 @@ def headline_rows(summaries: Mapping[str, PolicySummary], peers: Collection[str]
     other than verl-lif (ties: the first in `summaries` order)."""
     wanted = [("uniform", "the reference"), ("verl-lif", "verl's request balancer"), ("tailsieve", "TailSieve")]
     if bound is not None:
-        wanted.append((bound, "best static split" if bound.startswith("static") else "known-length bound"))
+        wanted.append((bound, "best static split" if bound.startswith("static") else TOPQ_ROLE))
     rows = [(name, role) for name, role in wanted if name in summaries]
     others = [n for n in summaries if n in peers and n != "verl-lif" and summaries[n].speedup is not None]
     if others:

@@ -7,7 +7,9 @@ Per-policy keys: mean_step_s, speedup, verdict {within_noise, left_uniform, spee
 final_q, final_m, wasted_share, redraws {max, mean}, bias {mean_ratio, ks, truncated_ratio, truncated_share,
 reference_truncated_share, truncated_reason; with bias correction also weighted_mean_ratio, ess_ratio}, fidelity
 {off_policy_token_share, dropped_prompt_share, delayed_prompt_share, batch_length_cv}, oracle,
-step_s_std, step_s_min, step_s_max, steps [...]. `speedup`,
+step_s_std, step_s_min, step_s_max, steps [...]. Top-level `vs_balancer` (when verl-lif ran): each two-pool policy
+against verl's request balancer {policy, balancer, standing, pays, speedup, speedup_2sigma, paired_steps,
+tail_steps, note} (`analysis.balancer`). `speedup`,
 `verdict` and `bias` are null without a uniform run; `verdict` also for uniform and the oracles (docs/simulate.md,
 docs/engines.md). A speedup is never shown without its bias: the table has length ratio and KS beside it, a ±2σ
 column (`~`: within noise, or never left the uniform boundary) and one fidelity line per policy (`fidelity_notes`).
@@ -22,6 +24,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from tailsieve.analysis.balancer import balancer_json, balancer_verdicts
 from tailsieve.analysis.fidelity import BatchFidelity, Truncation, Verdict
 from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.analysis.weights import Weighting
@@ -100,10 +103,12 @@ def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | Non
 
 def report_json(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], *, skip: int = SKIP_STEPS,
                 oracles: Collection[str] = (), extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """`meta` + "window_skip" (kept where `meta` has it) + "policies": `policy_json` of every run with steps."""
+    """`meta` + "window_skip" (kept where `meta` has it) + "policies": `policy_json` of every run with steps, +
+    "vs_balancer" when verl's balancer ran: each two-pool policy against it (`analysis.balancer.balancer_json`)."""
     summaries = summarize(runs, skip=skip, oracles=oracles)
     policies = {name: policy_json(runs[name], s, (extra or {}).get(name)) for name, s in summaries.items()}
-    return dict(meta) | {"window_skip": skip, "policies": policies}
+    vs = {name: balancer_json(v) for name, v in balancer_verdicts(runs, skip=skip, oracles=oracles).items()}
+    return dict(meta) | {"window_skip": skip, "policies": policies} | ({"vs_balancer": vs} if vs else {})
 
 
 def band(v: Verdict | None) -> str:

@@ -4,8 +4,10 @@ On the user's fleet (a cost model from `tailsieve profile`, or any curve; R repl
 simulates, on one prompt stream: uniform, every static (q, m) (`simulation.runs.static_grid`), the adaptive
 `tailsieve` controller and the peers (verl's request balancer first), all through `run_policy` (the simulate
 machinery), then prints `simulate`'s short table (`analysis.headline`) and an answer that follows from it
-(`answer`): whether the controller, or failing that the best static split, beats uniform beyond noise, and whether
-verl's balancer beats both (`analysis.report`: the keys of `simulate --json`). docs/profile.md.
+(`answer`): where the controller stands against verl's request balancer, the alternative a verl user already runs
+(`analysis.balancer`: "pays" only beyond the paired noise band against it, "the same as verl's balancer" when it
+never placed a tail pool), with its speedup over uniform, and failing that whether the best static split pays
+against the balancer (`analysis.report`: the keys of `simulate --json`). docs/profile.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, against_balancer, balancer_json, sentence
 from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = summarize(runs)
     best = summaries[static]
     ada = summaries[ADAPTIVE]
+    vs = {ADAPTIVE: against_balancer(adaptive, peers[BALANCER]), static: against_balancer(grid.best, peers[BALANCER])}
     doc = {
         "curve": model.curve.name, "kv_ms_per_1k": config.replica.kv_ms_per_1k_tokens,
         "prefill_ms_per_token": config.replica.prefill_ms_per_token, "workload": workload.name,
@@ -93,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
                         for (q, m), v in sorted(grid.mean_s.items())],
         "tailsieve": policy_json(adaptive, ada),
         "peers": {name: policy_json(peers[name], summaries[name]) for name in PEERS},
-        "pays": beats_uniform(ada),
-        "best_static_pays": beats_uniform(best),
-        "answer": answer(summaries, static),
+        "vs_balancer": {ADAPTIVE: balancer_json(vs[ADAPTIVE]), "best_static": balancer_json(vs[static])},
+        "pays": vs[ADAPTIVE].pays,
+        "best_static_pays": vs[static].pays,
+        "beats_uniform": {ADAPTIVE: beats_uniform(ada), "best_static": beats_uniform(best)},
+        "answer": answer(summaries, static, vs),
     }
     if args.spec:
         doc["spec_depths"] = plan_spec.answer(args, workload, model.curve, config, ADAPTIVE)
@@ -125,24 +131,21 @@ def beats_uniform(s: PolicySummary) -> bool:
     return bool(s.speedup is not None and s.speedup > 1 and v is not None and not v.within_noise and v.left_uniform)
 
 
-def answer(summaries: dict[str, PolicySummary], static: str) -> str:
-    """The verdict, from the rows of the table: the controller if it beats uniform beyond noise, else the best static
-    split if it does, else uniform; then verl's request balancer when it is faster than what was recommended."""
-    ada, best, lif = summaries[ADAPTIVE], summaries[static], summaries.get("verl-lif")
-    if beats_uniform(ada):
-        text, pick = f"It pays here: the adaptive controller gives {ada.speedup:.3f}× uniform beyond noise.", ada
-    elif beats_uniform(best):
-        text, pick = (f"A static split pays here: {static.removeprefix('static ')} gives {best.speedup:.3f}× "
-                      f"uniform beyond noise (set it with --policy static --q {best.final_q} --m {best.final_m}); "
-                      f"the adaptive controller ({ada.speedup or 0:.3f}×) is within noise of uniform."), best
-    else:
-        text = "Neither the controller nor any static split beats uniform beyond noise here"
-        if lif is not None and beats_uniform(lif):
-            return f"{text}; verl's request balancer does (verl-lif, {lif.speedup:.3f}×)."
-        return f"{text}: uniform is as good on this fleet and workload."
-    if lif is not None and beats_uniform(lif) and (lif.speedup or 0) > (pick.speedup or 0):
-        text += f" verl's request balancer (verl-lif, {lif.speedup:.3f}×) is faster still."
-    return text
+def answer(summaries: dict[str, PolicySummary], static: str, vs: dict[str, BalancerVerdict]) -> str:
+    """The verdict, from the rows of the table: the controller against verl's balancer (`analysis.balancer`) with its
+    speedup over uniform; when it does not pay, the best static split if that pays against the balancer, else the
+    advice to keep the balancer."""
+    ada, best, lif = summaries[ADAPTIVE], summaries[static], summaries[BALANCER]
+    text = sentence(vs[ADAPTIVE], ada.speedup)
+    if vs[ADAPTIVE].pays:
+        return text
+    split = vs[static]
+    if split.pays:
+        return (f"{text} A static split pays: {static.removeprefix('static ')} gives {split.speedup:.3f}× verl's "
+                f"balancer (±{100 * (split.speedup_2sigma or 0):.1f}% at 2σ) and {best.speedup or 0:.3f}× uniform "
+                f"(set it with --policy static --q {best.final_q} --m {best.final_m}).")
+    return (f"{text} No static split beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, "
+            f"{lif.speedup or 0:.3f}× uniform).")
 
 
 def _details(con: Console, doc: dict[str, Any]) -> None:

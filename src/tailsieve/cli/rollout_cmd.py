@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tailsieve.analysis.balancer import BALANCER, balancer_verdicts, sentence
 from tailsieve.analysis.report import batch_columns, fidelity_notes, summarize, summary_table
 from tailsieve.cli._common import (
     add_trace_columns,
@@ -371,6 +372,12 @@ def print_table(runs: dict[str, PolicyRun], *, title: str) -> None:
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))  # simulate's columns
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
+    verdicts = balancer_verdicts(runs)
+    for name, v in verdicts.items():
+        con.print(sentence(v, summaries[name].speedup), highlight=False)
+    if not verdicts and BALANCER not in runs and any(n in CONTROLLERS and n != "uniform" for n in runs):
+        con.print(f"add {BALANCER} to --policy to judge against verl's request balancer (what a verl user runs).",
+                  highlight=False)
     con.print(f"mean step: mean wall-clock makespan over all steps but the first {SKIP_STEPS} (warm-up, first "
               "steady step); speedup = uniform's mean / the policy's (interleaved on the same prompt stream). "
               "wasted: aborted-group tokens / all generated. length ratio, KS: consumed lengths vs uniform; "

@@ -8,11 +8,13 @@ and the JSON come from `tailsieve.analysis.report` (shared with `rollout`); the 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts, sentence
 from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
@@ -128,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         if plot is not None:
             save_plot(runs, plot, plot_title, quiet=True)
         return 0
-    print_tables(summarize(runs, oracles=ORACLES), capture, full=args.policy is not None, title=(
+    print_tables(summarize(runs, oracles=ORACLES), capture, balancer_verdicts(runs, oracles=ORACLES),
+                 full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
         f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
@@ -150,19 +153,25 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
             "steps": c.steps}
 
 
-def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...], *, title: str,
-                 full: bool) -> None:
-    """Without --policy the short table of the deciding rows and one sentence (`analysis.headline`); with it the
-    comparison table of the chosen policies, the fidelity lines, the capture table and the notes."""
+def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...],
+                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool) -> None:
+    """Without --policy the short table of the deciding rows, its note and the summary sentence: tailsieve against
+    verl's balancer (`analysis.headline`, `analysis.balancer`); with it the comparison table of the chosen policies,
+    the fidelity lines, each two-pool policy against the balancer, the capture table and the notes."""
     con = console()
     if not full:
         con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
-        con.print(f"{HEADLINE_NOTE} --policy all: every policy, the fidelity lines and the tail capture table.",
-                  highlight=False)
+        con.print(f"{HEADLINE_NOTE} *: knows each response's length in advance and splits uniform's batches without "
+                  "over-provisioning (a heuristic, not a bound). --policy all: every policy, the fidelity lines and "
+                  "the tail capture table.", highlight=False)
+        if "tailsieve" in verdicts:
+            con.print(sentence(verdicts["tailsieve"], summaries["tailsieve"].speedup), highlight=False)
         return
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
+    for name, v in verdicts.items():
+        con.print(f"against {BALANCER}: {sentence(v, summaries[name].speedup)}", highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):
@@ -173,7 +182,8 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
     con.print(cap)
     con.print(f"mean step: mean makespan over all steps but the first {SKIP_STEPS} (warm-up, first steady step); "
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
-              "and replays uniform's batches (App. A.2). q/m: last step's; streamrl-oracle's m = dedicated "
+              "and replays uniform's batches (App. A.2); topq-best is a known-length top-q heuristic without "
+              "over-provisioning, not a bound. q/m: last step's; streamrl-oracle's m = dedicated "
               "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
               "lengths vs uniform (App. E). off-policy: consumed tokens generated in an earlier step (resumed "
               "prefixes); dropped: prompts dropped unconsumed; delayed: consumed groups first dispatched ≥ 2 steps "

@@ -1,11 +1,12 @@
 """Exact best top-(q, m) in hindsight without evaluating every configuration (App. A.2, §2.2, §2.4).
 
-`topq-best` picks, among the uniform split (0, 0) and every top-(q, m) split with q in 1..N and m in 1..R−1,
-the one with the smallest exact step makespan T_step = max_r T_r (App. D), ties to (0, 0), then fewer tail
-replicas m, then fewer groups q. Evaluating all N·(R−1) splits exactly costs R·N²·G; this module gets the same
-answer by branch and bound. With the §2.1 makespan written as T = Σ_i u_i τ(i) (u_i = time with i requests
-active, so Σ u_i = L_1 and Σ i·u_i = ΣL), any replica satisfies L_1·τ̆(ΣL / L_1) ≤ T ≤ L_1·τ̂(ΣL / L_1), τ̆ / τ̂
-the lower convex / upper concave envelope of τ on 1..n (`replica_bound`, `replica_upper`). Four tiers, each on the
+`topq-best` picks, among the uniform split (0, 0) and every top-(q, m) split with q in 1..N and m in 1..R−1, the one
+with the smallest exact step makespan T_step = max_r T_r (App. D), ties to (0, 0), then fewer tail replicas m, then
+fewer groups q. Exact within that family, it is a known-length top-q heuristic, not a bound on routing: no
+over-provisioning, no cuts, no redraws. Evaluating all N·(R−1) splits exactly costs R·N²·G; this module gets the
+same answer by branch and bound. With the §2.1 makespan written as T = Σ_i u_i τ(i) (u_i = time with i requests
+active, so Σ u_i = L_1 and Σ i·u_i = ΣL), any replica satisfies L_1·τ̆(ΣL / L_1) ≤ T ≤ L_1·τ̂(ΣL / L_1), τ̆ / τ̂ the
+lower convex / upper concave envelope of τ on 1..n (`replica_bound`, `replica_upper`). Four tiers, each on the
 survivors of the previous one:
 
 1. `pool_grid`: every split, from pool totals only (O(N·R)); a tail with q ≤ m is exact (one group per replica).
