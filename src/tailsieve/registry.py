@@ -38,6 +38,7 @@ from types import CodeType, TracebackType
 from typing import Generic, TypeVar, cast
 
 from tailsieve.errors import ConfigError
+from tailsieve.redact import excerpt
 
 __all__ = ["DuplicateName", "PluginError", "Registry", "UnknownName", "blame", "describe", "is_ours"]
 
@@ -143,7 +144,8 @@ class Registry(dict[str, T], Generic[T]):
     def add(self, name: str, obj: T) -> T:
         """Register `obj` as `name` (DuplicateName when another object has the name) and return it."""
         if not isinstance(name, str) or not name.strip() or name != name.strip():
-            raise ConfigError(f"{self.kind} name must be a non-empty string without surrounding spaces, got {name!r}")
+            raise ConfigError(f"{self.kind} name must be a non-empty string without surrounding spaces, "
+                              f"got {excerpt(name)}")
         old = dict.get(self, name)
         if old is not None and old is not obj:
             raise DuplicateName(f"{self.kind} '{name}' is already registered ({_label(old)}); choose another name")

@@ -42,7 +42,7 @@ from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import Api, Endpoint, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import ConfigError, Interrupted
-from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
+from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, excerpt, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         launch_path = Path(args.launch)
         lc = load_launch_config(launch_path)
         if args.kind is not None and args.kind != lc.kind:
-            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {lc.kind!r} of {launch_path}: the "
+            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {excerpt(lc.kind)} of {launch_path}: the "
                               "launched servers' kind is their clients' kind")
         kind = lc.kind
         if args.weights_dir:
