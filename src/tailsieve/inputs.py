@@ -38,6 +38,7 @@ MAX_STEP_REQUESTS = 1_000_000  # N·G: requests in one simulated or routed step
 MAX_REPLICAS = 4096
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON/TOML document or JSONL line
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text per file
+MAX_LIST_VALUES = 4096  # the values one integer-list flag may name (`int_list`: a range counts each of its values)
 MAX_TEMPERATURE = 100.0  # sampling temperature (`rollout`, `profile`): sent to servers as a JSON number
 
 ErrorType = Callable[[str], TailSieveError]
@@ -243,6 +244,33 @@ def int_in(value: int, flag: str, lo: int, hi: int | None = None) -> int:
         rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
         raise ConfigError(f"{flag} must be an integer {rng}, got {excerpt(value)}")
     return value
+
+
+def int_list(text: str, flag: str, lo: int, hi: int, error: ErrorType = ConfigError) -> tuple[int, ...]:
+    """The integers a list flag names, sorted and distinct: comma-separated items, each an integer or an inclusive
+    range `A..B` (`0..7`, `0,2..4`), every value in `lo..hi` and at most `MAX_LIST_VALUES` of them; a one-line
+    error naming the flag and the bad item otherwise."""
+    out: set[int] = set()
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        first, dots, last = item.partition("..")
+        try:
+            a = int(first)
+            b = int(last) if dots else a
+        except ValueError:
+            raise error(f"{flag} must be comma-separated integers or ranges A..B, got {excerpt(item)}") from None
+        for v in (a, b):
+            if not lo <= v <= hi:
+                raise error(f"{flag} values must lie in {lo}..{hi}, got {excerpt(v)}")
+        if b < a:
+            raise error(f"{flag}: the range {excerpt(item)} runs backwards; write A..B with A <= B")
+        if len(out) + b - a + 1 > MAX_LIST_VALUES:
+            raise error(f"{flag} names more than {MAX_LIST_VALUES} values")
+        out.update(range(a, b + 1))
+    if not out:
+        raise error(f"{flag} is empty; give integers such as 0,1,2 or a range such as 0..3")
+    return tuple(sorted(out))
 
 
 def check_step_size(groups: int, group_size: int, flags: str = "--groups × --group-size") -> None:

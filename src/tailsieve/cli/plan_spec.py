@@ -18,6 +18,7 @@ from rich.table import Table
 from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import int_list
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_parse import parse_spec
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecMethod
@@ -33,21 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help="answer 'which speculative depth per pool?' for this method or built-in profile "
                                   "(mtp-qwen, dflash-qwen3-8b, dflash-qwen3-30b-a3b, or METHOD[,key=value…])")
     p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
-                   help="depths tried on each pool, comma-separated (default: %(default)s)")
+                   help="depths tried on each pool, comma-separated and/or ranges A..B (default: %(default)s)")
 
 
 def parse_depths(text: str) -> tuple[int, ...]:
-    """`0,1,2` → (0, 1, 2); one-line error naming the bad item."""
-    out: set[int] = set()
-    for item in (t.strip() for t in text.split(",")):
-        try:
-            d = int(item)
-        except ValueError:
-            raise ConfigError(f"--spec-depths must be comma-separated integers, got {item!r}") from None
-        if not 0 <= d <= MAX_TOKENS:
-            raise ConfigError(f"--spec-depths values must lie in 0..{MAX_TOKENS}, got {d}")
-        out.add(d)
-    return tuple(sorted(out))
+    """`0,1,2` or `0..2` → (0, 1, 2) (`inputs.int_list`); one-line error naming the bad item."""
+    return int_list(text, "--spec-depths", 0, MAX_TOKENS)
 
 
 def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,

@@ -12,10 +12,11 @@ from rich.table import Table
 from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import int_list
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_parse import parse_spec
-from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.model.speculative import MAX_TOKENS, SpecConfig, SpecMethod
 from tailsieve.outputs import write_figure
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import (
@@ -31,14 +32,8 @@ ROUTE_WIN = 0.01  # route-specific depths "win" when the best split is over 1% f
 
 
 def parse_budgets(text: str) -> tuple[int, ...]:
-    """`0,1,2,3` → (0, 1, 2, 3), one-line error naming the bad item."""
-    out: list[int] = []
-    for item in (t.strip() for t in text.split(",")):
-        try:
-            out.append(int(item))
-        except ValueError:
-            raise ConfigError(f"--spec-budgets must be comma-separated integers, got {item!r}") from None
-    return check_budgets(out)
+    """`0,1,2,3` or `0..3` → (0, 1, 2, 3) (`inputs.int_list`), one-line error naming the bad item."""
+    return check_budgets(int_list(text, "--spec-budgets", 0, MAX_TOKENS // 2))
 
 
 def spec_policy(values: list[str] | None) -> str:
