@@ -307,12 +307,15 @@ def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
     return value
 
 
-def check_replicas(policy: str, minimum: int, replicas: int) -> None:
+def check_replicas(policy: str, minimum: int, replicas: int, *, default_fix: str | None = None) -> None:
     """The one "needs ≥ k replicas" check of every policy (controllers, peers, the known-length baselines): an
-    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError."""
+    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError. `default_fix`:
+    the policy is the command's default, not one the user named, so the message says so and what to give instead."""
     if isinstance(replicas, bool) or not isinstance(replicas, Integral) or replicas < minimum:
         need = "a tail and a bulk pool" if minimum > 1 else "a replica"
-        raise ConfigError(f"policy {policy} needs at least {minimum} replicas ({need}), got R={replicas}")
+        who = f"policy {policy}" if default_fix is None else f"the default --policy {policy}"
+        fix = "" if default_fix is None else f"; {default_fix}"
+        raise ConfigError(f"{who} needs at least {minimum} replicas ({need}), got R={replicas}{fix}")
 
 
 def check_tail_replicas(m: int | None, replicas: int, what: str = "m") -> None:

@@ -12,12 +12,13 @@ from rich.table import Table
 from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import int_list
+from tailsieve.inputs import check_replicas, int_list
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_parse import parse_spec
 from tailsieve.model.speculative import MAX_TOKENS, SpecConfig, SpecMethod
 from tailsieve.outputs import write_figure
+from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import (
     DEFAULT_BUDGETS,
@@ -61,6 +62,9 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     template = spec_template(args.spec)
     budgets = parse_budgets(args.spec_budgets) if args.spec_budgets is not None else DEFAULT_BUDGETS
     policy = spec_policy(args.policy)
+    if args.policy is None:  # the user named no policy: a fleet too small for the default says so
+        check_replicas(policy, CONTROLLERS[policy].min_replicas, args.replicas,
+                       default_fix="--spec compares it with uniform: give --replicas 2 or more")
     model = load_cost_model(args.curve)
     config = build_config(args, [policy], model)
     curve = model.curve
