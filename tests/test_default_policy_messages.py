@@ -42,8 +42,9 @@ CASES: dict[str, tuple[Argv, str, str]] = {
                         f"the default --policy tailsieve {NEED}; --spec compares it with uniform: give --replicas 2 "
                         "or more"),
     "route": (lambda d: ["route", "--replicas", "1"], "topq-best",
-              "--replicas 1: streamrl-oracle, topq-best of the default --policy need at least 2 replicas (a tail "
-              "pool); give --replicas 2 or more, or choose with --policy among uniform, uniform-oracle, seer-oracle"),
+              "--replicas 1: streamrl-oracle, topq-best need at least 2 replicas (a tail pool) and come with the "
+              "default --policy; give --replicas 2 or more, or choose with --policy among uniform, uniform-oracle, "
+              "seer-oracle"),
 }
 # what the same command says when the user named the policy (the message that was also the default's before)
 NAMED = {"rollout --endpoints": f"policy tailsieve {NEED}", "rollout --launch": f"policy tailsieve {NEED}",
