@@ -22,7 +22,8 @@ CURVE = make_curve()
 
 def test_parse_depths() -> None:
     assert parse_depths("3, 0,1,1") == (0, 1, 3)
-    with pytest.raises(ConfigError, match=r"^--spec-depths must be comma-separated integers, got 'x'$"):
+    with pytest.raises(ConfigError,
+                       match=r"^--spec-depths must be comma-separated integers or ranges A\.\.B, got 'x'$"):
         parse_depths("0,x")
     with pytest.raises(ConfigError, match=r"^--spec-depths values must lie in 0..32, got 33$"):
         parse_depths("33")

@@ -38,6 +38,7 @@ MAX_STEP_REQUESTS = 1_000_000  # N·G: requests in one simulated or routed step
 MAX_REPLICAS = 4096
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON/TOML document or JSONL line
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text per file
+MAX_LIST_VALUES = 4096  # the values one integer-list flag may name (`int_list`: a range counts each of its values)
 MAX_TEMPERATURE = 100.0  # sampling temperature (`rollout`, `profile`): sent to servers as a JSON number
 
 ErrorType = Callable[[str], TailSieveError]
@@ -245,6 +246,33 @@ def int_in(value: int, flag: str, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def int_list(text: str, flag: str, lo: int, hi: int, error: ErrorType = ConfigError) -> tuple[int, ...]:
+    """The integers a list flag names, sorted and distinct: comma-separated items, each an integer or an inclusive
+    range `A..B` (`0..7`, `0,2..4`), every value in `lo..hi` and at most `MAX_LIST_VALUES` of them; a one-line
+    error naming the flag and the bad item otherwise."""
+    out: set[int] = set()
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        first, dots, last = item.partition("..")
+        try:
+            a = int(first)
+            b = int(last) if dots else a
+        except ValueError:
+            raise error(f"{flag} must be comma-separated integers or ranges A..B, got {excerpt(item)}") from None
+        for v in (a, b):
+            if not lo <= v <= hi:
+                raise error(f"{flag} values must lie in {lo}..{hi}, got {excerpt(v)}")
+        if b < a:
+            raise error(f"{flag}: the range {excerpt(item)} runs backwards; write A..B with A <= B")
+        if len(out) + b - a + 1 > MAX_LIST_VALUES:
+            raise error(f"{flag} names more than {MAX_LIST_VALUES} values")
+        out.update(range(a, b + 1))
+    if not out:
+        raise error(f"{flag} is empty; give integers such as 0,1,2 or a range such as 0..3")
+    return tuple(sorted(out))
+
+
 def check_step_size(groups: int, group_size: int, flags: str = "--groups × --group-size") -> None:
     """N·G at most `MAX_STEP_REQUESTS` (a size guard instead of allocating terabytes)."""
     if groups * group_size > MAX_STEP_REQUESTS:
@@ -279,12 +307,15 @@ def one_of(value: Any, flag: str, choices: Collection[Any]) -> Any:
     return value
 
 
-def check_replicas(policy: str, minimum: int, replicas: int) -> None:
+def check_replicas(policy: str, minimum: int, replicas: int, *, default_fix: str | None = None) -> None:
     """The one "needs ≥ k replicas" check of every policy (controllers, peers, the known-length baselines): an
-    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError."""
+    integer `replicas` of at least `minimum` (2: a tail and a bulk pool), else a one-line ConfigError. `default_fix`:
+    the policy is the command's default, not one the user named, so the message says so and what to give instead."""
     if isinstance(replicas, bool) or not isinstance(replicas, Integral) or replicas < minimum:
         need = "a tail and a bulk pool" if minimum > 1 else "a replica"
-        raise ConfigError(f"policy {policy} needs at least {minimum} replicas ({need}), got R={replicas}")
+        who = f"policy {policy}" if default_fix is None else f"the default --policy {policy}"
+        fix = "" if default_fix is None else f"; {default_fix}"
+        raise ConfigError(f"{who} needs at least {minimum} replicas ({need}), got R={replicas}{fix}")
 
 
 def check_tail_replicas(m: int | None, replicas: int, what: str = "m") -> None:

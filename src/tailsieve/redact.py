@@ -71,9 +71,16 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
 
 def clip(text: str, limit: int = EXCERPT_CHARS) -> str:
     """Text from a file as an error message shows it unquoted (a CSV header's columns): control characters escaped,
-    redacted, then cut to `limit` characters (`…` and the full length follow a cut)."""
+    redacted, then cut to `limit` characters (`…` and the full length follow a cut; a cut never splits a `[redacted]`
+    mask, which is then shown whole)."""
     text = redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+    if len(text) <= limit:
+        return text
+    cut = limit
+    mask = text.find(MASK, max(0, limit - len(MASK) + 1))
+    if 0 <= mask < limit:
+        cut = mask + len(MASK)
+    return f"{text[:cut]}… ({len(text):,} characters)"
 
 
 __all__ = ["EXCERPT_CHARS", "MASK", "clip", "excerpt", "redact", "register_secret", "secret_name"]

@@ -13,7 +13,9 @@ policies (`policy.peers.PEERS`, `tailsieve.peers`) and the engine kinds (`engine
   (`importlib.metadata`, an installed distribution's `entry_points.txt`). An unknown name is one line listing the
   known ones (`unknown KIND 'x' (valid: a, b, c)`), raised as the registry's error class (a `ConfigError`). Every
   flag and config key naming an entry (`--policy`, `--ranking`, `--kind`, `[launch] kind`, …) resolves here, so a
-  plugin name imports code wherever a name is accepted, and nowhere else.
+  plugin name imports code wherever a name is accepted, and nowhere else. A flag whose names span several
+  registries (`--policy`: a controller or a peer) resolves through `resolve_any`, the same three forms, a plugin
+  registered in the registry its object belongs to.
 - An abstract class (`inspect.isabstract`) is never an entry: refused at load, naming what it leaves unimplemented.
 - Plugins are named in their failures. Every object added whose code is not TailSieve's is recorded (`blame`): an
   exception (SystemExit included; KeyboardInterrupt stays an interrupt) raised while its code runs is reported by
@@ -35,11 +37,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from types import CodeType, TracebackType
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from tailsieve.errors import ConfigError
+from tailsieve.redact import excerpt
 
-__all__ = ["DuplicateName", "PluginError", "Registry", "UnknownName", "blame", "describe", "is_ours"]
+__all__ = ["DuplicateName", "PluginError", "Registry", "UnknownName", "blame", "describe", "is_ours", "resolve_any"]
 
 T = TypeVar("T")
 Obj = TypeVar("Obj")
@@ -143,7 +146,8 @@ class Registry(dict[str, T], Generic[T]):
     def add(self, name: str, obj: T) -> T:
         """Register `obj` as `name` (DuplicateName when another object has the name) and return it."""
         if not isinstance(name, str) or not name.strip() or name != name.strip():
-            raise ConfigError(f"{self.kind} name must be a non-empty string without surrounding spaces, got {name!r}")
+            raise ConfigError(f"{self.kind} name must be a non-empty string without surrounding spaces, "
+                              f"got {excerpt(name)}")
         old = dict.get(self, name)
         if old is not None and old is not obj:
             raise DuplicateName(f"{self.kind} '{name}' is already registered ({_label(old)}); choose another name")
@@ -221,9 +225,9 @@ class Registry(dict[str, T], Generic[T]):
             return self[name]
         if ":" in name:
             return self._load_path(name)
-        if self.group is not None:
-            for ep in importlib.metadata.entry_points(group=self.group, name=name):
-                return self._adopt(name, self._load(ep.load, f"entry point '{name}' ({ep.value})"))
+        found = self._entry_point(name)
+        if found is not None:
+            return found
         raise self.unknown(name, valid)
 
     def unknown(self, name: str, valid: Sequence[str] | None = None) -> ConfigError:
@@ -238,6 +242,10 @@ class Registry(dict[str, T], Generic[T]):
         return str(name)
 
     def _load_path(self, path: str) -> T:
+        return self._adopt(path, self._import(path))
+
+    def _import(self, path: str) -> object:
+        """The object `pkg.module:Attr` names (imported, not registered); a one-line `PluginError` otherwise."""
         module, _, attr = path.partition(":")
         if not module or not attr:
             raise PluginError(f"{self.kind} plugin '{path}': expected pkg.module:Name")
@@ -247,7 +255,14 @@ class Registry(dict[str, T], Generic[T]):
             if not hasattr(obj, part):
                 raise PluginError(f"{self.kind} plugin '{path}': module '{module}' has no attribute '{attr}'")
             obj = getattr(obj, part)
-        return self._adopt(path, obj)
+        return obj
+
+    def _entry_point(self, name: str) -> T | None:
+        """The entry point `name` of this registry's group, loaded and registered; None when there is none."""
+        if self.group is not None:
+            for ep in importlib.metadata.entry_points(group=self.group, name=name):
+                return self._adopt(name, self._load(ep.load, f"entry point '{name}' ({ep.value})"))
+        return None
 
     def _load(self, load: Callable[[], object], what: str) -> object:
         try:
@@ -265,3 +280,30 @@ class Registry(dict[str, T], Generic[T]):
             dict.__setitem__(self, name, entry)
             return entry
         return self.add(name, entry)
+
+
+def resolve_any(name: str, registries: Sequence[Registry[Any]], valid: Sequence[str] | None = None) -> Registry[Any]:
+    """The registry of `registries` that holds `name` once it is resolved, for a flag whose names span several (a
+    `--policy` is a controller or a peer): a name registered in one of them; else `pkg.module:Attr`, imported once
+    and registered in the first registry whose kind it is (an abstract one is refused there), a one-line
+    `PluginError` naming every kind when it is none; else an entry point of one's group; else the first registry's
+    unknown-name error listing `valid` (default: every registry's names)."""
+    name = str(name)
+    for reg in registries:
+        if name in reg:
+            return reg
+    first = registries[0]
+    if ":" in name:
+        obj = first._import(name)
+        whys = []
+        for reg in registries:
+            why = reg._check(obj) if reg._check is not None else None
+            if why is None:
+                reg._adopt(name, obj)
+                return reg
+            whys.append(f"{reg.kind} ({why})" if reg is not first else why)
+        raise PluginError(f"{first.kind} '{name}': {', nor a '.join(whys)}")
+    for reg in registries:
+        if reg._entry_point(name) is not None:
+            return reg
+    raise first.unknown(name, valid if valid is not None else [n for reg in registries for n in reg.names()])

@@ -19,6 +19,7 @@ from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.cli.spec_range_view import print_range
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import int_list
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import context_for
 from tailsieve.model.spec_parse import parse_spec, spec_range
@@ -37,21 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "(mtp, dflash: the central profile for the curve's family, the low and high ones "
                                   "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…])")
     p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
-                   help="depths tried on each pool, comma-separated (default: %(default)s)")
+                   help="depths tried on each pool, comma-separated and/or ranges A..B (default: %(default)s)")
 
 
 def parse_depths(text: str) -> tuple[int, ...]:
-    """`0,1,2` → (0, 1, 2); one-line error naming the bad item."""
-    out: set[int] = set()
-    for item in (t.strip() for t in text.split(",")):
-        try:
-            d = int(item)
-        except ValueError:
-            raise ConfigError(f"--spec-depths must be comma-separated integers, got {item!r}") from None
-        if not 0 <= d <= MAX_TOKENS:
-            raise ConfigError(f"--spec-depths values must lie in 0..{MAX_TOKENS}, got {d}")
-        out.add(d)
-    return tuple(sorted(out))
+    """`0,1,2` or `0..2` → (0, 1, 2) (`inputs.int_list`); one-line error naming the bad item."""
+    return int_list(text, "--spec-depths", 0, MAX_TOKENS)
 
 
 def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,

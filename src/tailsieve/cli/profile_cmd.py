@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
                                    "record the median decode time per token; writes curve JSON.")
     p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
-                   help="comma-separated batch sizes (default: %(default)s)")
+                   help="batch sizes, comma-separated and/or ranges A..B (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
     p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)),
                    help="prompt lengths in tokens to measure every batch size at (0: a short prompt); two or more fit "

@@ -43,7 +43,7 @@ from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import Api, Endpoint, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.errors import ConfigError, Interrupted
-from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_step_size, finite, int_in
+from tailsieve.inputs import MAX_LENGTH, MAX_TEMPERATURE, check_replicas, check_step_size, excerpt, finite, int_in
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
@@ -54,6 +54,7 @@ from tailsieve.policy.router import dispatch_of
 from tailsieve.policy.spec import check_loop_policy
 from tailsieve.workloads import load_workload
 
+DEFAULT_POLICY = "tailsieve"  # --policy when none is given
 MAX_STEPS = 1_000_000
 MAX_WAIT_S = 1e6  # seconds: --stall-timeout, --give-up-after
 MAX_RETRIES = 1000
@@ -74,8 +75,8 @@ def register(sub: Any) -> None:
     add(p, "--groups")
     add(p, "--group-size")
     add(p, "--steps", default=10)
-    p.add_argument("--policy", default="tailsieve",
-                   help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated: interleaved (A B A B …)")
+    p.add_argument("--policy", help=f"one of {', '.join([*CONTROLLERS, *PEERS])}; comma-separated: interleaved "
+                                    f"(A B A B …) (default: {DEFAULT_POLICY})")
     p.add_argument("--out", required=True, help="output folder")
     add(p, "--json")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -175,7 +176,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         if v < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
     check_flags(args)
-    names = list(dict.fromkeys(n.strip() for n in args.policy.split(",") if n.strip()))
+    names = list(dict.fromkeys(n.strip() for n in (args.policy or DEFAULT_POLICY).split(",") if n.strip()))
     valid = ', '.join([*CONTROLLERS.names(), *PEERS])
     if not names:
         raise ConfigError(f"--policy is empty; valid: {valid}")
@@ -237,6 +238,15 @@ def check_flags(args: argparse.Namespace) -> None:
     int_in(args.retries, "--retries", 0, MAX_RETRIES)
 
 
+def check_default_policy(args: argparse.Namespace, replicas: int) -> None:
+    """With no --policy, a fleet too small for the default (`DEFAULT_POLICY`) is one line naming it as the default
+    and what to give instead (the user named no policy)."""
+    if args.policy is None:
+        more = f"more replicas in {args.launch}" if args.launch else "more --endpoints"
+        check_replicas(DEFAULT_POLICY, CONTROLLERS[DEFAULT_POLICY].min_replicas, replicas,
+                       default_fix=f"give --policy uniform or {more}")
+
+
 def _check_weights_dir(args: argparse.Namespace, runs: int) -> None:
     """`--weights-dir`: a folder, for one training run."""
     if args.weights_dir and not Path(args.weights_dir).is_dir():
@@ -257,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         launch_path = Path(args.launch)
         lc = load_launch_config(launch_path)
         if args.kind is not None and args.kind != lc.kind:
-            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {lc.kind!r} of {launch_path}: the "
+            raise ConfigError(f"--kind {args.kind} contradicts launch.kind = {excerpt(lc.kind)} of {launch_path}: the "
                               "launched servers' kind is their clients' kind")
         kind = lc.kind
         if args.weights_dir:
@@ -274,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         if not endpoints:
             raise ConfigError("--endpoints is empty")
         replicas = len(endpoints)
+    check_default_policy(args, replicas)
     for cfg in configs.values():
         cfg.policy_spec(replicas)  # every policy check once, before any replica starts (`PolicySpec`)
     prompts = load_prompts(args.prompts)

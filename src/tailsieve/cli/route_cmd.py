@@ -132,6 +132,11 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
         else:
             policies.append(get_policy(name))
     short = [p.name for p in policies if args.replicas < p.min_replicas]
+    if short and args.policy is None:  # the user named no policy: say these came with the default
+        ok = [p.name for p in policies if p.name not in short]
+        raise ConfigError(f"--replicas {args.replicas}: {', '.join(short)} need at least 2 replicas (a tail pool) "
+                          f"and come with the default --policy; give --replicas 2 or more, or choose with --policy "
+                          f"among {', '.join(ok)}")
     if short:
         raise ConfigError(f"--replicas {args.replicas}: {', '.join(short)} need at least 2 replicas (a tail pool); "
                           "choose another --policy")

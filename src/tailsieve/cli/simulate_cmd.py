@@ -90,7 +90,8 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
                    "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; NAME[:BRACKET][,key=value…] "
                    "(mtp, dflash: also under the published range's low, central and high profiles)")
-    p.add_argument("--spec-budgets", metavar="LIST", help="--spec: comma-separated budgets d (default: 0,1,…,6)")
+    p.add_argument("--spec-budgets", metavar="LIST",
+                   help="--spec: budgets d, comma-separated and/or ranges A..B (default: 0..6)")
     add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
 

@@ -13,12 +13,14 @@ from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.cli.spec_range_view import print_range
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import check_replicas, int_list
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_fit import context_for
 from tailsieve.model.spec_parse import SpecContext, parse_spec, spec_range
-from tailsieve.model.speculative import SpecConfig, SpecMethod
+from tailsieve.model.speculative import MAX_TOKENS, SpecConfig, SpecMethod
 from tailsieve.outputs import write_figure
+from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.simulation.runs import ORACLES
 from tailsieve.simulation.spec_budget import (
     DEFAULT_BUDGETS,
@@ -34,14 +36,8 @@ ROUTE_WIN = 0.01  # route-specific depths "win" when the best split is over 1% f
 
 
 def parse_budgets(text: str) -> tuple[int, ...]:
-    """`0,1,2,3` → (0, 1, 2, 3), one-line error naming the bad item."""
-    out: list[int] = []
-    for item in (t.strip() for t in text.split(",")):
-        try:
-            out.append(int(item))
-        except ValueError:
-            raise ConfigError(f"--spec-budgets must be comma-separated integers, got {item!r}") from None
-    return check_budgets(out)
+    """`0,1,2,3` or `0..3` → (0, 1, 2, 3) (`inputs.int_list`), one-line error naming the bad item."""
+    return check_budgets(int_list(text, "--spec-budgets", 0, MAX_TOKENS // 2))
 
 
 def spec_policy(values: list[str] | None) -> str:
@@ -72,6 +68,9 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     others = [(label, s) for label, s in spec_range(args.spec, context) if s != template]
     budgets = parse_budgets(args.spec_budgets) if args.spec_budgets is not None else DEFAULT_BUDGETS
     policy = spec_policy(args.policy)
+    if args.policy is None:  # the user named no policy: a fleet too small for the default says so
+        check_replicas(policy, CONTROLLERS[policy].min_replicas, args.replicas,
+                       default_fix="--spec compares it with uniform: give --replicas 2 or more")
     config = build_config(args, [policy], model)
     curve = model.curve
     workload = load_inputs(args)

@@ -108,7 +108,7 @@ def model_from_json(obj: Any, where: str, name: str | None = None) -> CostModel:
         raise CurveError(f"{where}: cost_model must be an object with kv_ms_per_1k and prefill_ms_per_token")
     fmt = terms.get("format", MODEL_FORMAT)
     if fmt != MODEL_FORMAT:
-        raise CurveError(f"{where}: cost_model.format {fmt!r} is not {MODEL_FORMAT!r}")
+        raise CurveError(f"{where}: cost_model.format {excerpt(fmt)} is not {MODEL_FORMAT!r}")
     fit = obj.get("fit")
     return CostModel(curve, _term(terms, "kv_ms_per_1k", where), _term(terms, "prefill_ms_per_token", where),
                      _term(terms, "request_overhead_ms", where), fit if isinstance(fit, dict) else {})

@@ -143,7 +143,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config {path}: unknown key {extra[0]} (valid: spec, launch)")
     for table in ("spec", "launch"):
         if not isinstance(doc.get(table, {}), dict):
-            raise ConfigError(f"config {path}: {table} must be a table, got {excerpt(doc[table])}"[:300])
+            raise ConfigError(f"config {path}: {table} must be a table, got {excerpt(doc[table])}")
     return doc
 
 

@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import clip, excerpt
 from tailsieve.policy.control_state import ControllerConfig
 
 __all__ = ["Knob", "controller_from_mapping", "knobs", "renamed"]
@@ -61,12 +62,12 @@ def _value(knob: Knob, v: Any, name: str) -> Any:
     if v is None and knob.optional:
         return None
     if knob.kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ConfigError(f"{name} must be an integer{' or null' if knob.optional else ''}, got {v!r}"[:300])
+        raise ConfigError(f"{name} must be an integer{' or null' if knob.optional else ''}, got {excerpt(v)}")
     if knob.kind is float:
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{name} must be a number, got {v!r}"[:300])
+            raise ConfigError(f"{name} must be a number, got {excerpt(v)}")
         if not math.isfinite(v):
-            raise ConfigError(f"{name} must be finite, got {v!r}")
+            raise ConfigError(f"{name} must be finite, got {excerpt(v)}")
         return float(v)
     return v
 
@@ -84,8 +85,8 @@ def controller_from_mapping(mapping: Mapping[str, Any] | None, where: str, base:
     by_name = {k.name: k for k in knobs()}
     unknown = sorted(str(k) for k in mapping if k not in by_name)
     if unknown:
-        raise ConfigError(f"{where}: unknown controller field(s) {', '.join(unknown)} (valid: {', '.join(by_name)})"
-                          [:300])
+        raise ConfigError(f"{where}: unknown controller field(s) {clip(', '.join(unknown))} "
+                          f"(valid: {', '.join(by_name)})")
     values = {k: _value(by_name[k], v, name(k)) for k, v in mapping.items()}
     try:
         return replace(base or ControllerConfig(), **values)

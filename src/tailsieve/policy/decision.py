@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, finite, int_in, json_object
+from tailsieve.inputs import MAX_INT, excerpt, finite, int_in, json_object
 
 __all__ = ["Decision", "Reason"]
 
@@ -79,7 +79,7 @@ class Decision:
         d = json_object(obj, where, ("q", "m", "reason"), ("q", "m", "reason", "option", "gain_s", "se_s", "cost_s"))
         reasons = {r.value: r for r in Reason}
         if not isinstance(d["reason"], str) or d["reason"] not in reasons:  # a list or an object is unhashable
-            raise ConfigError(f"{where}.reason must be one of {', '.join(reasons)}, got {d['reason']!r}"[:300])
+            raise ConfigError(f"{where}.reason must be one of {', '.join(reasons)}, got {excerpt(d['reason'])}")
         option = d.get("option")
         if option is not None:
             if not (isinstance(option, list) and len(option) == 2):

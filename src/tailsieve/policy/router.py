@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, check_tail_replicas, int_in, json_object
+from tailsieve.inputs import MAX_INT, check_tail_replicas, excerpt, int_in, json_object
 from tailsieve.policy.ranking import DEFAULT_RANKING, RANKINGS, rank
 from tailsieve.policy.step import (
     GroupRef,
@@ -145,7 +145,7 @@ def _refs(rows: Any, where: str) -> tuple[GroupRef, ...]:
     for i, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != 3 or not isinstance(row[1], str) or not row[1]:
             raise ConfigError(f"{where}[{i}] must be [uid, prompt_id, cuts] with a non-empty prompt id, "
-                              f"got {row!r}"[:300])
+                              f"got {excerpt(row)}")
         out.append(GroupRef(int_in(row[0], f"{where}[{i}] uid", 0, MAX_INT), row[1],
                             int_in(row[2], f"{where}[{i}] cuts", 0, MAX_INT)))
     return tuple(out)

@@ -13,8 +13,10 @@ Each check is written once, here or in the value it belongs to, with one message
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import check_replicas, check_tail_replicas
@@ -25,17 +27,23 @@ from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import RouterConfig
+from tailsieve.registry import Registry, resolve_any
 
-__all__ = ["FleetCost", "PolicySpec", "check_loop_policy"]
+__all__ = ["FleetCost", "PolicySpec", "check_loop_policy", "resolve_policy"]
+
+
+def resolve_policy(name: str, valid: Sequence[str] | None = None) -> Registry[Any]:
+    """The registry of policy `name`, resolved the one way every `--policy` is (`registry.resolve_any`): a controller
+    on the loop (`CONTROLLERS`) or a peer (`PEERS`, on its `PeerLoop`), each a registered name, a `pkg.module:Class`
+    plugin (registered where its class belongs) or an entry point; one message naming both kinds for a plugin that is
+    neither, one unknown-name message listing `valid` (default: both registries' names)."""
+    return resolve_any(name, (CONTROLLERS, PEERS), valid)
 
 
 def check_loop_policy(name: str) -> None:
-    """A policy a real run can drive: a controller on the loop (`CONTROLLERS`: a registered name, a
-    `pkg.module:Class` plugin or an entry point) or a peer (`PEERS`, on its `PeerLoop`); one unknown-name message
-    listing both (the oracles need known lengths and exist only in `simulate`)."""
-    if name in PEERS:
-        return
-    CONTROLLERS.resolve(name, [*CONTROLLERS.names(), *PEERS])
+    """A policy a real run can drive: a controller or a peer (`resolve_policy`; the oracles need known lengths and
+    exist only in `simulate`)."""
+    resolve_policy(name)
 
 
 @dataclass(frozen=True, slots=True)

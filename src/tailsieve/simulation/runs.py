@@ -24,7 +24,7 @@ from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
 from tailsieve.policy.router import RouterConfig, pool_split
-from tailsieve.policy.spec import FleetCost, PolicySpec
+from tailsieve.policy.spec import FleetCost, PolicySpec, resolve_policy
 from tailsieve.simulation.executor import SimExecutor, SimRestarts
 from tailsieve.simulation.replica import ReplicaConfig, run_replica
 from tailsieve.workloads import Workload
@@ -79,14 +79,14 @@ def policy_names() -> tuple[str, ...]:
 
 
 def check_policy(name: str, replicas: int) -> None:
-    """The simulator's names beside the loop's policies: a peer runs on any R >= 1, an oracle needs its baseline's
-    `min_replicas`, anything else is a `PolicySpec`'s policy (`CONTROLLERS.check`, `inputs.check_replicas`)."""
-    if name in PEERS:
-        return
+    """The simulator's names beside the loop's policies: an oracle needs its baseline's `min_replicas`; anything else
+    resolves as every `--policy` does (`spec.resolve_policy`: a peer, which runs on any R >= 1, or a controller, a
+    `PolicySpec`'s policy, `inputs.check_replicas`)."""
     if name in ORACLES:
         check_replicas(name, get_policy(name).min_replicas, replicas)
         return
-    check_replicas(name, CONTROLLERS.resolve(name, [*policy_names(), "all"]).min_replicas, replicas)
+    if resolve_policy(name, [*policy_names(), "all"]) is CONTROLLERS:
+        check_replicas(name, CONTROLLERS[name].min_replicas, replicas)
 
 
 def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConfig) -> PolicySpec:

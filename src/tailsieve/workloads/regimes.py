@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
+from tailsieve.inputs import excerpt
 from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
 
 _TAG_AGENT_PROMPT, _TAG_AGENT_SAMPLE = 31, 32
@@ -118,7 +119,7 @@ class AgentModel:
         c = self.config
         eff = self._effect.get(prompt_id)
         if eff is None:
-            raise ConfigError(f"agent workload: unknown prompt id {prompt_id!r}")
+            raise ConfigError(f"agent workload: unknown prompt id {excerpt(prompt_id)}")
         rng = np.random.default_rng(
             np.random.SeedSequence([self.seed, _TAG_AGENT_SAMPLE, *_words(stable_hash(prompt_id)), generation])
         )

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
 from tailsieve.hashing import stable_hash
+from tailsieve.inputs import excerpt
 from tailsieve.model.tailstrength import tail_transform
 
 # Stream tags keep the effects' random streams disjoint.
@@ -160,7 +161,7 @@ class SyntheticModel:
         """Standardised prompt effect (N(0, 1) over the prompt set)."""
         z = self._prompt_effect.get(prompt_id)
         if z is None:
-            raise ConfigError(f"synthetic workload: unknown prompt id {prompt_id!r}")
+            raise ConfigError(f"synthetic workload: unknown prompt id {excerpt(prompt_id)}")
         return z
 
     def checkpoint_effect(self, step: int) -> float:

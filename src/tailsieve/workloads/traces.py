@@ -233,7 +233,8 @@ def _unique_samples(rows: list[tuple[int, dict[str, Any]]], path: Path, pid: NDA
     first: dict[tuple[int, ...], int] = {}
     for i, key in enumerate(map(tuple, keys.tolist())):
         if key in first:
-            where = f"prompt {str(pid[i])!r}" + ("" if steps is None else f" step {key[1]}") + f" sample {key[-1]}"
+            where = (f"prompt {excerpt(str(pid[i]))}" + ("" if steps is None else f" step {key[1]}")
+                     + f" sample {key[-1]}")
             raise TraceError(f"trace {path}, line {rows[i][0]}: {where} repeats line {rows[first[key]][0]} (each "
                              f"(prompt, {what}) once)")
         first[key] = i

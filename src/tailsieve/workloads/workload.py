@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError, TraceError
 from tailsieve.hashing import stable_hash
+from tailsieve.inputs import excerpt
 from tailsieve.model.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
 from tailsieve.workloads.regimes import REGIMES
 from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
@@ -182,7 +183,7 @@ class Workload:
         """The G response lengths of the `generation`-th generation of `prompt_id` at rollout step `step` (pure)."""
         _check_args(generation, step, group_size)
         if prompt_id not in self._known:
-            raise ConfigError(f"workload {self.name}: unknown prompt id {prompt_id!r}")
+            raise ConfigError(f"workload {self.name}: unknown prompt id {excerpt(prompt_id)}")
         out = self.source.lengths(prompt_id, generation, step, group_size)
         out.setflags(write=False)
         return out
@@ -191,7 +192,7 @@ class Workload:
         """Decode turns of each of the G samples (pure, the same draw as `lengths`; 1 for single-turn sources)."""
         _check_args(generation, step, group_size)
         if prompt_id not in self._known:
-            raise ConfigError(f"workload {self.name}: unknown prompt id {prompt_id!r}")
+            raise ConfigError(f"workload {self.name}: unknown prompt id {excerpt(prompt_id)}")
         if not isinstance(self.source, MultiTurnSource):
             return np.ones(group_size, dtype=np.int64)
         out = self.source.turns(prompt_id, generation, step, group_size)

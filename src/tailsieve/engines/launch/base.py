@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from tailsieve.engines.launch.config import LaunchConfig, PoolEngine
 from tailsieve.errors import TailSieveError
+from tailsieve.inputs import excerpt
 from tailsieve.policy.router import pool_split
 from tailsieve.policy.step import Pool, StepPlan
 from tailsieve.registry import Registry
@@ -139,7 +140,7 @@ class ReplicaLauncher(abc.ABC):
         ids = list(tail_replicas)
         bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < r]
         if bad:
-            raise LaunchError(f"tail replica {bad[0]!r} is not a replica id in [0, {r - 1}]")
+            raise LaunchError(f"tail replica {excerpt(bad[0])} is not a replica id in [0, {r - 1}]")
         if len(set(ids)) != len(ids):
             raise LaunchError(f"tail replicas repeat an id: {ids}")
         if len(ids) > max(r - 1, 0):

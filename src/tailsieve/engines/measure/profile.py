@@ -30,8 +30,9 @@ from tailsieve.engines.transport.engine_client import (
 )
 from tailsieve.engines.transport.replies import loads
 from tailsieve.engines.transport.reply_bounds import read_body
+from tailsieve.inputs import int_list
 from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
-from tailsieve.model.curves import TpotCurve
+from tailsieve.model.curves import MAX_BATCH, TpotCurve
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONTEXTS: tuple[int, ...] = (0, 1024, 3072)  # prompt tokens (0: the short default prompt)
@@ -39,6 +40,7 @@ PROFILE_PROMPT = "Count from one to one thousand, one number per line:"
 TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, FaultKind.DEADLINE,
                        FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
 T = TypeVar("T")
+MAX_CONTEXT = 1_000_000  # the longest prompt (tokens) `--contexts` may measure at
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,25 +90,13 @@ class ProfilePoint:
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
-    """`1,2,4,8` → sorted unique positive sizes (one-line error otherwise)."""
-    try:
-        vals = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise EngineError(f"--batches: expected comma-separated integers, got {text!r}") from None
-    if not vals or vals[0] < 1:
-        raise EngineError(f"--batches: need positive batch sizes, got {text!r}")
-    return tuple(vals)
+    """`1,2,4,8` (or `1..8`) → sorted unique batch sizes in 1..MAX_BATCH (`inputs.int_list`; one-line error)."""
+    return int_list(text, "--batches", 1, MAX_BATCH, EngineError)
 
 
 def parse_contexts(text: str) -> tuple[int, ...]:
-    """`0,1024,3072` → sorted unique prompt lengths >= 0 (one-line error otherwise)."""
-    try:
-        vals = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise EngineError(f"--contexts: expected comma-separated integers, got {text!r}") from None
-    if not vals or vals[0] < 0 or vals[-1] > 1_000_000:
-        raise EngineError(f"--contexts: need prompt lengths in 0..1000000 tokens, got {text!r}")
-    return tuple(vals)
+    """`0,1024,3072` → sorted unique prompt lengths in 0..MAX_CONTEXT tokens (`inputs.int_list`; one-line error)."""
+    return int_list(text, "--contexts", 0, MAX_CONTEXT, EngineError)
 
 
 async def measure_batch(client: EngineClient, endpoint: Endpoint, model: str, b: int, max_tokens: int,

@@ -53,6 +53,7 @@ from tailsieve.engines.transport.engine_client import (
 )
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.engines.transport.types import Progress
+from tailsieve.inputs import excerpt
 from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan
 
 # the executor's values live in executor_types.py; importing them from here keeps working
@@ -330,7 +331,7 @@ class EngineExecutor:
                 return
             url = self.replicas.endpoints[job.replica].url
             await self._fail_over(st, job, ReplicaFault(url, FaultKind.STALE_VERSION, f"its samples carry weight "
-                                                        f"version {other!r}, sent under {job.version}"))
+                                                        f"version {excerpt(other)}, sent under {job.version}"))
 
     async def _fail_over(self, st: _Step, job: _Job, exc: ReplicaFault) -> None:
         """Mark the replica down (stale, when its samples carry another weight version: `WeightSync.refresh`

@@ -20,7 +20,7 @@ from typing import Any
 
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import loads_json, open_text
+from tailsieve.inputs import clip, excerpt, loads_json, open_text
 
 TEXT_FIELDS = ("prompt", "problem", "question", "instruction", "input", "query", "text", "content")
 ID_FIELDS = ("id", "question_id", "task_id", "prompt_id", "uid", "global_id", "idx")
@@ -79,7 +79,7 @@ def _record(obj: Any, lineno: int, where: str) -> tuple[PromptRecord, bool]:
     key = next((k for k in ID_FIELDS if obj.get(k) is not None), None)
     if key is not None and isinstance(obj[key], bool | list | dict):
         raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' must be text or a number, got "
-                          f"{json.dumps(obj[key])}"[:300])
+                          f"{clip(json.dumps(obj[key]))}")
     if key is not None and not str(obj[key]).strip():
         raise ConfigError(f"prompt file {where}, line {lineno}: id '{key}' is empty; give the prompt an id, or no "
                           "id field at all")
@@ -129,9 +129,9 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> tuple[PromptR
                 if k:
                     rec = PromptRecord(f"{rec.prompt_id}#{k}", rec.text, rec.messages, rec.fields)
                 if rec.prompt_id in owner:
-                    raise ConfigError(f"prompt file {p}, line {lineno}: id {rec.prompt_id!r} is already the id of "
-                                      f"line {owner[rec.prompt_id]} (a repeated id gets a #k suffix); give each "
-                                      "prompt its own id"[:300])
+                    raise ConfigError(f"prompt file {p}, line {lineno}: id {excerpt(rec.prompt_id)} is already the "
+                                      f"id of line {owner[rec.prompt_id]} (a repeated id gets a #k suffix); give "
+                                      "each prompt its own id")
                 owner[rec.prompt_id] = lineno
                 out.append(rec)
                 if limit is not None and len(out) >= limit:
@@ -150,12 +150,12 @@ def _check_generated(p: Path, lineno: int, pid: str, generated: bool, made: dict
     """A given id must not be one generated for a line without an id, nor a generated one a given id (one line
     naming both lines); a generated id is then recorded in `made`."""
     if not generated and pid in made:
-        raise ConfigError(f"prompt file {p}, line {lineno}: id {pid!r} is the id generated for line {made[pid]}, "
-                          "which has no id; give that prompt an id, or this one another"[:300])
+        raise ConfigError(f"prompt file {p}, line {lineno}: id {excerpt(pid)} is the id generated for line "
+                          f"{made[pid]}, which has no id; give that prompt an id, or this one another")
     if generated:
         if pid in owner:
-            raise ConfigError(f"prompt file {p}, line {lineno} has no id, and the id it would get, {pid!r}, is the "
-                              f"id of line {owner[pid]}; give this prompt an id"[:300])
+            raise ConfigError(f"prompt file {p}, line {lineno} has no id, and the id it would get, {excerpt(pid)}, is "
+                              f"the id of line {owner[pid]}; give this prompt an id")
         made[pid] = lineno
 
 

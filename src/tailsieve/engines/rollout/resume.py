@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import loads_json, read_text
+from tailsieve.inputs import excerpt, loads_json, read_text
 from tailsieve.loop import StepRecord
 from tailsieve.outputs import append_line, write_atomic
 from tailsieve.policy.decision import Decision
@@ -90,7 +90,7 @@ def _step_row(where: str, row: Any) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
     step = row.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
+        raise ConfigError(f"{where}: 'step' must be a non-negative integer, got {excerpt(step)}")
     return row
 
 
@@ -113,7 +113,7 @@ def step_record(row: Mapping[str, Any]) -> StepRecord:
             v = math.nan
         ok = isinstance(v, typ) if typ is not float else isinstance(v, int | float)
         if not ok or (typ is not bool and isinstance(v, bool)):
-            raise TypeError(f"{name} must be {typ.__name__}, got {v!r}")
+            raise TypeError(f"{name} must be {typ.__name__}, got {excerpt(v)}")
         kw[name] = typ(v)
     return StepRecord(**kw)
 
@@ -258,15 +258,15 @@ def check_state(state: RolloutState, fingerprint: Mapping[str, Any], policy: str
         raise ConfigError(f"saved rollout state: {r.consumed} groups consumed in {r.step} steps of N={rc.groups}")
     for ref in r.waiting:
         if router.prompt_at(ref.uid) != ref.prompt_id:
-            raise ConfigError(f"saved rollout state: waiting group uid {ref.uid} names prompt {ref.prompt_id!r}, "
-                              "which this run's prompts do not draw there"[:300])
+            raise ConfigError(f"saved rollout state: waiting group uid {ref.uid} names prompt "
+                              f"{excerpt(ref.prompt_id)}, which this run's prompts do not draw there")
         if ref.cuts > rc.max_redraws:
             raise ConfigError(f"saved rollout state: waiting group uid {ref.uid} was cut {ref.cuts} times, more than "
                               f"max_redraws={rc.max_redraws}")
     known = set(router.prompts)
     unknown = sorted(set(state.generation) - known)
     if unknown:
-        raise ConfigError(f"saved rollout state: generation counter of unknown prompt {unknown[0]!r}"[:300])
+        raise ConfigError(f"saved rollout state: generation counter of unknown prompt {excerpt(unknown[0])}")
     if not 0 <= state.control.m < max(rc.replicas, 1):
         raise ConfigError(f"saved rollout state: m={state.control.m} tail replicas of R={rc.replicas}")
     if any(h.shape[1] != rc.group_size for h in (*state.control.history, *state.control.tail_history)):
@@ -281,8 +281,8 @@ def check_steps(steps: Sequence[SavedStep], router: Router) -> None:
                               f"N={router.config.groups} of G={router.config.group_size}")
         for uid, pid in zip(s.uids, s.prompts, strict=True):
             if router.prompt_at(uid) != pid:
-                raise ConfigError(f"{s.where}: group uid {uid} names prompt {pid!r}, which this run's prompts do not "
-                                  "draw there"[:300])
+                raise ConfigError(f"{s.where}: group uid {uid} names prompt {excerpt(pid)}, which this run's prompts "
+                                  "do not draw there")
 
 
 def set_aside(folder: Path, step: int) -> Path | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, int_in, json_object, loads_json, read_text
+from tailsieve.inputs import MAX_INT, excerpt, int_in, json_object, loads_json, read_text
 from tailsieve.outputs import write_json_atomic
 from tailsieve.policy.controller import ControlState
 from tailsieve.policy.router import RouterState
@@ -44,13 +44,13 @@ class RolloutState:
         d = json_object(obj, where, ("version", "policy", "fingerprint", "router", "control", "generation"),
                         ("weight_version",))
         if d["version"] != STATE_VERSION:
-            raise ConfigError(f"{where}: version {d['version']!r} is not {STATE_VERSION}"[:300])
+            raise ConfigError(f"{where}: version {excerpt(d['version'])} is not {STATE_VERSION}")
         if not isinstance(d["policy"], str) or not isinstance(d["fingerprint"], dict):
             raise ConfigError(f"{where}: policy must be text and fingerprint an object")
         gen = d["generation"]
         if not isinstance(gen, dict):
             raise ConfigError(f"{where}: generation must be an object (prompt id → generations started)")
-        generation = {k: int_in(v, f"{where}: generation[{k!r}]", 0, MAX_INT) for k, v in gen.items()}
+        generation = {k: int_in(v, f"{where}: generation[{excerpt(k)}]", 0, MAX_INT) for k, v in gen.items()}
         return cls(d["policy"], dict(d["fingerprint"]), RouterState.from_json(d["router"], f"{where}: router"),
                    ControlState.from_json(d["control"], f"{where}: control"), generation,
                    int_in(d.get("weight_version", 0), f"{where}: weight_version", 0, MAX_INT))

@@ -33,6 +33,7 @@ from pathlib import Path
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.engines.transport.types import Endpoint, EngineError
 from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.inputs import excerpt
 
 __all__ = ["ReloadHook", "StaleBatch", "StaleReplicas", "Unverified", "UpdateMethod", "VersionCheck", "WeightPush",
            "WeightSync", "WeightUpdate"]
@@ -165,7 +166,7 @@ class WeightSync:
         if not up or self.replicas.healthy():
             return
         seen = self.last_check.reported if self.last_check is not None else (None,) * len(self.replicas)
-        said = ", ".join(f"{self.replicas.endpoints[i].url} " + (f"reports {seen[i]!r}" if seen[i] is not None
+        said = ", ".join(f"{self.replicas.endpoints[i].url} " + (f"reports {excerpt(seen[i])}" if seen[i] is not None
                                                                  else "is stale") for i in up)
         raise StaleReplicas(f"no replica serves weight version {self.version} ({said}): push the weights with "
                             "update_weights before stepping")
@@ -208,7 +209,7 @@ class WeightSync:
                 errors.append(f"{url}: weight version not read back after the update to {v}: {r.error}"[:400])
             elif disagrees(r, v):
                 methods[k] = UpdateMethod.STALE
-                errors.append(f"{url} reports weight version {r!r} after the update to {v}")
+                errors.append(f"{url} reports weight version {excerpt(r)} after the update to {v}")
         return reported
 
     async def refresh(self) -> list[int]:

@@ -28,6 +28,7 @@ from tailsieve.engines.transport.types import (
     WeightUpdateUnsupported,
 )
 from tailsieve.errors import ConfigError
+from tailsieve.redact import clip
 from tailsieve.registry import Registry
 
 __all__ = ["BACKENDS", "EngineBackend", "OpenAIBackend", "SGLangBackend", "UnknownBackend", "VLLMBackend",
@@ -144,7 +145,7 @@ def _check(url: str, status: int, data: Any, what: str) -> None:
         raise WeightUpdateUnsupported(f"{url}: no {what} endpoint (HTTP 404)")
     if status >= 400 or (isinstance(data, dict) and data.get("success") is False):
         detail = data.get("message", data.get("detail", data)) if isinstance(data, dict) else data
-        raise EngineError(f"{url}: {what} failed: HTTP {status}: {' '.join(str(detail).split())[:200]}")
+        raise EngineError(f"{url}: {what} failed: HTTP {status}: {clip(' '.join(str(detail).split()))}")
 
 
 class UnknownBackend(ConfigError, EngineError):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tailsieve.engines.transport.backends import EngineBackend, get_backend
 from tailsieve.engines.transport.replies import BadReply, ReplyError, loads, model_names, parse_chunk, parse_full
-from tailsieve.engines.transport.reply_bounds import check_prompt_ids, check_size, read_body, read_capped, reply_limit
+from tailsieve.engines.transport.reply_bounds import (
+    check_prompt_ids,
+    check_size,
+    error_message,
+    read_body,
+    read_capped,
+    reply_limit,
+)
 from tailsieve.engines.transport.request_clock import RequestClock
 from tailsieve.engines.transport.stream_replies import StreamAcc, raise_stream_error
 from tailsieve.engines.transport.types import (
@@ -48,7 +54,7 @@ from tailsieve.engines.transport.types import (
     SamplingParams,
     ServerKind,
 )
-from tailsieve.redact import redact, register_secret
+from tailsieve.redact import EXCERPT_CHARS, clip, register_secret
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -68,6 +74,8 @@ __all__ = [
     "ServerKind",
     "parse_metrics",
 ]
+
+TRANSPORT_ERROR_CHARS = 200  # the most of a transport error's own text (aiohttp's, the OS's) a fault message quotes
 
 
 @dataclass(slots=True)
@@ -235,7 +243,7 @@ class EngineClient:
             raise BadReply(endpoint.url, str(exc)) from None
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
             # the backend's mapping hooks met a reply shape they do not expect: still the replica's fault
-            raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc)}") from None
+            raise BadReply(endpoint.url, f"{type(exc).__name__}: {_short(exc, EXCERPT_CHARS)}") from None
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, backend: EngineBackend, req: Request, acc: StreamAcc,
                            clock: RequestClock, scope: asyncio.Timeout, limit: int) -> Completion:
@@ -354,28 +362,19 @@ def parse_metrics(text: str) -> dict[str, float]:
             for sample in family.samples:
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise ReplyError(f"malformed /metrics text ({_short(exc)[:80]})") from None
+        raise ReplyError(f"malformed /metrics text ({_short(exc, EXCERPT_CHARS)})") from None
     return out
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
+def _short(exc: BaseException, limit: int = TRANSPORT_ERROR_CHARS) -> str:
+    """An exception's first line as an error message quotes it, redacted and clipped (`redact.clip`): a transport
+    error's own text up to `limit`; one that may quote a reply's content with `limit=EXCERPT_CHARS`."""
+    return clip(str(exc).splitlines()[0], limit) if str(exc) else type(exc).__name__
 
 
 async def _raise_status(endpoint: Endpoint, resp: aiohttp.ClientResponse) -> None:
-    """A 4xx/5xx reply as a one-line error; the server's text is redacted before it is cut (it may echo headers)."""
-    try:
-        text = redact((await resp.content.read(65536)).decode("utf-8", "replace"))
-    except (aiohttp.ClientError, OSError, TimeoutError):
-        text = ""
-    try:
-        obj = json.loads(text)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = str(err.get("message", err) if isinstance(err, dict) else err)
-    except ValueError:
-        msg = text
-    msg = " ".join(msg.split())[:200] or resp.reason or ""
+    """A 4xx/5xx reply as a one-line error quoting what the server said (`reply_bounds.error_message`)."""
+    msg = await error_message(resp)
     if resp.status >= 500 or resp.status in (408, 429):
         raise ReplicaFault(endpoint.url, FaultKind.HTTP_5XX, f"HTTP {resp.status} {msg}")
     raise RequestRejected(f"{endpoint.url}: HTTP {resp.status}: {msg}")

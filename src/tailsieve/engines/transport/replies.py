@@ -197,7 +197,8 @@ class Chunk:
         return any(c.progress for c in self.choices)
 
 
-def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyChoice:
+def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any],
+            reasons: frozenset[str] = FINISH_REASONS) -> ReplyChoice:
     ch = _obj(raw, f"choice {position}")
     if "index" in ch:
         i = ch["index"]
@@ -210,7 +211,7 @@ def _choice(raw: Any, position: int, n: int, outer: Mapping[str, Any]) -> ReplyC
     finish = ch.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, expected a string")
-    if finish and finish not in FINISH_REASONS:
+    if finish and finish not in reasons:
         raise ReplyError(f"choice {i} finish_reason is {_quote(finish)}, not a complete sample (stop or length)")
     pids = ch.get("prompt_token_ids") if ch.get("prompt_token_ids") is not None else outer.get("prompt_token_ids")
     version = ch.get("weight_version")
@@ -242,13 +243,14 @@ def _usage(raw: Any, n: int, cap: int) -> Usage | None:
                  None if done is None else count(done, "usage.completion_tokens", n * cap))
 
 
-def _choices(obj: Mapping[str, Any], n: int, *, required: bool) -> tuple[ReplyChoice, ...]:
+def _choices(obj: Mapping[str, Any], n: int, *, required: bool,
+             reasons: frozenset[str] = FINISH_REASONS) -> tuple[ReplyChoice, ...]:
     raw = obj.get("choices")
     if raw is None and not required:
         return ()
     if not isinstance(raw, list):
         raise ReplyError(f"'choices' is {type(raw).__name__}, expected a list")
-    return tuple(_choice(c, k, n, obj) for k, c in enumerate(raw))
+    return tuple(_choice(c, k, n, obj, reasons) for k, c in enumerate(raw))
 
 
 def parse_chunk(obj: Any, n: int, cap: int) -> Chunk:
@@ -257,11 +259,13 @@ def parse_chunk(obj: Any, n: int, cap: int) -> Chunk:
     return Chunk(_choices(o, n, required=False), _usage(o.get("usage"), n, cap))
 
 
-def parse_full(obj: Any, n: int, cap: int, latency_s: float) -> Completion:
-    """A non-streamed response → `Completion` with exactly n finished choices; a violation raises `ReplyError`.
+def parse_full(obj: Any, n: int, cap: int, latency_s: float,
+               reasons: frozenset[str] = FINISH_REASONS) -> Completion:
+    """A non-streamed response → `Completion` with exactly n finished choices (`reasons`: the finish reasons that
+    end one; a caller that hands partial samples on adds `abort`); a violation raises `ReplyError`.
     Per-choice tokens: the token ids, else usage (n = 1), else max_tokens for `length`, else an even share."""
     o = _obj(obj, "response")
-    got = _choices(o, n, required=True)
+    got = _choices(o, n, required=True, reasons=reasons)
     usage = _usage(o.get("usage"), n, cap) or Usage()
     by_index = {c.index: c for c in got}
     if len(by_index) != len(got):

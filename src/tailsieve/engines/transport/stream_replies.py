@@ -25,7 +25,7 @@ from tailsieve.engines.transport.types import (
     RequestRejected,
     TopPTokens,
 )
-from tailsieve.redact import redact
+from tailsieve.redact import clip, redact
 
 
 @dataclass(slots=True)
@@ -112,7 +112,7 @@ class StreamAcc:
 def raise_stream_error(url: str, err: Any) -> None:
     """An error event inside a stream: 4xx codes are the request's fault, anything else the replica's."""
     info = err if isinstance(err, Mapping) else {"message": str(err)}
-    msg = " ".join(redact(str(info.get("message", ""))).split())[:200]
+    msg = clip(" ".join(redact(str(info.get("message", ""))).split()))
     try:
         code = int(info.get("code") or 500)
     except (TypeError, ValueError, OverflowError):

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from tailsieve.errors import ConfigError, TailSieveError
-from tailsieve.redact import redact, register_secret
+from tailsieve.redact import excerpt, redact, register_secret
 
 DEFAULT_API_KEY_ENV = "TAILSIEVE_API_KEY"
 
@@ -85,10 +85,10 @@ def _strict_url(text: str) -> tuple[str, str | None]:
     https, a host name or IP, a port in 1..65535 when given, a path but no query or fragment; a trailing `/` or
     `/v1` is dropped. Anything else is a one-line `BadEndpoint` that never shows the credentials."""
     raw = str(text).strip()
-    shown = redact(raw)
+    shown = excerpt(raw)
 
     def bad(why: str) -> BadEndpoint:
-        return BadEndpoint(f"endpoint {shown!r}: {why}; expected http(s)://HOST:PORT")
+        return BadEndpoint(f"endpoint {shown}: {why}; expected http(s)://HOST:PORT")
 
     parts = urlsplit(raw)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
@@ -98,12 +98,12 @@ def _strict_url(text: str) -> tuple[str, str | None]:
         hostport.partition(":")[0]
     port_text = hostport[len(host):]
     if not host or not _HOSTNAME.fullmatch(host):
-        raise bad(f"host {host!r} is not a host name or IP address")
+        raise bad(f"host {excerpt(host)} is not a host name or IP address")
     if port_text:
         digits = port_text[1:]
         if not port_text.startswith(":") or not (digits.isascii() and digits.isdigit()) \
                 or not 1 <= int(digits) <= 65535:
-            raise bad(f"port {digits or port_text!r} is not an integer in 1..65535")
+            raise bad(f"port {excerpt(digits or port_text)} is not an integer in 1..65535")
         hostport = f"{host}:{int(digits)}"
     if parts.query or parts.fragment or "?" in raw or "#" in raw:
         raise bad("a query or fragment is not part of a base URL")

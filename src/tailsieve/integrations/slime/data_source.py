@@ -18,7 +18,7 @@ from typing import Any
 
 from tailsieve.engines.rollout.state import control_from_json, control_to_json, router_from_json, router_to_json
 from tailsieve.errors import TailSieveError
-from tailsieve.inputs import read_text
+from tailsieve.inputs import excerpt, read_text
 from tailsieve.integrations.slime.sample import sample_class, sample_from_dict, sample_to_dict
 from tailsieve.integrations.slime.settings import STANDIN_REFUSED, SlimeIntegrationError, check_flags
 from tailsieve.loop import LoopState
@@ -53,7 +53,7 @@ class CarryState:
     def from_json(cls, obj: dict[str, Any]) -> CarryState:
         """Inverse of `to_json`."""
         if obj.get("version") != STATE_VERSION:
-            raise ValueError(f"version {obj.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(f"version {excerpt(obj.get('version'))} is not {STATE_VERSION}")
         raw = obj.get("loop")
         loop = None if raw is None else LoopState(router_from_json(raw["router"]), control_from_json(raw["control"]))
         carry = {int(uid): [sample_from_dict(s) for s in group] for uid, group in obj["carry"]}

@@ -6,16 +6,18 @@ else from the environment variable `TAILSIEVE_<NAME>`, else the default. SGLang 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tailsieve.engines.transport.engine_client import Endpoint, SamplingParams
+from tailsieve.engines.transport.replies import ReplyError, loads
+from tailsieve.engines.transport.reply_bounds import CONTROL_REPLY_BYTES, read_capped_file
 from tailsieve.errors import TailSieveError
 from tailsieve.inputs import loads_json
 from tailsieve.policy.control_state import ControllerConfig
@@ -24,6 +26,7 @@ from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import RouterConfig, dispatch_of
 from tailsieve.policy.spec import FleetCost, PolicySpec
+from tailsieve.redact import clip
 
 __all__ = ["REFUSED", "STANDIN_REFUSED", "SlimeIntegrationError", "SlimeSettings", "check_flags", "discover_workers",
            "flag_name", "sampling_params", "setting"]
@@ -214,8 +217,11 @@ def _worker_urls(data: Any) -> list[str]:
 
 
 def _get_json(url: str, timeout_s: float) -> Any:
+    """sglang-router's answer at `url`, read within `CONTROL_REPLY_BYTES` before it is parsed (strict JSON)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return json.loads(resp.read().decode("utf-8"))
+        declared = resp.headers.get("Content-Length")
+        return loads(read_capped_file(resp, CONTROL_REPLY_BYTES, int(declared) if declared else None,
+                                      f"a sglang-router {urllib.parse.urlsplit(url).path} reply"))
 
 
 def discover_workers(args: Any, timeout_s: float = 5.0) -> tuple[Endpoint, ...]:
@@ -249,7 +255,9 @@ def _router_urls(base: str, timeout_s: float) -> list[str]:
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise SlimeIntegrationError(f"sglang-router {base} unreachable: {reason}") from None
+        except ReplyError as exc:
+            raise SlimeIntegrationError(f"sglang-router {base}{path}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise SlimeIntegrationError(f"sglang-router {base}{path}: unexpected answer ({exc})") from None
+            raise SlimeIntegrationError(f"sglang-router {base}{path}: unexpected answer ({clip(str(exc))})") from None
     raise SlimeIntegrationError(f"sglang-router {base} has neither /workers nor /list_workers")
 

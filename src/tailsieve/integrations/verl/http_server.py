@@ -8,6 +8,12 @@ verl's `LLMServerClient` talks to each replica through a handle whose methods ar
 (`make_output`, default: a plain dict-backed `HttpTokenOutput`); `abort_request` closes that request's connection,
 which aborts it on the server (from any thread or event loop). An abort that arrives before its request leaves a
 tombstone: the request, when it comes, is answered aborted without being sent.
+
+A reply is checked like every other generation reply (`engines/transport`): read within its byte cap
+(`reply_limit`) before it is parsed, then one choice with token ids (at most max_tokens), finite logprobs <= 0, one
+per token, and the prompt token ids sent when it echoes them; `abort` (vLLM's answer to a request aborted with
+partial output) is a finish reason too, answered `stop_reason="aborted"`. A reply that breaks them is a one-line
+`BadReply` naming the server; a 4xx/5xx is a one-line `RuntimeError` quoting at most a short prefix of its body.
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from tailsieve.engines.transport.replies import FINISH_REASONS, BadReply, ReplyError, loads, parse_full
+from tailsieve.engines.transport.reply_bounds import check_prompt_ids, error_message, read_capped, reply_limit
+from tailsieve.engines.transport.sglang_native import TokenPrompt
+from tailsieve.engines.transport.types import Choice, Request
+
+REASONS = FINISH_REASONS | {"abort"}  # the finish reasons a reply may give (abort: partial output, handed on)
 
 
 @dataclass(slots=True)
@@ -70,14 +83,23 @@ class HttpServerHandle:
         self.generate = _Remote(self._generate)
         self.abort_request = _Remote(self._abort_request)
 
-    async def _post(self, request_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, request_id: str, body: dict[str, Any]) -> Choice:
+        """POST `body` and return its one checked choice (module docstring)."""
+        req = Request(request_id, TokenPrompt(body["prompt"]))
+        cap = body["max_tokens"]
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http, http.post(
                 f"{self.base_url}/v1/completions", json=body, headers={"X-Request-Id": request_id}) as resp:
             if resp.status != 200:
-                raise RuntimeError(f"{self.base_url}: HTTP {resp.status}: {(await resp.text())[:300]}")
-            data: dict[str, Any] = await resp.json()
-            return data
+                raise RuntimeError(f"{self.base_url}: HTTP {resp.status}: {await error_message(resp)}")
+            try:
+                raw = await read_capped(resp.content.iter_any(), reply_limit(req, cap), resp.content_length)
+                choice = check_prompt_ids(req, parse_full(loads(raw), 1, cap, 0.0, REASONS)).choices[0]
+            except ReplyError as exc:
+                raise BadReply(self.base_url, str(exc)) from None
+        if choice.token_ids is None and choice.finish_reason != "abort":
+            raise BadReply(self.base_url, "choice 0 has no token_ids (the server must honour return_token_ids)")
+        return choice
 
     async def _generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
                         **_: Any) -> Any:
@@ -91,7 +113,7 @@ class HttpServerHandle:
         self.served.append(request_id)
         self.bodies[request_id] = body
         try:
-            data = await task
+            choice = await task
         except asyncio.CancelledError:
             if request_id not in self._aborted:
                 raise
@@ -99,13 +121,11 @@ class HttpServerHandle:
             return self.make_output(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)
         finally:
             self.inflight.pop(request_id, None)
-        choice = data["choices"][0]
-        ids = [int(t) for t in choice.get("token_ids") or []]
-        lp = choice.get("logprobs")
-        log_probs = [float(x) for x in lp["token_logprobs"]] if lp and lp.get("token_logprobs") else None
-        extra["finish_reason"] = choice.get("finish_reason")
-        stop = "aborted" if choice.get("finish_reason") == "abort" else "completed"
-        return self.make_output(token_ids=ids, log_probs=log_probs, stop_reason=stop, extra_fields=extra)
+        log_probs = None if choice.logprobs is None else list(choice.logprobs)
+        extra["finish_reason"] = choice.finish_reason
+        stop = "aborted" if choice.finish_reason == "abort" else "completed"
+        return self.make_output(token_ids=list(choice.token_ids or ()), log_probs=log_probs, stop_reason=stop,
+                                extra_fields=extra)
 
     async def _abort_request(self, request_id: str, reset_prefix_cache: bool = False) -> dict[str, Any]:
         task = self.inflight.get(request_id)

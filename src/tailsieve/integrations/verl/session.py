@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import excerpt
 from tailsieve.loop import LoopState, StepLoop, StepOutput, build_loop
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
@@ -69,10 +70,10 @@ def member_route(route: str, member: int) -> Routed:
     """The request id and replica of `member` of the group whose route is `route` (ConfigError if malformed)."""
     m = _ROUTE.match(route)
     if m is None:
-        raise ConfigError(f"malformed TailSieve route {route!r} (expected ts-STEP-UID-aATTEMPT@R0,R1,...)")
+        raise ConfigError(f"malformed TailSieve route {excerpt(route)} (expected ts-STEP-UID-aATTEMPT@R0,R1,...)")
     replicas = [int(r) for r in m[5].split(",")]
     if not 0 <= member < len(replicas):
-        raise ConfigError(f"member {member} out of range for route {route!r} ({len(replicas)} members)")
+        raise ConfigError(f"member {member} out of range for route {excerpt(route)} ({len(replicas)} members)")
     return Routed(request_id(int(m[2]), int(m[3]), member, int(m[4])), replicas[member])
 
 
