@@ -48,7 +48,7 @@ from tailsieve.cli import CliParser
 from tailsieve.cli._common import missing_modules, plot_path
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
-from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
 from tailsieve.engines.rollout.batch import Batch
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
@@ -194,9 +194,9 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
     rows: list[StepRow] = []
     records: dict[str, list[StepRecord]] = {a.policy: [], AGAINST: []}
     async with contextlib.AsyncExitStack() as stack:
-        r = await stack.enter_async_context(Rollout(endpoints, cfg, prompts, reload=launcher.reload))
+        r = await stack.enter_async_context(make_rollout(endpoints, cfg, prompts, reload=launcher.reload))
         lif = None if a.against == "none" else await stack.enter_async_context(
-            Rollout(endpoints, replace(cfg, policy=AGAINST, q=None, m=None), prompts, reload=launcher.reload))
+            make_rollout(endpoints, replace(cfg, policy=AGAINST, q=None, m=None), prompts, reload=launcher.reload))
         for t in range(a.steps):
             batch = await r.step()
             records[a.policy].append(batch.record)
