@@ -17,9 +17,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from app_thread import AppThread
+from body_fake import BodyFake
 from tailsieve.engines.launch.tiny_vllm import free_port
 from tailsieve.engines.transport.engine_client import (
     ClientOptions,
@@ -56,7 +56,7 @@ def completion(**choice: Any) -> dict[str, Any]:
 
 
 @dataclass
-class Fake:
+class Fake(BodyFake):
     """Answers `routes` (path → (status, body)); any other path is a 404. `chunked`: no Content-Length."""
 
     routes: dict[str, tuple[int, bytes]]
@@ -64,34 +64,9 @@ class Fake:
     port: int = field(default_factory=free_port)
     _server: AppThread = field(default_factory=lambda: AppThread("integration fake"))
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def _any(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
-        status, body = self.routes.get(request.path, (404, b"not found"))
-        if not self.chunked:
-            return web.Response(status=status, body=body, content_type="application/json")
-        resp = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        try:
-            for k in range(0, len(body), 1 << 16):
-                await resp.write(body[k:k + (1 << 16)])
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):  # the client stopped reading at its cap
-            pass
-        return resp
-
-    def __enter__(self) -> Fake:
-        app = web.Application(client_max_size=1 << 20)
-        app.router.add_route("*", "/{tail:.*}", self._any)
-        self._server.start([(app, self.port)])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stop()
+    def reply(self, path: str) -> tuple[int, bytes, str]:
+        status, body = self.routes.get(path, (404, b"not found"))
+        return status, body, "application/json"
 
 
 def verl_generate(url: str, make_output: Callable[..., Any] = HttpTokenOutput) -> Any:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from app_thread import AppThread
+from body_fake import BodyFake
 from tailsieve.engines.launch.tiny_vllm import free_port
 from tailsieve.engines.measure.profile import server_max_len
 from tailsieve.engines.measure.spec_measure import read_counters
@@ -45,7 +45,7 @@ def _metrics_body(size: int) -> bytes:
 
 
 @dataclass
-class SizeFake:
+class SizeFake(BodyFake):
     """Answers every path with a JSON document (or, on /metrics, Prometheus text) of `size` bytes; `chunked`
     sends it without a Content-Length."""
 
@@ -54,34 +54,10 @@ class SizeFake:
     port: int = field(default_factory=free_port)
     _server: AppThread = field(default_factory=lambda: AppThread("size fake"))
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def _any(self, request: web.Request) -> web.StreamResponse:
-        body = _metrics_body(self.size) if request.path == "/metrics" else _json_body(self.size)
-        kind = "text/plain" if request.path == "/metrics" else "application/json"
-        if not self.chunked:
-            return web.Response(body=body, content_type=kind)
-        resp = web.StreamResponse(headers={"Content-Type": kind})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        try:
-            for k in range(0, len(body), 1 << 16):
-                await resp.write(body[k:k + (1 << 16)])
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):  # the client stopped reading at its cap
-            pass
-        return resp
-
-    def __enter__(self) -> SizeFake:
-        app = web.Application(client_max_size=1 << 20)
-        app.router.add_route("*", "/{tail:.*}", self._any)
-        self._server.start([(app, self.port)])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stop()
+    def reply(self, path: str) -> tuple[int, bytes, str]:
+        if path == "/metrics":
+            return 200, _metrics_body(self.size), "text/plain"
+        return 200, _json_body(self.size), "application/json"
 
 
 Call = Callable[[EngineClient, Endpoint, Path], Awaitable[Any]]
