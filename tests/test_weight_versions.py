@@ -355,3 +355,17 @@ def test_a_sample_its_server_labels_with_another_version_is_stale() -> None:
     b = Batch(0, (GroupResult(0, "p", "p", Pool.BULK, 1.0, samples),), record, (), 0, 0.0, (), weight_version=3)
     assert b.served_stale == 1  # s(3, "2")
     assert b.stale_samples == 3  # s(3, "2"), and the two sent under versions 2 and 0
+
+
+@pytest.mark.parametrize(("exc", "line"), [
+    (OSError(), "OSError"),
+    (TimeoutError("   "), "TimeoutError"),
+    (ConnectionError("reset by peer\nsecond line"), "reset by peer"),
+    (OSError("x" * 400), "x" * 300),
+])
+def test_an_update_error_is_one_short_line(exc: BaseException, line: str) -> None:
+    """Update errors are listed by their first line (300 characters at most), an empty message by its type: an
+    `OSError()` used to stop the update with an IndexError."""
+    from tailsieve.engines.rollout.weight_sync import _first_line
+
+    assert _first_line(exc) == line

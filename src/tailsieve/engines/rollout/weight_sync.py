@@ -177,7 +177,7 @@ class WeightSync:
         try:
             return await client.backend(ep).served_version(client.session, ep)
         except (TailSieveError, OSError) as exc:
-            return Unverified(" ".join(str(exc).split())[:300] or type(exc).__name__)
+            return Unverified(_first_line(exc))
 
     async def _confirm(self, ids: list[int], methods: list[UpdateMethod], errors: list[str],
                        v: int) -> list[Reported]:
@@ -201,7 +201,7 @@ class WeightSync:
                 if not isinstance(r, TailSieveError | OSError):
                     raise r
                 methods[k] = UpdateMethod.STALE
-                errors.append(str(r).splitlines()[0][:300])
+                errors.append(_first_line(r))
                 continue
             reported[k] = r
             if isinstance(r, Unverified):
@@ -248,7 +248,7 @@ class WeightSync:
             if isinstance(res, UpdateMethod):
                 out[i] = res
             elif isinstance(res, TailSieveError | OSError):
-                errors.append(str(res).splitlines()[0][:300])
+                errors.append(_first_line(res))
                 failed.append(i)
             else:
                 raise res
@@ -257,7 +257,7 @@ class WeightSync:
                 await asyncio.to_thread(self.reload, path, failed)
                 out |= dict.fromkeys(failed, UpdateMethod.RESTART)
             except TailSieveError as exc:
-                errors.append(f"restart fallback: {str(exc).splitlines()[0][:300]}")
+                errors.append(f"restart fallback: {_first_line(exc)}")
         return [out[i] for i in ids], errors
 
     async def _one(self, i: int, path: str | None, v: int, push: WeightPush | None) -> UpdateMethod:
@@ -269,3 +269,10 @@ class WeightSync:
         client = self.replicas.client
         await client.backend(ep).update_weights(client.session, ep, path, v)
         return UpdateMethod.IN_PLACE
+
+
+def _first_line(exc: BaseException) -> str:
+    """An update error as one short line: its message's first line (300 characters at most), or its type's name
+    when it has no message."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
