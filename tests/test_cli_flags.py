@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tailsieve.cli import build_parser, main
-from tailsieve.cli.flags import FLAGS, controller_config
+from tailsieve.cli.flags import FLAGS, controller_config, policy_names_given
 from tailsieve.cli.rollout_cmd import build_configs
 from tailsieve.cli.sim_args import build_config
 from tailsieve.policy.control_state import ControllerConfig
@@ -147,3 +147,15 @@ def test_a_flag_of_a_new_field_needs_no_edit(monkeypatch: pytest.MonkeyPatch) ->
     flags_module.add_controller_flags(p)
     a = option(p, "--patience")
     assert a is not None and a.help == "steps to wait (default: 3)" and a.type("4") == 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("values", "default", "want"), [
+    (None, "all", ["all"]),
+    ("tailsieve", "x", ["tailsieve"]),
+    (" tailsieve , verl-lif,,uniform ", "x", ["tailsieve", "verl-lif", "uniform"]),
+    (["tailsieve,uniform", "uniform", "static"], "x", ["tailsieve", "uniform", "static"]),
+    (["tailsieve", "tailsieve"], "x", ["tailsieve"]),
+    ([" , ", ""], "x", []),
+])
+def test_policy_names_given_splits_strips_and_dedupes(values, default, want):
+    assert policy_names_given(values, default) == want

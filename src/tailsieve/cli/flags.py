@@ -29,7 +29,7 @@ from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 
 __all__ = ["FLAGS", "add", "add_controller_flags", "add_served_model_name", "controller_config", "controller_flag",
-           "controller_help"]
+           "controller_help", "policy_names_given"]
 
 FLAGS: dict[str, dict[str, Any]] = {
     # the step shape and the prompt order
@@ -90,6 +90,13 @@ FLAGS: dict[str, dict[str, Any]] = {
 def add(p: argparse.ArgumentParser, name: str, **override: Any) -> None:
     """Add the shared flag `name` to `p`; `override` replaces what differs in this command (a default, help)."""
     p.add_argument(name, **{**FLAGS[name], **override})
+
+
+def policy_names_given(values: str | list[str] | None, default: str) -> list[str]:
+    """The policy names of one `--policy` value or several (each comma-separated), stripped, empties dropped,
+    first occurrence kept; `default` when the flag was not given."""
+    given = [default] if values is None else [values] if isinstance(values, str) else values
+    return list(dict.fromkeys(n.strip() for v in given for n in v.split(",") if n.strip()))
 
 
 def add_served_model_name(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ from tailsieve.cli._common import (
     trace_columns,
     warn_few_prompts,
 )
-from tailsieve.cli.flags import add, add_controller_flags, add_served_model_name, controller_config
+from tailsieve.cli.flags import add, add_controller_flags, add_served_model_name, controller_config, policy_names_given
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.engines.kinds import DEFAULT_KIND
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
@@ -176,7 +176,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         if v < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {v}")
     check_flags(args)
-    names = list(dict.fromkeys(n.strip() for n in (args.policy or DEFAULT_POLICY).split(",") if n.strip()))
+    names = policy_names_given(args.policy or DEFAULT_POLICY, DEFAULT_POLICY)
     valid = ', '.join([*CONTROLLERS.names(), *PEERS])
     if not names:
         raise ConfigError(f"--policy is empty; valid: {valid}")

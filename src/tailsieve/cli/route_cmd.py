@@ -25,7 +25,7 @@ from tailsieve.cli._common import (
     progress_enabled,
     trace_columns,
 )
-from tailsieve.cli.flags import add
+from tailsieve.cli.flags import add, policy_names_given
 from tailsieve.cli.progress import Heartbeat, heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
@@ -115,7 +115,7 @@ def parse_policies(args: argparse.Namespace) -> list[Policy]:
     if args.policy is None:
         names = list(DEFAULT_POLICIES) + (["topq"] if topq_given else [])
     else:
-        names = [n.strip() for v in args.policy for n in v.split(",") if n.strip()]
+        names = policy_names_given(args.policy, "")
         if not names:
             raise ConfigError(f"--policy is empty; valid: {', '.join(POLICIES.names())}")
         for n in names:

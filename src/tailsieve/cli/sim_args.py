@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
-from tailsieve.cli.flags import controller_config
+from tailsieve.cli.flags import controller_config, policy_names_given
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
@@ -36,7 +36,7 @@ MAX_SECONDS = 1e7  # a restart: at most ~4 months
 
 def parse_policies(values: list[str] | None, replicas: int) -> list[str]:
     """Policy names in canonical order (uniform first); 'all' or nothing means every policy."""
-    names = [n.strip() for v in values or ["all"] for n in v.split(",") if n.strip()]
+    names = policy_names_given(values or None, "all")
     if not names:
         raise ConfigError(f"--policy is empty; valid: {', '.join(policy_names())}, or all")
     if "all" not in names:

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from tailsieve.cli._common import console, print_json, progress_enabled
+from tailsieve.cli.flags import policy_names_given
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.cli.spec_range_view import print_range
 from tailsieve.errors import ConfigError
@@ -42,7 +43,7 @@ def parse_budgets(text: str) -> tuple[int, ...]:
 
 def spec_policy(values: list[str] | None) -> str:
     """The one TailSieve variant to compare (default `tailsieve`); uniform is always the baseline."""
-    names = [n.strip() for v in values or ["tailsieve"] for n in v.split(",") if n.strip() and n.strip() != "uniform"]
+    names = [n for n in policy_names_given(values or None, "tailsieve") if n != "uniform"]
     if len(names) != 1 or names[0] in ORACLES or names[0] == "all":
         raise ConfigError(f"--spec compares one two-pool policy with uniform; give one --policy, got {values}")
     return names[0]
