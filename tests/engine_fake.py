@@ -236,3 +236,18 @@ def fake_prompt_tokens(body: dict[str, Any]) -> int:
     """Prompt tokens: 3 for a short prompt, one per word for a long one (`profile --contexts` sizes its prompts)."""
     words = len(str(body.get("prompt", body.get("messages"))).split())
     return 3 if words < 16 else words
+
+
+def write_prompts(root: Any, count: int = 40) -> Any:
+    """`root/p.jsonl`: `count` prompts q0, q1, … for the small rollouts the output tests run."""
+    path = root / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n" for i in range(count)))
+    return path
+
+
+def small_rollout(servers: list[FakeServer], root: Any, steps: int, *extra: str, policy: str = "static") -> list[str]:
+    """`tailsieve rollout` argv of N = 2 groups of 2 on `servers` into `root/out` (static: q = m = 1)."""
+    fixed = ["--q", "1", "--m", "1"] if policy == "static" else []
+    return ["rollout", "--endpoints", ",".join(s.url for s in servers), "--prompts", str(root / "p.jsonl"),
+            "--groups", "2", "--group-size", "2", "--rho", "0.5", "--max-tokens", "20", "--policy", policy, *fixed,
+            "--steps", str(steps), "--out", str(root / "out"), "--give-up-after", "0", *extra]

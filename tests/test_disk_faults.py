@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from engine_fake import FakeServer
+from engine_fake import FakeServer, small_rollout, write_prompts
 from hostile_harness import run_case
 from tailsieve.outputs import OutputError, append_line, write_atomic
 
@@ -110,10 +110,7 @@ def servers() -> Iterator[list[FakeServer]]:
         yield [a, b]
 
 
-def rollout(servers: list[FakeServer], root: Path, steps: int, *extra: str) -> list[str]:
-    return ["rollout", "--endpoints", ",".join(s.url for s in servers), "--prompts", str(root / "p.jsonl"),
-            "--groups", "2", "--group-size", "2", "--rho", "0.5", "--max-tokens", "20", "--policy", "static",
-            "--q", "1", "--m", "1", "--steps", str(steps), "--out", str(root / "out"), "--give-up-after", "0", *extra]
+rollout = small_rollout
 
 
 STEP_WRITES = {  # the write of step 2 that fails: (what the error names, file, system call, what was kept)
@@ -129,8 +126,7 @@ ROLLOUT = [(e, w) for e in ERRNOS for w in STEP_WRITES]
 @pytest.mark.parametrize(("fault", "write"), ROLLOUT, ids=[f"{e}-{w}" for e, w in ROLLOUT])
 def test_a_disk_failing_mid_run_stops_in_one_line_keeps_the_steps_and_resumes(
         servers: list[FakeServer], tmp_path: Path, fault: str, write: str) -> None:
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n"
-                                              for i in range(40)))
+    write_prompts(tmp_path)
     assert run_case("disk faults", rollout(servers, tmp_path, 2), tmp_path)[0] == 0
     folder = tmp_path / "out" / "static"
     kept_files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != "state.json"}

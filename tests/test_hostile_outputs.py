@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_fake import FakeServer
+from engine_fake import FakeServer, small_rollout, write_prompts
 from hostile_harness import run_case
 from tailsieve.outputs import LOCK_NAME, OutputError, OutputLock
 
@@ -41,17 +41,8 @@ def servers() -> Iterator[list[FakeServer]]:
         yield [a, b]
 
 
-def prompts(root: Path) -> Path:
-    path = root / "p.jsonl"
-    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"what is {i}?"}) + "\n" for i in range(40)))
-    return path
-
-
-def rollout(servers: list[FakeServer], root: Path, steps: int, *extra: str, policy: str = "static") -> list[str]:
-    fixed = ["--q", "1", "--m", "1"] if policy == "static" else []
-    return ["rollout", "--endpoints", ",".join(s.url for s in servers), "--prompts", str(root / "p.jsonl"),
-            "--groups", "2", "--group-size", "2", "--rho", "0.5", "--max-tokens", "20", "--policy", policy, *fixed,
-            "--steps", str(steps), "--out", str(root / "out"), "--give-up-after", "0", *extra]
+prompts = write_prompts
+rollout = small_rollout
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -115,10 +115,10 @@ def _ids(v: Any, what: str) -> tuple[int, ...] | None:
         return None
     if not isinstance(v, list):
         raise ReplyError(f"{what} is {type(v).__name__}, expected a list")
-    if v and set(map(type, v)) == {int} and min(v) >= 0 and max(v) <= MAX_TOKEN_ID:  # the usual reply, in C
-        return tuple(v)
     if not v:
         return ()
+    if set(map(type, v)) == {int} and min(v) >= 0 and max(v) <= MAX_TOKEN_ID:  # the usual reply, checked in C
+        return tuple(v)
     return tuple(count(t, what, MAX_TOKEN_ID) for t in v)
 
 
