@@ -12,8 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app_thread import AppThread
-from tailsieve.engines.launch.tiny_vllm import free_port
+from app_thread import AppThread, server_port
 
 
 def fake_length(prompt: str, seed: int | None, index: int, cap: int) -> int:
@@ -31,7 +30,7 @@ class FakeServer:
     mode: str = "ok"  # ok | 500 | 400 | 401 | stall | drop
     fail_after: int | None = None  # requests answered normally before switching to `then`
     then: str = "500"
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=server_port)
     running: int = 0
     started: int = 0
     finished: int = 0

@@ -34,8 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app_thread import AppThread
-from tailsieve.engines.launch.tiny_vllm import free_port
+from app_thread import AppThread, server_port
 from tailsieve.engines.transport.engine_client import (
     ClientOptions,
     Completion,
@@ -187,7 +186,7 @@ class SequencedFake:
 
     def start(self) -> SequencedFake:
         """Serve every replica from one background thread until `stop()`."""
-        self.ports = [free_port() for _ in range(self.replicas)]
+        self.ports = [server_port() for _ in range(self.replicas)]
         apps = []
         for i, port in enumerate(self.ports):
             app = web.Application()

@@ -23,8 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app_thread import AppThread
-from tailsieve.engines.launch.tiny_vllm import free_port
+from app_thread import AppThread, server_port
 
 
 def token(prompt_key: str, t: int) -> int:
@@ -52,7 +51,7 @@ class FakeSGLang:
     top_p_patch: bool = False  # answer custom_params return_top_p_token_ids (slime's SGLang patch)
     long_prompts: set[int] = field(default_factory=set)  # first token ids whose samples run to max_new_tokens
     short_cap: int = 6
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=server_port)
     running: int = 0
     rids: list[str] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
@@ -179,7 +178,7 @@ class FakeFleet:
     """Several fake SGLang servers and a fake sglang-router listing them, served from one thread."""
 
     servers: list[FakeSGLang]
-    router_port: int = field(default_factory=free_port)
+    router_port: int = field(default_factory=server_port)
     _thread: AppThread = field(default_factory=lambda: AppThread("fake sglang fleet"))
 
     async def _workers(self, request: web.Request) -> web.Response:

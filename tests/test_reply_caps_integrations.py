@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from app_thread import AppThread
+from app_thread import AppThread, server_port
 from body_fake import BodyFake
-from tailsieve.engines.launch.tiny_vllm import free_port
 from tailsieve.engines.transport.engine_client import (
     ClientOptions,
     Endpoint,
@@ -61,7 +60,7 @@ class Fake(BodyFake):
 
     routes: dict[str, tuple[int, bytes]]
     chunked: bool = False
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=server_port)
     _server: AppThread = field(default_factory=lambda: AppThread("integration fake"))
 
     def reply(self, path: str) -> tuple[int, bytes, str]:

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from app_thread import AppThread
+from app_thread import AppThread, server_port
 from body_fake import BodyFake
-from tailsieve.engines.launch.tiny_vllm import free_port
 from tailsieve.engines.measure.profile import server_max_len
 from tailsieve.engines.measure.spec_measure import read_counters
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, EngineError
@@ -51,7 +50,7 @@ class SizeFake(BodyFake):
 
     size: int = 0
     chunked: bool = False
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=server_port)
     _server: AppThread = field(default_factory=lambda: AppThread("size fake"))
 
     def reply(self, path: str) -> tuple[int, bytes, str]:
