@@ -39,7 +39,8 @@ def test_plan_verdict_follows_its_table_where_the_split_pays(tmp_path: Path,
     assert (ada["final_q"], ada["final_m"]) == (best["q"], best["m"])  # it settles where the static grid says
     vs = doc["vs_balancer"]["tailsieve"]
     assert vs["pays"] and vs["standing"] == "pays"
-    assert doc["answer"] == (f"tailsieve pays here: {vs['speedup']:.3f}× verl's balancer "
+    shorter = f"responses {100 * (1 - vs['length_ratio']):.1f}% shorter"
+    assert doc["answer"] == (f"tailsieve pays here: {vs['speedup']:.3f}× verl's balancer, {shorter} "
                              f"(±{100 * vs['speedup_2sigma']:.1f}% at 2σ over 14 paired steps); "
                              f"{ada['speedup']:.3f}× uniform.")
     assert main(["plan", "--curve", str(model), *ARGS]) == 0

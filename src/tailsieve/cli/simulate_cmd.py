@@ -14,14 +14,24 @@ from typing import Any
 
 from rich.table import Table
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts, sentence
-from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts
+from tailsieve.analysis.headline import headline_note, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.flags import add, add_controller_flags
-from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
+from tailsieve.cli.sim_args import (
+    DEFAULT_REPLAY,
+    add_replications,
+    build_config,
+    load_inputs,
+    parse_policies,
+    progress_bar,
+    replicated_verdict,
+    replications,
+    verdict_line,
+)
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
@@ -32,6 +42,7 @@ from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
 CAPTURE_STEPS = 10
+JUDGED = "tailsieve"  # the policy whose verdict against verl's balancer is pooled over --replications runs
 
 
 def register(sub: Any) -> None:
@@ -92,6 +103,7 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
                    "(mtp, dflash: also under the published range's low, central and high profiles)")
     p.add_argument("--spec-budgets", metavar="LIST",
                    help="--spec: budgets d, comma-separated and/or ranges A..B (default: 0..6)")
+    add_replications(p)
     add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
 
@@ -108,12 +120,18 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args, policies, model)
     curve = model.curve
     workload = load_inputs(args)
-    total = config.steps * len(policies) + 1  # + the capture measurement
+    judged = JUDGED in policies and BALANCER in policies
+    more = 2 * config.steps * (replications(args, workload) - 1) if judged else 0  # at most: verdict runs
+    total = config.steps * len(policies) + 1 + more  # + the capture measurement
     with progress_bar(total, enabled=progress_enabled(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
         capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
+        verdicts = balancer_verdicts(runs, oracles=ORACLES)
+        if judged and JUDGED in verdicts:
+            verdicts[JUDGED] = replicated_verdict(args, runs[JUDGED], runs[BALANCER], curve, config, workload,
+                                                  on_step=tick)
     replay = "synthetic" if workload.is_synthetic else args.replay
     plot_title = f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}"
     if args.json:
@@ -126,12 +144,12 @@ def run(args: argparse.Namespace) -> int:
             "engine_scale": config.engine_scale,
             "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
                       "long_round_period": config.peers.long_round_period},
-        } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
+        } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES, verdicts=verdicts)
             | {"capture": [_capture_json(c) for c in capture]})
         if plot is not None:
             save_plot(runs, plot, plot_title, quiet=True)
         return 0
-    print_tables(summarize(runs, oracles=ORACLES), capture, balancer_verdicts(runs, oracles=ORACLES),
+    print_tables(summarize(runs, oracles=ORACLES), capture, verdicts, runs=runs,
                  full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
         f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
@@ -155,24 +173,25 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
 
 
 def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...],
-                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool) -> None:
+                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool,
+                 runs: Mapping[str, PolicyRun] | None = None) -> None:
     """Without --policy the short table of the deciding rows, its note and the summary sentence: tailsieve against
     verl's balancer (`analysis.headline`, `analysis.balancer`); with it the comparison table of the chosen policies,
     the fidelity lines, each two-pool policy against the balancer, the capture table and the notes."""
     con = console()
     if not full:
-        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
-        con.print(f"{HEADLINE_NOTE} *: knows each response's length in advance and splits uniform's batches without "
-                  "over-provisioning (a heuristic, not a bound). --policy all: every policy, the fidelity lines and "
-                  "the tail capture table.", highlight=False)
-        if "tailsieve" in verdicts:
-            con.print(sentence(verdicts["tailsieve"], summaries["tailsieve"].speedup), highlight=False)
+        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title, runs=runs))
+        con.print(f"{headline_note(runs or {})} *: knows each response's length in advance and splits uniform's "
+                  "batches without over-provisioning (a heuristic, not a bound). --policy all: every policy, the "
+                  "fidelity lines and the tail capture table.", highlight=False)
+        if JUDGED in verdicts:
+            con.print(verdict_line(verdicts[JUDGED], summaries[JUDGED].speedup), highlight=False)
         return
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     for name, v in verdicts.items():
-        con.print(f"against {BALANCER}: {sentence(v, summaries[name].speedup)}", highlight=False)
+        con.print(f"against {BALANCER}: {verdict_line(v, summaries[name].speedup)}", highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):

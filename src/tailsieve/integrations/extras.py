@@ -1,9 +1,10 @@
 """What each optional extra must bring (`pip install -e '.[NAME]'`): the top-level modules TailSieve's code for it
-imports, and those its framework imports on that path without declaring them in its own base requirements (verl 0.9.1
-lists TransferQueue, cachetools, uvicorn, fastapi, pyzmq and msgspec only under its `verl-core` extra). pyproject.toml's
-extras declare every one (`tests/test_extras.py` scans the integration's imports and resolves them against it), the
-test suite skips a test whose extra is incomplete naming the first missing module (`tests/conftest.py`), and the
-verl plugin logs the missing module with the install line at WARNING (`integrations.verl.plugin`)."""
+imports, and those its framework imports on that path without declaring them in its own base requirements. verl 0.9.1
+lists cachetools, uvicorn, fastapi, pyzmq and msgspec only under its `verl-core` extra and imports sentencepiece and
+colorama undeclared; each was found by blocking it and importing the plugin. pyproject.toml's extras declare every
+one (`tests/test_extras.py` scans the integration's imports and resolves them against it), the test suite skips a
+test whose extra is incomplete naming the first missing module (`tests/conftest.py`), and the verl plugin logs the
+missing module with the install line at WARNING (`integrations.verl.plugin`)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class Extra:
 # module name -> what TailSieve's code imports it for (the scan in tests/test_extras.py checks the first group, the
 # framework's undeclared imports are listed here because a static scan of TailSieve cannot see them)
 EXTRAS: dict[str, Extra] = {
-    "verl": Extra("verl", ("verl", "transfer_queue", "omegaconf", "ray", "torch", "cachetools", "uvicorn", "fastapi",
-                           "zmq", "msgspec"),
+    "verl": Extra("verl", ("verl", "transfer_queue", "omegaconf", "ray", "cachetools", "uvicorn", "fastapi", "zmq",
+                           "msgspec", "sentencepiece", "colorama"),
                   "pip install -e '.[verl]'", "pip install --no-deps -r .ci/verl-lock.txt"),
     "trl": Extra("trl", ("trl", "transformers", "torch"), "pip install -e '.[trl]'",
                  "pip install --no-deps -r .ci/trl-lock.txt"),
