@@ -188,7 +188,7 @@ def add_replications(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replications", type=int, default=DEFAULT_RUNS, metavar="K",
                    help="at most K independent runs (seeds SEED, SEED+1, ...) of tailsieve and verl's balancer pooled "
                         "for the verdict against the balancer, added only while it is within noise and its band "
-                        f"above {100 * FLOOR:g}% (default {DEFAULT_RUNS}; 1: one run; docs/simulate.md)")
+                        f"above {100 * FLOOR:g}%% (default {DEFAULT_RUNS}; 1: one run; docs/simulate.md)")
 
 
 def replications(args: argparse.Namespace, workload: Workload) -> int:
