@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
+from typing import Any
 
 from tailsieve.analysis.balancer import BalancerVerdict, Standing, against_balancer
 from tailsieve.loop import SKIP_STEPS, PolicyRun
@@ -43,7 +44,8 @@ def pool_runs(runs: Sequence[PolicyRun], skip: int = SKIP_STEPS) -> PolicyRun:
         steps.extend(replace(s, step=offset + s.step - base) for s in kept)
         for f in PER_STEP:
             per_step[f].extend(getattr(run, f)[skip:])
-    return replace(first, steps=tuple(steps), **{f: tuple(v) for f, v in per_step.items()})
+    pooled: dict[str, Any] = {f: tuple(v) for f, v in per_step.items()}
+    return replace(first, steps=tuple(steps), **pooled)
 
 
 def _settled(v: BalancerVerdict) -> bool:
