@@ -81,27 +81,26 @@ def test_the_scan_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 
 def _verl_base_closure() -> set[str]:
-    """Distributions verl's base requirements pull in (its extras left out), from the installed metadata."""
-    seen: set[str] = set()
-    todo = [r for r in md.requires("verl") or [] if "extra ==" not in r]
+    """Distributions verl's base requirements pull in on this platform (its extras left out), from the installed
+    metadata, markers evaluated as pip does."""
+    from packaging.requirements import Requirement  # pytest's own dependency
+
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(r) for r in md.requires("verl") or []]
+    todo = [r for r in todo if r.marker is None or r.marker.evaluate({"extra": ""})]
     while todo:
         req = todo.pop()
-        name = _req_name(req)
-        head = req.split(";")[0]
-        extras = set(re.findall(r"\[([^\]]*)\]", head)[0].split(",")) if "[" in head else set()
-        if name in seen:
+        key = (_norm(req.name), frozenset(req.extras))
+        if key in seen:
             continue
-        seen.add(name)
+        seen.add(key)
         try:
-            reqs = md.requires(name) or []
+            reqs = [Requirement(r) for r in md.requires(req.name) or []]
         except md.PackageNotFoundError:
             continue
-        for r in reqs:
-            marker = r.split(";", 1)[1] if ";" in r else ""
-            got = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-            if got is None or got.group(1) in extras:
-                todo.append(r)
-    return seen
+        todo += [r for r in reqs if r.marker is None
+                 or any(r.marker.evaluate({"extra": e}) for e in (*req.extras, ""))]
+    return {name for name, _ in seen}
 
 
 @pytest.mark.slow
