@@ -1,4 +1,4 @@
-"""What each optional extra must bring (`pip install -e '.[NAME]'`): the top-level modules TailSieve's code for it
+"""What each optional extra of pyproject.toml must bring: the top-level modules TailSieve's code for it
 imports, and those its framework imports on that path without declaring them in its own base requirements. verl 0.9.1
 lists cachetools, uvicorn, fastapi, pyzmq and msgspec only under its `verl-core` extra and imports sentencepiece and
 colorama undeclared; each was found by blocking it and importing the plugin. pyproject.toml's extras declare every
@@ -26,7 +26,7 @@ class Extra:
     @property
     def advice(self) -> str:
         """The install line, with CI's locked alternative."""
-        return f"pip install -e '.[{self.name}]' (CI: {self.ci})"
+        return f"{self.install} (CI: {self.ci})"
 
 
 # module name -> what TailSieve's code imports it for (the scan in tests/test_extras.py checks the first group, the
