@@ -42,6 +42,7 @@ from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
 CAPTURE_STEPS = 10
+PLOTTED = ("tailsieve", "verl-lif", "topq-best")  # `--plot` by default (topq-best: the best static split in hindsight)
 JUDGED = "tailsieve"  # the policy whose verdict against verl's balancer is pooled over --replications runs
 
 
@@ -106,11 +107,16 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
     add_replications(p)
     add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
+    p.add_argument("--plot-policies", metavar="LIST",
+                   help="--plot: the policies drawn, comma-separated, or all (default: "
+                        f"{', '.join(PLOTTED)}: TailSieve, verl's balancer and the best static split in hindsight)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Simulate the chosen policies and print the comparison (or JSON)."""
     plot = plot_path(args.plot) if args.plot else None
+    if args.plot_policies is not None and plot is None:
+        raise ConfigError("--plot-policies chooses what --plot draws; add --plot FILE")
     if args.spec is not None:
         return run_spec(args, plot)
     if args.spec_budgets is not None:
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES, verdicts=verdicts)
             | {"capture": [_capture_json(c) for c in capture]})
         if plot is not None:
-            save_plot(runs, plot, plot_title, quiet=True)
+            save_plot(plotted(runs, args.plot_policies), plot, plot_title, quiet=True)
         return 0
     print_tables(summarize(runs, oracles=ORACLES), capture, verdicts, runs=runs,
                  full=args.policy is not None, title=(
@@ -162,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
-        save_plot(runs, plot, plot_title)
+        save_plot(plotted(runs, args.plot_policies), plot, plot_title)
     return 0
 
 
@@ -212,6 +218,22 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "noise or never off the uniform boundary (docs/simulate.md). capture: share of the top-k groups (longest "
               "member) found among the "
               "unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the cut one.")
+
+
+def plotted(runs: dict[str, PolicyRun], request: str | None) -> dict[str, PolicyRun]:
+    """The runs `--plot` draws: `PLOTTED` by default (those that ran; every run when none of them did), `all`, or the
+    comma-separated names asked for (each must have run: one-line error otherwise)."""
+    if request is None:
+        chosen = [n for n in PLOTTED if n in runs] or list(runs)
+    elif request.strip() == "all":
+        chosen = list(runs)
+    else:
+        chosen = [n.strip() for n in request.split(",") if n.strip()]
+        if not chosen:
+            raise ConfigError("--plot-policies is empty; give policy names or all")
+        if unknown := [n for n in chosen if n not in runs]:
+            raise ConfigError(f"--plot-policies: {', '.join(unknown)} did not run; ran: {', '.join(runs)}")
+    return {n: runs[n] for n in dict.fromkeys(chosen)}
 
 
 def save_plot(runs: dict[str, PolicyRun], path: Path, title: str, *, quiet: bool = False) -> None:
