@@ -33,6 +33,7 @@ from tailsieve.cli.sim_args import (
     replicated_verdict,
     replications,
     runs_on,
+    step_shape,
     verdict_line,
 )
 from tailsieve.errors import ConfigError
@@ -131,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     con.print(headline_table(summaries, headline_rows(summaries, PEERS, bound=static), runs=runs, title=(
         f"Plan: {workload.name} on {model.curve.name} (kv {config.replica.kv_ms_per_1k_tokens:g} ms/1k ctx, prefill "
-        f"{config.replica.prefill_ms_per_token:g} ms/token)\nR={args.replicas}, N={args.groups} × G={args.group_size}, "
-        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), max redraws {config.router.max_redraws}")))
+        f"{config.replica.prefill_ms_per_token:g} ms/token)\n"
+        f"{step_shape(args.replicas, args.groups, args.group_size, config.steps, args.rho, config.router.extra)}, "
+        f"max redraws {config.router.max_redraws}")))
     con.print(headline_note(runs), highlight=False)
     _details(con, doc)
     con.print(doc["answer"], highlight=False)
@@ -175,5 +177,6 @@ def _details(con: Console, doc: dict[str, Any]) -> None:
         f"best static split: q = {b['q']}, m = {b['m']} → {b['speedup']:.3f}× uniform "
         f"(length ratio {sb.get('mean_ratio') or float('nan'):.3f}); adaptive tailsieve: {t['speedup']:.3f}× "
         f"({t['verdict']['note'] if t['verdict'] else ''}), settles at q = {t['final_q']}, m = {t['final_m']}, length "
-        f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, KS {tb.get('ks') or 0.0:.3f} at max redraws "
+        f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, length-distribution distance (KS) "
+        f"{tb.get('ks') or 0.0:.3f} at max redraws "
         f"{doc['max_redraws']}.", highlight=False)

@@ -224,3 +224,9 @@ def verdict_line(v: BalancerVerdict, uniform_speedup: float | None) -> str:
         per_run = max(v.paired_steps // v.runs, 1)
         line = line[:-1] + f" (--replications {-(-v.steps_needed // per_run)})."
     return line
+
+
+def step_shape(replicas: int, groups: int, group_size: int, steps: int, rho: float, extra: int) -> str:
+    """A table title's run shape in plain words, the paper's symbols in parentheses (docs/glossary.md)."""
+    return (f"{replicas} replicas (R), {groups} groups (N) of {group_size} responses (G), {steps} steps, "
+            f"{100 * rho:g}% extra groups started (ρ, E={extra})")

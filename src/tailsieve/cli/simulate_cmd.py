@@ -30,6 +30,7 @@ from tailsieve.cli.sim_args import (
     progress_bar,
     replicated_verdict,
     replications,
+    step_shape,
     verdict_line,
 )
 from tailsieve.cli.simulate_spec import run_spec
@@ -158,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     print_tables(summarize(runs, oracles=ORACLES), capture, verdicts, runs=runs,
                  full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
-        f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
-        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
+        f", curve {curve.name}\n"
+        + step_shape(args.replicas, args.groups, args.group_size, config.steps, args.rho, config.router.extra)
+        + f", dispatch {config.router.dispatch.value}"
         + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
         + ("" if config.router.max_redraws == DEFAULT_REDRAWS else f", max redraws {config.router.max_redraws}")
         + (", bias correction" if config.bias_correction else "")
