@@ -85,6 +85,7 @@ class StepRow:
     logprob_gap: float  # mean |engine − trainer| log-prob per response token (bf16 noise when on-policy)
     weight_version: int
     first_step: bool  # step 0: the router's warm-up step and the servers' first real batch (module docstring)
+    balancer_s: float | None = None  # verl's balancer's measurement step on the same weights (None: --against none)
 
     def to_json(self) -> dict[str, Any]:
         """Rounded JSON row."""
@@ -215,7 +216,8 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
             lengths = [n for g in batch.groups for n in g.lengths]
             rows.append(StepRow(t, stats["reward_mean"], sum(lengths) / len(lengths), max(lengths), batch.record.q,
                                 batch.record.m, batch.record.makespan_s, t1 - t0, t2 - t1, stale,
-                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0))
+                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0,
+                                None if lif is None else records[AGAINST][-1].makespan_s))
             first = " (first step: warm-up step and the servers' first real batch, shown apart)" if t == 0 else ""
             print(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
                   f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
@@ -247,6 +249,26 @@ def qm_panel(ax: Any, x: Sequence[int], q: Sequence[int], m: Sequence[int]) -> N
               borderaxespad=0.1)  # between the title and the axes, clear of the data
 
 
+def step_panel(ax: Any, rows: Sequence[StepRow], policy: str) -> None:
+    """Rollout step seconds of `policy` and, where it ran, of verl's balancer's measurement step beside it (the run's
+    verdict is against it); step 0 apart, the axis scaled to the later steps."""
+    later = [r for r in rows if not r.first_step]
+    ax.plot([r.step for r in later], [r.step_s for r in later], marker=".", color="black", label=f"{policy}")
+    lif = [r for r in later if r.balancer_s is not None]
+    if lif:
+        ax.plot([r.step for r in lif], [r.balancer_s for r in lif], marker="x", linestyle="--", color="tab:green",
+                label=f"{AGAINST} (verl's balancer)")
+    first = [r for r in rows if r.first_step]
+    later_s = [r.step_s for r in later] + [r.balancer_s for r in lif if r.balancer_s is not None]
+    top = 1.15 * max(later_s, default=max((r.step_s for r in first), default=1.0))
+    for r in first:  # its own marker; the axis is scaled to the later steps, so step 0 does not flatten them
+        ax.plot([r.step], [min(r.step_s, top)], marker="^" if r.step_s > top else "o", linestyle="none",
+                color="tab:red", label=f"step 0 (warm-up): {r.step_s:.1f} s")
+    ax.set_ylim(0, top)
+    ax.set_title("rollout step (s)")
+    ax.legend(fontsize=7)
+
+
 def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     """Four panels: reward, mean/max length, q and m, step seconds."""
     import matplotlib
@@ -263,16 +285,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     ax[0, 1].set_title("response length (tokens)")
     ax[0, 1].legend()
     qm_panel(ax[1, 0], x, [r.q for r in rows], [r.m for r in rows])
-    later = [r for r in rows if not r.first_step]
-    ax[1, 1].plot([r.step for r in later], [r.step_s for r in later], marker=".", label="steps 1…")
-    first = [r for r in rows if r.first_step]
-    top = 1.15 * max((r.step_s for r in later), default=max((r.step_s for r in first), default=1.0))
-    for r in first:  # its own marker; the axis is scaled to the later steps, so step 0 does not flatten them
-        ax[1, 1].plot([r.step], [min(r.step_s, top)], marker="^" if r.step_s > top else "o", linestyle="none",
-                      color="tab:red", label=f"step 0 (warm-up): {r.step_s:.1f} s")
-    ax[1, 1].set_ylim(0, top)
-    ax[1, 1].set_title("rollout step (s)")
-    ax[1, 1].legend(fontsize=7)
+    step_panel(ax[1, 1], rows, policy)
     for a_ in ax[1]:
         a_.set_xlabel("step")
     fig.suptitle(f"GRPO on CPU, policy {policy}")
