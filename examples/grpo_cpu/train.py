@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
 from tailsieve.cli import CliParser
 from tailsieve.cli._common import install_advice, missing_modules, plot_path
+from tailsieve.cli.width import say
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
@@ -219,11 +220,10 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
                                 batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0,
                                 None if lif is None else records[AGAINST][-1].makespan_s))
             first = " (first step: warm-up step and the servers' first real batch, shown apart)" if t == 0 else ""
-            print(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
-                  f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
-                  f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}"
-                  + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"),
-                  file=sys.stderr, flush=True)
+            say(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
+                f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
+                f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}"
+                + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"))
     if a.against == "none":
         return rows, None
     runs = {name: PolicyRun(name, tuple(rs), tuple(np.zeros((0, 0), np.int64) for _ in rs), ())
@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     later = [r.step_s for r in rows if not r.first_step]
     mean = sum(later) / len(later) if later else None
     if verdict is not None:
-        print(f"against {AGAINST}: {sentence(verdict, None)}", file=sys.stderr)
+        say(f"against {AGAINST}: {sentence(verdict, None)}")
     if a.json:
         print(json.dumps({"policy": a.policy, "lengths": a.lengths, "length_scale": a.length_scale,
                           "first_step_s": round(rows[0].step_s, 4) if rows else None,
