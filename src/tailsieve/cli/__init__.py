@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.curves_cmd",
     "tailsieve.cli.workloads_cmd",
     "tailsieve.cli.analyze_cmd",
+    "tailsieve.cli.trace_cmd",
     "tailsieve.cli.route_cmd",
     "tailsieve.cli.simulate_cmd",
     "tailsieve.cli.plan_cmd",
@@ -38,6 +39,7 @@ COMMANDS: tuple[str, ...] = (
 SUMMARIES: dict[str, str] = {
     "curves": "list built-in TPOT curves (or show one curve or file)",
     "workloads": "list bundled workloads (traces and synthetic generators)",
+    "trace": "turn a past run's logs (verl dumps, TRL completions, JSONL) into a length trace",
     "analyze": "App. B analyses of a trace or workload: stats, tail AUC, variance shares",
     "route": "known-length routing baselines per trace step: makespan and speedup",
     "simulate": "simulate every routing policy on one prompt stream: step time, speedup, q/m, bias",
