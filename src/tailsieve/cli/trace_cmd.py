@@ -42,8 +42,8 @@ def load_counter(folder: str) -> Counter:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError("--tokenizer needs the tokenizers package (transformers brings it: pip install -e "
-                          "'.[trl]')") from None
+        raise ConfigError("--tokenizer needs the tokenizers package, which transformers brings: "
+                          "pip install -e '.[trl]'") from None
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the tokenizers library raises its own exception type
