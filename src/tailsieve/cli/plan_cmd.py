@@ -37,11 +37,12 @@ from tailsieve.cli.sim_args import (
     verdict_line,
 )
 from tailsieve.errors import ConfigError
-from tailsieve.loop import SKIP_STEPS
+from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.simulation.runs import PEERS, run_policy, static_grid
-from tailsieve.workloads import ReplayMode
+from tailsieve.simulation.runs import PEERS, SimConfig, run_policy, static_grid
+from tailsieve.workloads import ReplayMode, Workload
 
 ADAPTIVE = "tailsieve"
 
@@ -96,12 +97,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = summarize(runs)
     best = summaries[static]
     ada = summaries[ADAPTIVE]
-    with progress_bar(2 * config.steps * (replications(args, workload) - 1) * 2, enabled=progress_enabled(),
-                      command="plan") as tick:  # the verdicts pooled over --replications runs
-        lif = peers[BALANCER]
-        vs = {ADAPTIVE: replicated_verdict(args, adaptive, lif, model.curve, config, workload, on_step=tick),
-              static: replicated_verdict(args, grid.best, lif, model.curve, replace(config, q=grid.q, m=grid.m),
-                                         workload, on_step=tick)}
+    vs = _verdicts(args, runs, static, (grid.q, grid.m), model.curve, config, workload)
     doc = {
         "curve": model.curve.name, "kv_ms_per_1k": config.replica.kv_ms_per_1k_tokens,
         "prefill_ms_per_token": config.replica.prefill_ms_per_token, "workload": workload.name,
@@ -141,6 +137,17 @@ def run(args: argparse.Namespace) -> int:
     if args.spec:
         plan_spec.print_answer(con, doc["spec_depths"])
     return 0
+
+
+def _verdicts(args: argparse.Namespace, runs: dict[str, PolicyRun], static: str, qm: tuple[int, int],
+              curve: TpotCurve, config: SimConfig, workload: Workload) -> dict[str, BalancerVerdict]:
+    """The controller and the best static split against verl's balancer, pooled over --replications runs."""
+    with progress_bar(2 * config.steps * (replications(args, workload) - 1) * 2, enabled=progress_enabled(),
+                      command="plan") as tick:
+        lif = runs[BALANCER]
+        return {ADAPTIVE: replicated_verdict(args, runs[ADAPTIVE], lif, curve, config, workload, on_step=tick),
+                static: replicated_verdict(args, runs[static], lif, curve, replace(config, q=qm[0], m=qm[1]),
+                                           workload, on_step=tick)}
 
 
 def beats_uniform(s: PolicySummary) -> bool:

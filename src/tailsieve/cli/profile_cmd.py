@@ -9,8 +9,9 @@ import asyncio
 import math
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -40,6 +41,8 @@ from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.spec_fit import fit_concurrency_terms
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecConfig, SpecMethod
 from tailsieve.outputs import OutputLock, check_target, write_figure, write_json_atomic
+
+T = TypeVar("T")
 
 
 def register(sub: Any) -> None:
@@ -117,11 +120,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)
     contexts = parse_contexts(args.contexts)
-    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
-    if (args.plain_curve is None) != (args.method is None):
-        raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
-    plain = load_curve(args.plain_curve) if args.plain_curve else None
-    _check_fit_flags(args, batches)
+    plain = _plain(args, batches)
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
     EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
@@ -154,12 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
-        try:
-            with sigterm_as_interrupt():
-                curve, model, points, prefill = asyncio.run(go())
-        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: keep what was measured, one line, 128 + signal
-            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            raise Interrupted(signum, write_partial(args, out, measured, len(batches) * len(contexts))) from None
+        curve, model, points, prefill = keeping(args, out, measured, len(batches) * len(contexts), go)
         doc, costs = _document(args, curve, model, points, plain)
         write_json_atomic(out, doc, "--out")
     if plot is not None:
@@ -205,6 +199,18 @@ class Estimate:
         return f"about {s:.0f} s left" if s < 90 else f"about {s / 60:.0f} min left"
 
 
+def keeping(args: argparse.Namespace, out: Path, measured: list[ProfilePoint], planned: int,
+            go: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the measurement; on Ctrl-C, SIGTERM or SIGHUP write the points measured so far (`write_partial`) and end
+    with the CLI's one line and 128 + the signal."""
+    try:
+        with sigterm_as_interrupt():
+            return asyncio.run(go())
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, write_partial(args, out, measured, planned)) from None
+
+
 def write_partial(args: argparse.Namespace, out: Path, points: list[ProfilePoint], planned: int) -> str:
     """On an interrupt: the points measured so far to --out, with the τ(b) curve of the first context measured (the
     whole model needs every context), marked `"complete": false`; returns the note of the CLI's one line."""
@@ -243,6 +249,16 @@ def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | Non
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
         for p in points], "speculative": spec_json}, costs
+
+
+def _plain(args: argparse.Namespace, batches: tuple[int, ...]) -> TpotCurve | None:
+    """The checked --temperature and fit flags (before anything is measured), and the --plain-curve."""
+    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
+    if (args.plain_curve is None) != (args.method is None):
+        raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
+    plain = load_curve(args.plain_curve) if args.plain_curve else None
+    _check_fit_flags(args, batches)
+    return plain
 
 
 def _check_fit_flags(args: argparse.Namespace, batches: tuple[int, ...]) -> None:
