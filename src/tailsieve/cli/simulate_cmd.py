@@ -212,14 +212,15 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
               "and replays uniform's batches (App. A.2); topq-best is a known-length top-q heuristic without "
               "over-provisioning, not a bound. q/m: last step's; streamrl-oracle's m = dedicated "
-              "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
-              "lengths vs uniform (App. E). off-policy: consumed tokens generated in an earlier step (resumed "
+              "replicas. wasted: aborted-group tokens / all generated. length ratio: mean consumed response "
+              "length vs uniform's; KS: the largest gap between the two length distributions (App. E). "
+              "off-policy: consumed tokens generated in an earlier step (resumed "
               "prefixes); dropped: prompts dropped unconsumed; delayed: consumed groups first dispatched ≥ 2 steps "
               "earlier; batch CV: spread of the per-step mean length (docs/peers.md). ±2σ: "
               "two standard errors of the speedup from the per-step differences paired with uniform; ~: within "
               "noise or never off the uniform boundary (docs/simulate.md). capture: share of the top-k groups (longest "
-              "member) found among the "
-              "unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the cut one.")
+              "member) found among the unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the "
+              "cut one. Terms: docs/glossary.md.")
 
 
 def plotted(runs: dict[str, PolicyRun], request: str | None) -> dict[str, PolicyRun]:
