@@ -109,3 +109,12 @@ def test_replications_out_of_range_is_one_line(capsys: pytest.CaptureFixture[str
     assert main(["simulate", *SMALL, "--replications", "0"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "tailsieve simulate: error: --replications must be an integer in 1..1000, got 0"
+
+
+def test_a_narrow_band_within_noise_asks_for_no_more_steps() -> None:
+    lif = [10.0 + i % 3 for i in range(STEPS)]
+    ours = [t + 0.05 * (-1) ** i for i, t in enumerate(lif)]  # paired differences ±0.05: mean 0, band ~1%
+    v = against_balancer(_run("tailsieve", ours), _run("verl-lif", lif))
+    assert v.standing is Standing.WITHIN_NOISE and v.speedup_2sigma is not None and v.speedup_2sigma <= FLOOR
+    assert v.steps_needed is None
+    assert v.note.endswith("a band narrow enough to show any difference of 2% or more")

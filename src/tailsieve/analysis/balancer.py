@@ -14,7 +14,8 @@ Standings (`Standing`), decided in this order:
 - PAYS: faster than the balancer, outside the band.
 - SLOWER: slower than the balancer, outside the band.
 - WITHIN_NOISE: otherwise; the note then says about how many paired steps would resolve a difference of the size
-  seen (n · (band / |speedup − 1|)², the difference at least `RESOLVE_FLOOR`).
+  seen (n · (band / |speedup − 1|)², the difference at least `RESOLVE_FLOOR`), or, with a band of at most
+  `RESOLVE_FLOOR`, that any difference of that size would have shown.
 
 Every note carries the length bias in the same clause: the policy's mean consumed response length against the
 balancer's over the same window ("1.086× verl's balancer, responses 3.5% shorter"). `runs` > 1: the runs were pooled
@@ -131,6 +132,10 @@ def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_ST
         standing, note = Standing.PAYS, f"{name} pays here: {x} ({_pm(band, n, runs)})"
     elif speedup < 1 and 1 - speedup > band:
         standing, note = Standing.SLOWER, f"{name} does not pay here: it is slower ({x}, {_pm(band, n, runs)})"
+    elif band <= RESOLVE_FLOOR:  # a difference that matters would have shown: nothing more to run
+        standing, note = Standing.WITHIN_NOISE, (f"{name} does not pay here: {x}, within noise "
+                                                 f"({_pm(band, n, runs)}), a band narrow enough to show any "
+                                                 f"difference of {100 * RESOLVE_FLOOR:g}% or more")
     else:
         needed = steps_to_resolve(speedup, band, n)
         diff = 100 * max(abs(speedup - 1.0), RESOLVE_FLOOR)
