@@ -196,6 +196,7 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
                         length_scale=a.length_scale)
     rows: list[StepRow] = []
     records: dict[str, list[StepRecord]] = {a.policy: [], AGAINST: []}
+    lengths_of: dict[str, list[np.ndarray]] = {a.policy: [], AGAINST: []}  # the verdict's length bias
     async with contextlib.AsyncExitStack() as stack:
         r = await stack.enter_async_context(make_rollout(endpoints, cfg, prompts, reload=launcher.reload))
         lif = None if a.against == "none" else await stack.enter_async_context(
@@ -203,8 +204,11 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
         for t in range(a.steps):
             batch = await r.step()
             records[a.policy].append(batch.record)
+            lengths_of[a.policy].append(np.array([g.lengths for g in batch.groups], dtype=np.int64))
             if lif is not None:  # a measurement step on the same weights: timed, not trained on
-                records[AGAINST].append((await lif.step()).record)
+                measured = await lif.step()
+                records[AGAINST].append(measured.record)
+                lengths_of[AGAINST].append(np.array([g.lengths for g in measured.groups], dtype=np.int64))
             stale = sum(s.weight_version != t for g in batch.groups for s in g.samples)
             t0 = time.perf_counter()
             stats = trainer.step(trainer_groups(batch, trainer.tokenizer))
@@ -226,8 +230,7 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
                 + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"))
     if a.against == "none":
         return rows, None
-    runs = {name: PolicyRun(name, tuple(rs), tuple(np.zeros((0, 0), np.int64) for _ in rs), ())
-            for name, rs in records.items()}
+    runs = {name: PolicyRun(name, tuple(rs), tuple(lengths_of[name]), ()) for name, rs in records.items()}
     return rows, against_balancer(runs[a.policy], runs[AGAINST])
 
 
