@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tailsieve.analysis.balancer import Standing, against_balancer
-from tailsieve.analysis.replications import FLOOR, pool_runs, replicate, unpooled_fields
+from tailsieve.analysis.replications import FLOOR, RESOLVE, pool_runs, replicate, unpooled_fields
 from tailsieve.cli import main
 from tailsieve.loop import SKIP_STEPS, PolicyRun, StepRecord
 
@@ -118,3 +118,22 @@ def test_a_narrow_band_within_noise_asks_for_no_more_steps() -> None:
     assert v.standing is Standing.WITHIN_NOISE and v.speedup_2sigma is not None and v.speedup_2sigma <= FLOOR
     assert v.steps_needed is None
     assert v.note.endswith("a band narrow enough to show any difference of 2% or more")
+
+
+def test_a_resolved_verdict_with_a_wide_band_gets_runs_until_a_ten_percent_difference_would_show() -> None:
+    """Pays at 1.5× but with a band above 10%: runs are added until the band is at most 10% (`RESOLVE`)."""
+    calls: list[int] = []
+
+    def pair(r: int) -> tuple[PolicyRun, PolicyRun]:
+        lif = [30.0 + 20.0 * ((r + i) % 2) for i in range(STEPS)]
+        return _run("tailsieve", [t / 1.5 + 6.0 * (-1) ** i for i, t in enumerate(lif)]), _run("verl-lif", lif)
+
+    def more(r: int) -> tuple[PolicyRun, PolicyRun]:
+        calls.append(r)
+        return pair(r)
+
+    first = against_balancer(*pair(0))
+    assert first.standing is Standing.PAYS and first.speedup_2sigma is not None and first.speedup_2sigma > RESOLVE
+    v = replicate(*pair(0), more, max_runs=8)
+    assert v.standing is Standing.PAYS and v.speedup_2sigma is not None and v.speedup_2sigma <= RESOLVE
+    assert calls == list(range(1, v.runs)) and v.runs > 1

@@ -4,10 +4,11 @@ One run of 30 steps pairs a policy with the balancer step by step on common rand
 and length draws), but on a heavy-tailed workload the paired differences still swing with the step's longest
 response, and 28 pairs can leave a ±18% band. More independent runs (seed, seed + 1, ...: a new prompt order and
 new draws each, both policies on the same ones) add pairs: the band shrinks as 1/√(paired steps). `replicate` adds
-runs of the policy and the balancer only (the other rows of the table keep the first run) while the verdict does not
-resolve: stop when |speedup − 1| > band (resolved), when the band is at most `FLOOR` (a difference that small does
-not decide anything), or at `max_runs`. The number of runs is a count, never a clock, so the answer is reproducible.
-Where it still does not resolve, the verdict says how many paired steps would (`analysis.balancer`).
+runs of the policy and the balancer only (the other rows of the table keep the first run) until it settles: stop when
+|speedup − 1| > band (resolved) and the band is at most `RESOLVE` (10%: a 10% difference would resolve too), when the
+band is at most `FLOOR` (a difference that small does not decide anything), or at `max_runs`. The number of runs is
+a count, never a clock, so the answer is reproducible. Where it still does not resolve, the verdict says how many
+paired steps would (`analysis.balancer`).
 
 Pooling: each later run drops its own first `skip` steps (warm-up) and is appended with its step numbers shifted
 past the earlier runs', so `against_balancer` (the paired rule of `analysis.fidelity`) pairs step k of run r of the
@@ -23,10 +24,11 @@ from typing import Any
 from tailsieve.analysis.balancer import BalancerVerdict, Standing, against_balancer
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
-__all__ = ["DEFAULT_RUNS", "FLOOR", "PER_STEP", "pool_runs", "replicate", "unpooled_fields"]
+__all__ = ["DEFAULT_RUNS", "FLOOR", "PER_STEP", "RESOLVE", "pool_runs", "replicate", "unpooled_fields"]
 
 DEFAULT_RUNS = 4  # at most this many runs by default (`--replications`): 4 × 28 pairs halve a one-run band
 FLOOR = 0.02  # a band (or a difference) of 2% or less: more runs would not change a decision
+RESOLVE = 0.10  # a resolved verdict still gets runs while its band is wider than this: a 10% difference must show
 PER_STEP = ("batch_lengths", "batch_prompts", "batch_redraws", "batch_truncated", "batch_weights", "batch_delays",
             "batch_offpolicy", "step_dropped")
 
@@ -50,7 +52,9 @@ def pool_runs(runs: Sequence[PolicyRun], skip: int = SKIP_STEPS) -> PolicyRun:
 
 def _settled(v: BalancerVerdict) -> bool:
     band = v.speedup_2sigma
-    return v.standing is not Standing.WITHIN_NOISE or band is None or band <= FLOOR
+    if v.standing in (Standing.SAME, Standing.UNKNOWN) or band is None or band <= FLOOR:
+        return True
+    return v.standing is not Standing.WITHIN_NOISE and band <= RESOLVE  # resolved, and a 10% difference would be
 
 
 def replicate(first: PolicyRun, balancer: PolicyRun, more: Callable[[int], tuple[PolicyRun, PolicyRun]], *,

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, sentence
-from tailsieve.analysis.replications import DEFAULT_RUNS, FLOOR, replicate
+from tailsieve.analysis.replications import DEFAULT_RUNS, FLOOR, RESOLVE, replicate
 from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
 from tailsieve.cli.flags import controller_config, policy_names_given
 from tailsieve.cli.progress import heartbeat
@@ -187,8 +187,9 @@ def add_replications(p: argparse.ArgumentParser) -> None:
     """`--replications K` (simulate, plan): independent runs pooled for the verdict against verl's balancer."""
     p.add_argument("--replications", type=int, default=DEFAULT_RUNS, metavar="K",
                    help="at most K independent runs (seeds SEED, SEED+1, ...) of tailsieve and verl's balancer pooled "
-                        "for the verdict against the balancer, added only while it is within noise and its band "
-                        f"above {100 * FLOOR:g}%% (default {DEFAULT_RUNS}; 1: one run; docs/simulate.md)")
+                        f"for the verdict against the balancer, added while its band is above {100 * FLOOR:g}%% and "
+                        f"it is within noise or its band above {100 * RESOLVE:g}%% (default {DEFAULT_RUNS}; 1: one "
+                        "run; docs/simulate.md)")
 
 
 def replications(args: argparse.Namespace, workload: Workload) -> int:
