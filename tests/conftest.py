@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from tailsieve.integrations.extras import EXTRAS as INTEGRATION_EXTRAS
+from tailsieve.integrations.extras import missing_modules
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.controller import CONTROLLERS, Controller
 
@@ -42,6 +44,9 @@ os.environ.setdefault("TAILSIEVE_PROGRESS", "off")
 def missing_extra(name: str) -> str | None:
     """The skip reason when extra `name` is not importable here, else None."""
     module, install = EXTRAS[name]
+    if name in INTEGRATION_EXTRAS:  # every module the integration's import path needs, not only the framework's
+        missing = missing_modules(name)
+        return f"needs the {name} extra (no module '{missing[0]}'): {install}" if missing else None
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):

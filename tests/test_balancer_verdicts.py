@@ -89,13 +89,16 @@ def test_a_policy_that_never_split_nor_dealt_is_judged_by_the_band(delta: float,
 def test_notes_word_for_word() -> None:
     lif = _run("verl-lif", _balancer(), split=False)
     pays = against_balancer(_run("tailsieve", _policy_times(2.0, 0.25)), lif)
-    assert sentence(pays, 1.3) == ("tailsieve pays here: 1.233× verl's balancer (±1.9% at 2σ over 10 paired steps); "
-                                   "1.300× uniform.")
+    assert sentence(pays, 1.3) == ("tailsieve pays here: 1.233× verl's balancer, responses as long (±1.9% at 2σ over "
+                                   "10 paired steps); 1.300× uniform.")
     assert sentence(against_balancer(_run("tailsieve", _policy_times(-0.5, 0.0)), lif), None) == (
-        "tailsieve does not pay here: it is slower than verl's balancer (0.955×, ±0.0% at 2σ over 10 paired "
-        "steps).")
-    assert against_balancer(_run("tailsieve", _policy_times(0.5, 1.5)), lif).note == (
-        "tailsieve does not pay here: 1.050× verl's balancer is within noise (±9.9% at 2σ over 10 paired steps)")
+        "tailsieve does not pay here: it is slower (0.955× verl's balancer, responses as long, ±0.0% at 2σ over 10 "
+        "paired steps).")
+    noisy = against_balancer(_run("tailsieve", _policy_times(0.5, 1.5)), lif)
+    assert noisy.note == (  # 10 · (0.099 / 0.050)² = 39.4 → 40
+        "tailsieve does not pay here: 1.050× verl's balancer, responses as long, within noise (±9.9% at 2σ over 10 "
+        "paired steps); about 40 paired steps would resolve a 5.0% difference")
+    assert noisy.steps_needed == math.ceil(10 * (noisy.speedup_2sigma / (noisy.speedup - 1)) ** 2)
     short = against_balancer(_run("tailsieve", [10.0, 9.0, 8.0]), _run("verl-lif", [10.0, 10.0, 10.0]))
     assert short.standing is Standing.UNKNOWN and short.note == (
         "too few paired steps (1) to tell tailsieve from verl's balancer")
@@ -118,15 +121,16 @@ def test_only_two_pool_policies_are_judged_and_only_when_the_balancer_ran() -> N
 SMALL = ["--replicas", "4", "--groups", "16", "--steps", "16"]
 PLANS = [
     (["--workload", "agent-search", *SMALL], "pays",
-     "tailsieve pays here: 1.119× verl's balancer (±5.7% at 2σ over 14 paired steps); 1.119× uniform."),
+     "tailsieve pays here: 1.119× verl's balancer, responses 1.4% shorter (±5.7% at 2σ over 14 paired steps); "
+     "1.119× uniform."),
     (["--workload", "kodcode-r1", *SMALL], "same",
      "tailsieve is the same as verl's balancer here: it never placed a tail pool (q = m = 0 every steady step) and "
      "took verl-lif's step time at every step (96.52 s a step, verl-lif 96.52 s); 1.031× uniform. No static split "
      "beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, 1.031× uniform)."),
     ([], "within_noise",
-     "tailsieve does not pay here: 0.997× verl's balancer is within noise (±5.1% at 2σ over 28 paired steps); "
-     "1.053× uniform. No static split beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, "
-     "1.056× uniform)."),
+     "tailsieve does not pay here: 1.006× verl's balancer, responses 0.8% shorter, within noise (±2.1% at 2σ over "
+     "112 paired steps in 4 runs); about 126 paired steps would resolve a 2.0% difference (--replications 5). No "
+     "static split beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, 1.056× uniform)."),
 ]
 
 
@@ -162,5 +166,6 @@ def test_rollout_report_judges_against_the_balancer_or_says_how(capsys: pytest.C
     assert "add verl-lif to --policy to judge against verl's request balancer (what a verl user runs)." in out
     print_table(runs | {"verl-lif": _run("verl-lif", _balancer(), split=False)}, title="t")
     out = " ".join(capsys.readouterr().out.split())
-    assert ("tailsieve pays here: 1.233× verl's balancer (±1.9% at 2σ over 10 paired steps); 1.233× uniform." in out)
+    assert ("tailsieve pays here: 1.233× verl's balancer, responses as long (±1.9% at 2σ over 10 paired steps); "
+            "1.233× uniform." in out)
     assert "add verl-lif" not in out

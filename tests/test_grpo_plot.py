@@ -54,3 +54,29 @@ def test_q_and_m_are_both_visible_on_an_integer_axis_from_zero(name: str) -> Non
     assert lq.get_markerfacecolor() == "none"  # hollow: m's filled marker shows through q's where they coincide
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["q (isolated groups)", "m (tail replicas)"]
     plt.close(fig)
+
+
+def _row(mod: ModuleType, step: int, step_s: float, balancer_s: float | None) -> object:
+    return mod.StepRow(step, 0.5, 10.0, 20, 0, 0, step_s, 1.0, 1.0, 0, 0.0, 0.0, step, step == 0, balancer_s)
+
+
+def test_the_step_panel_shows_the_balancers_step_times_beside_the_policys() -> None:
+    """grpo.png's step panel (issue 50, item 6): the policy's step seconds and verl's balancer's measurement step on
+    the same weights, step 0 apart; without the balancer (--against none) only the policy's."""
+    import matplotlib.pyplot as plt
+
+    mod = _train()
+    rows = [_row(mod, 0, 30.0, 9.0), _row(mod, 1, 5.0, 6.0), _row(mod, 2, 4.0, 6.5)]
+    fig, ax = plt.subplots()
+    mod.step_panel(ax, rows, "tailsieve")
+    ours, lif, _ = ax.get_lines()
+    assert list(ours.get_ydata()) == [5.0, 4.0] and list(lif.get_ydata()) == [6.0, 6.5]
+    assert list(lif.get_xdata()) == [1, 2] and lif.get_linestyle() != ours.get_linestyle()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "tailsieve", "verl-lif (verl's balancer)", "step 0 (warm-up): 30.0 s"]
+    assert ax.get_ylim()[1] == pytest.approx(1.15 * 6.5)  # scaled to the later steps of both
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    mod.step_panel(ax, [_row(mod, 0, 30.0, None), _row(mod, 1, 5.0, None)], "tailsieve")
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["tailsieve", "step 0 (warm-up): 30.0 s"]
+    plt.close(fig)

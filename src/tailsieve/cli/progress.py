@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 
+from tailsieve.cli.width import say
 from tailsieve.errors import ConfigError
 
 __all__ = ["ENV", "EVERY_S", "Heartbeat", "Mode", "heartbeat", "interval", "progress_mode"]
@@ -64,7 +65,8 @@ def progress_mode() -> Mode:
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    say(line)
+    sys.stderr.flush()
 
 
 def _elapsed(seconds: float) -> str:

@@ -32,6 +32,7 @@ from tailsieve.cli._common import (
 )
 from tailsieve.cli.flags import add, add_controller_flags, add_served_model_name, controller_config, policy_names_given
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
+from tailsieve.cli.width import say
 from tailsieve.engines.kinds import DEFAULT_KIND
 from tailsieve.engines.launch import ReplicaLauncher, launcher_for, make_launcher
 from tailsieve.engines.launch.config import load_launch_config
@@ -301,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         with lock, sigterm_as_interrupt(launcher):
             for _, po in prepared.values():
                 if po.note:
-                    print(f"tailsieve rollout: {po.note}", file=sys.stderr)
+                    say(f"tailsieve rollout: {po.note}")
             if launcher is None:
                 return _run(args, configs, endpoints, prompts, out, None, lock)
             try:

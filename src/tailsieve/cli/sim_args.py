@@ -13,19 +13,23 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, sentence
+from tailsieve.analysis.replications import DEFAULT_RUNS, FLOOR, RESOLVE, replicate
 from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
 from tailsieve.cli.flags import controller_config, policy_names_given
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
+from tailsieve.loop import PolicyRun
 from tailsieve.model.costmodel import CostModel
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import context_for
 from tailsieve.model.spec_parse import SpecContext, load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of
 from tailsieve.simulation.replica import ReplicaConfig
-from tailsieve.simulation.runs import SimConfig, check_policy, policy_names
+from tailsieve.simulation.runs import SimConfig, check_policy, policy_names, run_policy
 from tailsieve.workloads import ReplayMode, Workload, load_workload
 
 DEFAULT_REPLAY = ReplayMode.RESAMPLE
@@ -177,3 +181,53 @@ def progress_bar(total: int, enabled: bool, steps: int | None = None,
 
     with bar, heartbeat(command, "policy steps", total, bar_shown=enabled) as beat:
         yield tick
+
+
+def add_replications(p: argparse.ArgumentParser) -> None:
+    """`--replications K` (simulate, plan): independent runs pooled for the verdict against verl's balancer."""
+    p.add_argument("--replications", type=int, default=DEFAULT_RUNS, metavar="K",
+                   help="at most K independent runs (seeds SEED, SEED+1, ...) of tailsieve and verl's balancer pooled "
+                        f"for the verdict against the balancer, added while its band is above {100 * FLOOR:g}%% and "
+                        f"it is within noise or its band above {100 * RESOLVE:g}%% (default {DEFAULT_RUNS}; 1: one "
+                        "run; docs/simulate.md)")
+
+
+def replications(args: argparse.Namespace, workload: Workload) -> int:
+    """The validated --replications; 1 where a new seed would replay the same draws (recorded replay, no shuffle:
+    pooling copies of one run would narrow the band falsely)."""
+    k = int_in(args.replications, "--replications", 1, 1000)
+    same = workload.mode is ReplayMode.RECORDED and not getattr(args, "shuffle", False)
+    return 1 if same else k
+
+
+def replicated_verdict(args: argparse.Namespace, policy: PolicyRun, balancer: PolicyRun, curve: TpotCurve,
+                       config: SimConfig, workload: Workload, *, name: str | None = None,
+                       on_step: Callable[[str, int], None] | None = None) -> BalancerVerdict:
+    """`policy` against verl's balancer pooled over up to --replications runs (`analysis.replications`); run r uses
+    seed + r for the prompt order and the length draws, both policies on the same ones. `name`: the policy to run
+    (default: `policy.policy`)."""
+    run_name = name or policy.policy
+
+    def more(r: int) -> tuple[PolicyRun, PolicyRun]:
+        seeded = replace(config, seed=config.seed + r)
+        w = load_workload(args.workload, mode=workload.mode, seed=args.seed + r, **trace_columns(args))
+        mine = run_policy(run_name, w, curve, seeded, on_step=on_step)
+        return replace(mine, policy=policy.policy), run_policy(BALANCER, w, curve, seeded, on_step=on_step)
+
+    return replicate(policy, balancer, more, max_runs=replications(args, workload))
+
+
+def verdict_line(v: BalancerVerdict, uniform_speedup: float | None) -> str:
+    """The verdict sentence; the speedup over uniform only when the verdict is the table's one run (pooled runs: the
+    table's uniform column is from the first run alone)."""
+    line = sentence(v, uniform_speedup if v.runs == 1 else None)
+    if v.steps_needed is not None and v.runs > 1:
+        per_run = max(v.paired_steps // v.runs, 1)
+        line = line[:-1] + f" (--replications {-(-v.steps_needed // per_run)})."
+    return line
+
+
+def step_shape(replicas: int, groups: int, group_size: int, steps: int, rho: float, extra: int) -> str:
+    """A table title's run shape in plain words, the paper's symbols in parentheses (docs/glossary.md)."""
+    return (f"{replicas} replicas (R), {groups} groups (N) of {group_size} responses (G), {steps} steps, "
+            f"{100 * rho:g}% extra groups started (ρ, E={extra})")

@@ -14,14 +14,25 @@ from typing import Any
 
 from rich.table import Table
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts, sentence
-from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, headline_table
+from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts
+from tailsieve.analysis.headline import headline_note, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.flags import add, add_controller_flags
-from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
+from tailsieve.cli.sim_args import (
+    DEFAULT_REPLAY,
+    add_replications,
+    build_config,
+    load_inputs,
+    parse_policies,
+    progress_bar,
+    replicated_verdict,
+    replications,
+    step_shape,
+    verdict_line,
+)
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
@@ -32,6 +43,8 @@ from tailsieve.simulation.capture import CaptureRate, capture_rates
 from tailsieve.simulation.runs import ORACLES, PEERS, policy_names, run_policies
 
 CAPTURE_STEPS = 10
+PLOTTED = ("tailsieve", "verl-lif", "topq-best")  # `--plot` by default (topq-best: the best static split in hindsight)
+JUDGED = "tailsieve"  # the policy whose verdict against verl's balancer is pooled over --replications runs
 
 
 def register(sub: Any) -> None:
@@ -92,13 +105,19 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
                    "(mtp, dflash: also under the published range's low, central and high profiles)")
     p.add_argument("--spec-budgets", metavar="LIST",
                    help="--spec: budgets d, comma-separated and/or ranges A..B (default: 0..6)")
+    add_replications(p)
     add(p, "--json")
     p.add_argument("--plot", help="save step times and q/m trajectories (Fig. 6b) to this .png/.pdf/.svg")
+    p.add_argument("--plot-policies", metavar="LIST",
+                   help="--plot: the policies drawn, comma-separated, or all (default: "
+                        f"{', '.join(PLOTTED)}: TailSieve, verl's balancer and the best static split in hindsight)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Simulate the chosen policies and print the comparison (or JSON)."""
     plot = plot_path(args.plot) if args.plot else None
+    if args.plot_policies is not None and plot is None:
+        raise ConfigError("--plot-policies chooses what --plot draws; add --plot FILE")
     if args.spec is not None:
         return run_spec(args, plot)
     if args.spec_budgets is not None:
@@ -108,12 +127,18 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args, policies, model)
     curve = model.curve
     workload = load_inputs(args)
-    total = config.steps * len(policies) + 1  # + the capture measurement
+    judged = JUDGED in policies and BALANCER in policies
+    more = 2 * config.steps * (replications(args, workload) - 1) if judged else 0  # at most: verdict runs
+    total = config.steps * len(policies) + 1 + more  # + the capture measurement
     with progress_bar(total, enabled=progress_enabled(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
         capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
                                 replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
+        verdicts = balancer_verdicts(runs, oracles=ORACLES)
+        if judged and JUDGED in verdicts:
+            verdicts[JUDGED] = replicated_verdict(args, runs[JUDGED], runs[BALANCER], curve, config, workload,
+                                                  on_step=tick)
     replay = "synthetic" if workload.is_synthetic else args.replay
     plot_title = f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}"
     if args.json:
@@ -126,16 +151,17 @@ def run(args: argparse.Namespace) -> int:
             "engine_scale": config.engine_scale,
             "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
                       "long_round_period": config.peers.long_round_period},
-        } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)
+        } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES, verdicts=verdicts)
             | {"capture": [_capture_json(c) for c in capture]})
         if plot is not None:
-            save_plot(runs, plot, plot_title, quiet=True)
+            save_plot(plotted(runs, args.plot_policies), plot, plot_title, quiet=True)
         return 0
-    print_tables(summarize(runs, oracles=ORACLES), capture, balancer_verdicts(runs, oracles=ORACLES),
+    print_tables(summarize(runs, oracles=ORACLES), capture, verdicts, runs=runs,
                  full=args.policy is not None, title=(
         f"Simulated rollouts: {workload.name} (replay {replay}{', default' if args.replay == DEFAULT_REPLAY else ''})"
-        f", curve {curve.name}\nR={args.replicas}, N={args.groups} groups × G={args.group_size}, "
-        f"{config.steps} steps, ρ={args.rho} (E={config.router.extra}), dispatch {config.router.dispatch.value}"
+        f", curve {curve.name}\n"
+        + step_shape(args.replicas, args.groups, args.group_size, config.steps, args.rho, config.router.extra)
+        + f", dispatch {config.router.dispatch.value}"
         + ("" if config.router.ranking == DEFAULT_RANKING else f", ranking {config.router.ranking}")
         + ("" if config.router.max_redraws == DEFAULT_REDRAWS else f", max redraws {config.router.max_redraws}")
         + (", bias correction" if config.bias_correction else "")
@@ -144,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"\nspeculation: tail {config.spec.tail.label}, bulk {config.spec.bulk.label} (uniform, warm-up and "
            "oracles: bulk on every replica)" if config.spec.enabled else "")))
     if plot is not None:
-        save_plot(runs, plot, plot_title)
+        save_plot(plotted(runs, args.plot_policies), plot, plot_title)
     return 0
 
 
@@ -155,24 +181,25 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
 
 
 def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...],
-                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool) -> None:
+                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool,
+                 runs: Mapping[str, PolicyRun] | None = None) -> None:
     """Without --policy the short table of the deciding rows, its note and the summary sentence: tailsieve against
     verl's balancer (`analysis.headline`, `analysis.balancer`); with it the comparison table of the chosen policies,
     the fidelity lines, each two-pool policy against the balancer, the capture table and the notes."""
     con = console()
     if not full:
-        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title))
-        con.print(f"{HEADLINE_NOTE} *: knows each response's length in advance and splits uniform's batches without "
-                  "over-provisioning (a heuristic, not a bound). --policy all: every policy, the fidelity lines and "
-                  "the tail capture table.", highlight=False)
-        if "tailsieve" in verdicts:
-            con.print(sentence(verdicts["tailsieve"], summaries["tailsieve"].speedup), highlight=False)
+        con.print(headline_table(summaries, headline_rows(summaries, PEERS), title=title, runs=runs))
+        con.print(f"{headline_note(runs or {})} *: knows each response's length in advance and splits uniform's "
+                  "batches without over-provisioning (a heuristic, not a bound). --policy all: every policy, the "
+                  "fidelity lines and the tail capture table.", highlight=False)
+        if JUDGED in verdicts:
+            con.print(verdict_line(verdicts[JUDGED], summaries[JUDGED].speedup), highlight=False)
         return
     con.print(summary_table(summaries, title=title, extra_columns=batch_columns(summaries)))
     for line in fidelity_notes(summaries):
         con.print(line, highlight=False)
     for name, v in verdicts.items():
-        con.print(f"against {BALANCER}: {sentence(v, summaries[name].speedup)}", highlight=False)
+        con.print(f"against {BALANCER}: {verdict_line(v, summaries[name].speedup)}", highlight=False)
     cap = Table(title="Partial-rollout tail capture (§2.3, Fig. 3): warm-up steps, N + E groups cut at N")
     for i, col in enumerate(("ρ", "unfinished E", "tail groups k", "next generation", "same generation",
                              "longest group")):
@@ -185,14 +212,31 @@ def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate
               "speedup = uniform's mean / the policy's, same prompts and draws. *oracle: knows realized lengths "
               "and replays uniform's batches (App. A.2); topq-best is a known-length top-q heuristic without "
               "over-provisioning, not a bound. q/m: last step's; streamrl-oracle's m = dedicated "
-              "replicas. wasted: aborted-group tokens / all generated. length ratio, KS: consumed response "
-              "lengths vs uniform (App. E). off-policy: consumed tokens generated in an earlier step (resumed "
+              "replicas. wasted: aborted-group tokens / all generated. length ratio: mean consumed response "
+              "length vs uniform's; KS: the largest gap between the two length distributions (App. E). "
+              "off-policy: consumed tokens generated in an earlier step (resumed "
               "prefixes); dropped: prompts dropped unconsumed; delayed: consumed groups first dispatched ≥ 2 steps "
               "earlier; batch CV: spread of the per-step mean length (docs/peers.md). ±2σ: "
               "two standard errors of the speedup from the per-step differences paired with uniform; ~: within "
               "noise or never off the uniform boundary (docs/simulate.md). capture: share of the top-k groups (longest "
-              "member) found among the "
-              "unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the cut one.")
+              "member) found among the unfinished, k = ⌈5%·(N+E)⌉, ranked by the prompt's next generation or the "
+              "cut one. Terms: docs/glossary.md.")
+
+
+def plotted(runs: dict[str, PolicyRun], request: str | None) -> dict[str, PolicyRun]:
+    """The runs `--plot` draws: `PLOTTED` by default (those that ran; every run when none of them did), `all`, or the
+    comma-separated names asked for (each must have run: one-line error otherwise)."""
+    if request is None:
+        chosen = [n for n in PLOTTED if n in runs] or list(runs)
+    elif request.strip() == "all":
+        chosen = list(runs)
+    else:
+        chosen = [n.strip() for n in request.split(",") if n.strip()]
+        if not chosen:
+            raise ConfigError("--plot-policies is empty; give policy names or all")
+        if unknown := [n for n in chosen if n not in runs]:
+            raise ConfigError(f"--plot-policies: {', '.join(unknown)} did not run; ran: {', '.join(runs)}")
+    return {n: runs[n] for n in dict.fromkeys(chosen)}
 
 
 def save_plot(runs: dict[str, PolicyRun], path: Path, title: str, *, quiet: bool = False) -> None:

@@ -34,8 +34,8 @@ from tailsieve.inputs import int_list
 from tailsieve.model.costmodel import CostModel, DecodePoint, PrefillPoint, fit_cost_model
 from tailsieve.model.curves import MAX_BATCH, TpotCurve
 
-DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-DEFAULT_CONTEXTS: tuple[int, ...] = (0, 1024, 3072)  # prompt tokens (0: the short default prompt)
+DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # × 2 contexts: 14 points (run time: docs/profile.md)
+DEFAULT_CONTEXTS: tuple[int, ...] = (0, 1024)  # prompt tokens (0: the short default prompt); two fit the KV term
 PROFILE_PROMPT = "Count from one to one thousand, one number per line:"
 TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, FaultKind.DEADLINE,
                        FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
