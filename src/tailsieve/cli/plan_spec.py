@@ -18,6 +18,7 @@ from rich.table import Table
 from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.cli.spec_range_view import print_range
+from tailsieve.cli.suffix_view import print_suffix, run_suffix, suffix_brackets
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import int_list
 from tailsieve.model.curves import TpotCurve
@@ -49,6 +50,10 @@ def parse_depths(text: str) -> tuple[int, ...]:
 def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,
            policy: str) -> dict[str, Any]:
     """Run the depth grid and return the answer as JSON-ready data."""
+    brackets = suffix_brackets(args.spec)
+    if brackets is not None:  # model-free speculation from the rollout's history: the four-arm comparison
+        depths = parse_depths(args.spec_depths) if args.spec_depths != DEFAULT_DEPTHS else None
+        return run_suffix(workload, curve, config, policy, brackets, depths)
     context = context_for(getattr(args, "curve", None), curve)
     spec = parse_spec(args.spec, "--spec", context)
     if spec.method is SpecMethod.NONE:
@@ -95,6 +100,9 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
 
 def print_answer(con: Console, doc: dict[str, Any]) -> None:
     """The grid of speedups, then the one-line answer."""
+    if "suffix" in doc:
+        print_suffix(con, doc)
+        return
     depths = doc["depths"]
     table = Table(title=f"{doc['policy']} with speculation {doc['spec']}: speedup over uniform without speculation "
                         "(rows: bulk depth, columns: tail depth)")
