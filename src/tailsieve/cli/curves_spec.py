@@ -7,6 +7,7 @@ from typing import Any
 
 from tailsieve.model.spec_calibration import PROFILE_METHODS, crossing, point_depth, profile, speedup
 from tailsieve.model.spec_records import Bracket, Family, Metric, Use, points
+from tailsieve.model.speculative import SpecConfig
 from tailsieve.model.suffix_model import DraftSource, PoolSources, pool_spec, source_table, suffix_points
 
 SUFFIX_DEPTH = 4  # the depth the suffix profiles are tabulated at (the comparison's usual best)
@@ -57,7 +58,7 @@ def lines() -> list[str]:
     return out + suffix_lines()
 
 
-def _suffix_profiles() -> list[tuple[str, Bracket, object]]:
+def _suffix_profiles() -> list[tuple[str, Bracket, SpecConfig]]:
     return [(label, b, pool_spec(PoolSources.of(src), b, SUFFIX_DEPTH)) for label, src in SUFFIX_POOLS for b in Bracket]
 
 
@@ -66,8 +67,8 @@ def suffix_doc() -> dict[str, Any]:
     from tailsieve.model.curves import load_curve
 
     curve = load_curve(profile(PROFILE_METHODS[0], Family.DENSE, Bracket.CENTRAL).reference_curve)
-    profs = [{"name": label, "bracket": b.value, "spec": s.to_json(),  # type: ignore[attr-defined]
-              "speedup": {str(n): speedup(s, curve, n) for n in SIZES}} for label, b, s in _suffix_profiles()]  # type: ignore[arg-type]
+    profs = [{"name": label, "bracket": b.value, "spec": s.to_json(),
+              "speedup": {str(n): speedup(s, curve, n) for n in SIZES}} for label, b, s in _suffix_profiles()]
     pts = [{"id": p.id, "draft_source": p.draft_source.value, "metric": p.metric, "use": p.use,
             "concurrency": p.concurrency, "value": p.value, "source": p.source} for p in suffix_points()]
     return {"depth": SUFFIX_DEPTH, "reference_curve": curve.name, "profiles": profs, "sources": source_table(),

@@ -16,7 +16,7 @@ from typing import Any
 
 
 def expand_into(output: Any, input_val: Any, cu_num_tokens: Any, replace_from: Any, replace_to: Any,
-                MAX_NUM_TOKENS: int | None = None) -> None:  # noqa: N803 (the Triton kernel's keyword)
+                MAX_NUM_TOKENS: int | None = None) -> None:
     """output[cu[i−1]:cu[i]] = input[i], with input[i] == replace_from replaced by replace_to (vLLM's expand_kernel)."""
     import torch
 
