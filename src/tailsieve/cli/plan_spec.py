@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """plan's `--spec` and `--spec-depths`."""
     p.add_argument("--spec", help="answer 'which speculative depth per pool?' for this method or built-in profile "
                                   "(mtp, dflash: the central profile for the curve's family, the low and high ones "
-                                  "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…])")
+                                  "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…]; suffix: drafts "
+                                  "from the rollout's history, four arms against verl-lif under each bracket)")
     p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
                    help="depths tried on each pool, comma-separated and/or ranges A..B (default: %(default)s)")
 
