@@ -25,7 +25,7 @@ def test_parse_spec() -> None:
         ("mtp:x", "--tail-spec: tokens must be an integer, got 'x'"),
         ("mtp:3,alpha=0.5",
          "expected key=value with key in acceptance, decay, draft_cost, verify_cost, draft_share, token_cost, "
-         "token_cost_slope, acceptance_slope, got 'alpha=0.5'"),
+         "token_cost_slope, acceptance_slope, draft_cpu_s, got 'alpha=0.5'"),
         ("mtp:3,acceptance=high", "--tail-spec: acceptance must be a number, got 'high'"),
         ("mtp:40", "--tail-spec: speculative tokens must be an integer in 0..32, got 40"),
     ]:

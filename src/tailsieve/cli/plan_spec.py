@@ -20,6 +20,7 @@ from tailsieve.analysis.balancer import BALANCER, against_balancer, balancer_jso
 from tailsieve.cli._common import progress_enabled
 from tailsieve.cli.sim_args import progress_bar
 from tailsieve.cli.spec_range_view import print_range
+from tailsieve.cli.suffix_view import print_suffix, run_suffix, suffix_brackets
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import int_list
 from tailsieve.model.curves import TpotCurve
@@ -38,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """plan's `--spec` and `--spec-depths`."""
     p.add_argument("--spec", help="answer 'which speculative depth per pool?' for this method or built-in profile "
                                   "(mtp, dflash: the central profile for the curve's family, the low and high ones "
-                                  "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…])")
+                                  "beside it; mtp:low, dflash-moe:high, …, or METHOD[,key=value…]; suffix: drafts "
+                                  "from the rollout's history, four arms against verl-lif under each bracket)")
     p.add_argument("--spec-depths", default=DEFAULT_DEPTHS,
                    help="depths tried on each pool, comma-separated and/or ranges A..B (default: %(default)s)")
 
@@ -51,6 +53,10 @@ def parse_depths(text: str) -> tuple[int, ...]:
 def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, config: SimConfig,
            policy: str) -> dict[str, Any]:
     """Run the depth grid and return the answer as JSON-ready data."""
+    brackets = suffix_brackets(args.spec)
+    if brackets is not None:  # model-free speculation from the rollout's history: the four-arm comparison
+        depths = parse_depths(args.spec_depths) if args.spec_depths != DEFAULT_DEPTHS else None
+        return run_suffix(workload, curve, config, policy, brackets, depths)
     context = context_for(getattr(args, "curve", None), curve)
     spec = parse_spec(args.spec, "--spec", context)
     if spec.method is SpecMethod.NONE:
@@ -100,6 +106,9 @@ def answer(args: argparse.Namespace, workload: Workload, curve: TpotCurve, confi
 
 def print_answer(con: Console, doc: dict[str, Any]) -> None:
     """The grid of speedups, then the one-line answer."""
+    if "suffix" in doc:
+        print_suffix(con, doc)
+        return
     depths = doc["depths"]
     table = Table(title=f"{doc['policy']} with speculation {doc['spec']}: speedup over uniform without speculation "
                         "(rows: bulk depth, columns: tail depth)")

@@ -102,7 +102,8 @@ def add_spec_and_output_args(p: argparse.ArgumentParser) -> None:
     add(p, "--bulk-spec")
     p.add_argument("--spec", metavar="METHOD", help="print the matched-budget table instead (§4.3, Fig. 6a): uniform "
                    "with depth d on every replica vs TailSieve with d_bulk + d_tail = 2d; NAME[:BRACKET][,key=value…] "
-                   "(mtp, dflash: also under the published range's low, central and high profiles)")
+                   "(mtp, dflash: also under the published range's low, central and high profiles; suffix: drafts from "
+                   "the rollout's history, four arms against verl-lif under each bracket, depths from --spec-budgets)")
     p.add_argument("--spec-budgets", metavar="LIST",
                    help="--spec: budgets d, comma-separated and/or ranges A..B (default: 0..6)")
     add_replications(p)

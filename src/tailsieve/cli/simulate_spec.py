@@ -13,6 +13,7 @@ from tailsieve.cli._common import console, print_json, progress_enabled
 from tailsieve.cli.flags import policy_names_given
 from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.cli.spec_range_view import print_range
+from tailsieve.cli.suffix_view import print_suffix, run_suffix, suffix_brackets
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import check_replicas, int_list
 from tailsieve.loop import SKIP_STEPS
@@ -64,6 +65,17 @@ def run_spec(args: argparse.Namespace, plot: Path | None) -> int:
     if args.config or args.tail_spec is not None or args.bulk_spec is not None:
         raise ConfigError("--spec sweeps the depths itself; drop --config/--tail-spec/--bulk-spec")
     model = load_cost_model(args.curve)
+    brackets = suffix_brackets(args.spec)
+    if brackets is not None:  # model-free speculation from the rollout's history: the four-arm comparison
+        policy = spec_policy(args.policy)
+        depths = int_list(args.spec_budgets, "--spec-budgets", 0, MAX_TOKENS) if args.spec_budgets else None
+        doc = run_suffix(load_inputs(args), model.curve, build_config(args, [policy], model), policy, brackets,
+                         depths)
+        if args.json:
+            print_json(doc)
+        else:
+            print_suffix(console(), doc)
+        return 0
     context = context_for(args.curve, model.curve)
     template = spec_template(args.spec, context)
     others = [(label, s) for label, s in spec_range(args.spec, context) if s != template]

@@ -15,7 +15,7 @@ from tailsieve.model.spec_records import Bracket, Family
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod, method_names
 
 SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share", "token_cost",
-             "token_cost_slope", "acceptance_slope")
+             "token_cost_slope", "acceptance_slope", "draft_cpu_s")
 
 
 def spec_from_mapping(obj: Any, where: str) -> SpecConfig:

@@ -112,6 +112,7 @@ class SpecConfig:
     token_cost: float = 0.0  # u0: each extra verified token also costs u0·τ(b)
     token_cost_slope: float = 0.0  # u1: … and u1·log2(b)·τ(b) more (verification dearer at high concurrency)
     acceptance_slope: float = 0.0  # s: α(b) = clip(α + s·log2 b, 0, 1)
+    draft_cpu_s: float = 0.0  # t: CPU seconds the drafter spends per running request per iteration (suffix tree)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpecMethod):
@@ -135,6 +136,9 @@ class SpecConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:  # NaN fails the range
                 raise ConfigError(f"speculative {name} must be in [{lo:g}, {hi:g}], got {excerpt(v)}")
+        t_cpu = self.draft_cpu_s
+        if isinstance(t_cpu, bool) or not isinstance(t_cpu, int | float) or not 0.0 <= t_cpu <= 1.0:
+            raise ConfigError(f"speculative draft_cpu_s must be in [0, 1] seconds, got {excerpt(t_cpu)}")
 
     @property
     def defaults(self) -> MethodDefaults:
@@ -231,7 +235,8 @@ class SpecConfig:
         return {"method": self.method.value, "tokens": self.depth, "acceptance": self.alpha, "decay": self.gamma,
                 "draft_cost": self.cost, "verify_cost": self.verify, "draft_share": self.share,
                 "token_cost": self.token_cost, "token_cost_slope": self.token_cost_slope,
-                "acceptance_slope": self.acceptance_slope, "drafter": self.defaults.drafter.value,
+                "acceptance_slope": self.acceptance_slope, "draft_cpu_s": self.draft_cpu_s,
+                "drafter": self.defaults.drafter.value,
                 "expected_tokens": self.expected_tokens()}
 
 
@@ -285,7 +290,7 @@ def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
         tpot_ms=tuple(float(x) for x in per_token_ms),
         description=(f"{base.name} with {spec.label} speculation (α={spec.alpha:g}, γ={spec.gamma:g}, "
                      f"c={spec.cost:g}, v={spec.verify:g}, p={spec.share:g}, u0={spec.token_cost:g}, "
-                     f"u1={spec.token_cost_slope:g}, s={spec.acceptance_slope:g})"),
+                     f"u1={spec.token_cost_slope:g}, s={spec.acceptance_slope:g}, t={spec.draft_cpu_s:g} s)"),
         source=base.source,
         licence=base.licence,
         extension="exact: derived from the base curve at every batch size (docs/speculative.md)",
@@ -294,18 +299,20 @@ def _derived_curve(base: TpotCurve, spec: SpecConfig) -> TpotCurve:
 
 def iteration_s(tau: NDArray[np.float64], b: NDArray[np.int64], spec: SpecConfig) -> NDArray[np.float64]:
     """Seconds of one verification iteration with b running requests (every b of the array), τ table `tau`:
-    verify(b) = τ(b) + v·(τ(b(1 + p·d)) − τ(b)) + p·d·(u0 + u1·log2 b)·τ(b), plus draft(b) by the drafter."""
+    verify(b) = τ(b) + v·(τ(b(1 + p·d)) − τ(b)) + p·d·(u0 + u1·log2 b)·τ(b), plus draft(b) by the drafter, plus
+    b·t of CPU drafting (t = `draft_cpu_s`, a suffix tree's lookups run serially on the CPU each iteration)."""
     d, c, v = spec.depth, spec.cost, spec.verify
+    cpu = spec.draft_cpu_s * b
     tau_b, tau_x = verify_points(tau, b, spec.verified_per_request)
     verify = tau_x if v == 1.0 else tau_b + v * (tau_x - tau_b)
     if spec.token_cost or spec.token_cost_slope:
         verify = verify + spec.share * d * (spec.token_cost + spec.token_cost_slope * np.log2(b)) * tau_b
     drafter = spec.defaults.drafter
     if drafter is Drafter.AUTOREGRESSIVE:
-        return np.asarray(verify + c * d * tau_b, dtype=np.float64)
+        return np.asarray(verify + c * d * tau_b + cpu, dtype=np.float64)
     if drafter is Drafter.PARALLEL:
-        return np.asarray(verify * (1.0 + c), dtype=np.float64)
-    return np.asarray(verify + c * tau_b, dtype=np.float64)
+        return np.asarray(verify * (1.0 + c) + cpu, dtype=np.float64)
+    return np.asarray(verify + c * tau_b + cpu, dtype=np.float64)
 
 
 def method_names() -> str:

@@ -1,0 +1,79 @@
+"""Suffix decoding from the rollout's own history across the published range (issue 52), one command for the table of
+docs/speculative.md: on the bundled long-tail workloads (math, video, agents) and the dense reference curve, verl's
+balancer without speculation against uniform + suffix on every replica, TailSieve with suffix on the tail pool only and
+TailSieve with suffix everywhere, each at its best depth, under the low, central and high brackets, all on one prompt
+stream per workload (ratios measured in one run).
+
+Targets (issue 52): under the central brackets TailSieve with tail-pool suffix ≥ 1.5× verl-lif and ≥ 1.10× uniform +
+suffix everywhere; the low bracket's figures beside.
+
+Run: `PYTHONPATH=src python bench/bench_suffix_range.py [--steps 16] [--out FILE]` (R = 8, N = 64, G = 8, ρ = 0.1,
+the default controller, seed 0; about a minute per workload on two cores). Prints markdown; `--out` writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tailsieve.cli import build_parser
+from tailsieve.cli.sim_args import build_config, load_inputs
+from tailsieve.model.costmodel import load_cost_model
+from tailsieve.simulation.suffix_range import (
+    TAIL_TARGET,
+    UNIFORM_TARGET,
+    suffix_compare,
+    table_json,
+    verdict_lines,
+)
+
+WORKLOADS = {"math": "synthetic-math", "video": "video-rl", "agents": "agent-search"}
+CURVE, SEED = "h100-llama3-8b", 0
+
+
+def run(workload: str, steps: int) -> dict[str, Any]:
+    """One workload's table as JSON."""
+    args = build_parser(only="simulate").parse_args(
+        ["simulate", "--workload", workload, "--curve", CURVE, "--steps", str(steps), "--seed", str(SEED)])
+    model = load_cost_model(CURVE)
+    table = suffix_compare(load_inputs(args), model.curve, build_config(args, ["tailsieve"], model))
+    return table_json(table) | {"verdict_lines": verdict_lines(table.rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    rows = ["| workload | bracket | tailsieve, no spec | uniform + suffix everywhere (best of verl-lif, uniform) | "
+            "tailsieve, tail-pool suffix | tailsieve, suffix everywhere | tail-pool / uniform + suffix | "
+            f"targets (≥ {TAIL_TARGET:g}× verl-lif, ≥ {UNIFORM_TARGET:g}× uniform + suffix) |",
+            "|---|---|---|---|---|---|---|---|"]
+    doc: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for label, workload in WORKLOADS.items():
+        d = run(workload, args.steps)
+        doc[label] = d
+        for r in d["brackets"]:
+            u, t, e = r["uniform_suffix"], r["tail_only"], r["everywhere"]
+            ok = (f"{'met' if t['speedup'] >= TAIL_TARGET else 'missed'}, "
+                  f"{'met' if r['tail_only_vs_uniform_suffix'] >= UNIFORM_TARGET else 'missed'}")
+            rows.append(f"| {label} ({workload}) | {r['bracket']} | {r['tailsieve_no_spec']:.3f}× | "
+                        f"{u['speedup']:.3f}× ({u['name'].split(' +')[0]}, d={u['depth']}) | "
+                        f"{t['speedup']:.3f}× (d={t['depth']}) | {e['speedup']:.3f}× (d={e['depth']}) | "
+                        f"{r['tail_only_vs_uniform_suffix']:.3f}× | {ok} |")
+    print("\n".join(rows))
+    for label, d in doc.items():
+        print(f"\n{label}:")
+        print("\n".join(d["verdict_lines"]))
+    print(f"\n({time.perf_counter() - t0:.0f} s; speedups over verl-lif without speculation, {args.steps} steps, "
+          f"seed {SEED}, curve {CURVE})")
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
