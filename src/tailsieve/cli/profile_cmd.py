@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.progress import heartbeat
+from tailsieve.engines.measure.engine_readout import EngineConfig, read_engine_config, speed_factors
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -25,6 +26,7 @@ from tailsieve.engines.measure.profile import (
     parse_contexts,
     profile_endpoint,
     profile_model,
+    served_model,
     total_spec,
 )
 from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
@@ -44,7 +46,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure a live server's TPOT curve (feeds simulate, rollout, the controller)",
                        description="Send b concurrent fixed-length requests (ignore_eos) for each batch size b and "
                                    "record the median decode time per token; writes curve JSON.")
-    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--endpoint", required=True,
+                   help="server base URL, e.g. http://127.0.0.1:8000; several comma-separated: the first is profiled "
+                        "and every one's decode speed relative to it is measured (speed_factors in the model file)")
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
                    help="batch sizes, comma-separated and/or ranges A..B (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
@@ -92,6 +96,29 @@ def _out_path(text: str) -> Path:
     return path
 
 
+def _endpoints(text: str, kind: str) -> list[Endpoint]:
+    """`--endpoint URL[,URL...]`: the replicas, the profiled one first (an empty item or a repeat is an error)."""
+    urls = [u.strip() for u in text.split(",")]
+    if any(not u for u in urls):
+        raise ConfigError(f"--endpoint: an empty URL in {text!r}")
+    fleet = [Endpoint.parse(u, kind) for u in urls]
+    if len({e.url for e in fleet}) < len(fleet):
+        raise ConfigError(f"--endpoint: a replica is named twice in {text!r}")
+    return fleet
+
+
+def engine_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None
+                ) -> dict[str, Any]:
+    """The model file's engine keys (docs/profile.md): what the profiled replica reports of its KV cache and scheduler
+    (`kv_tokens`, `block_size`, `max_num_batched_tokens`, `prefix_caching`; null where it does not say),
+    `speed_factors` (each replica's decode speed relative to the first; null for one replica) and `engine`, the
+    provenance: every replica's own reading and where each key came from."""
+    return readouts[0].to_json() | {"speed_factors": None if speeds is None else list(speeds), "engine": {
+        "sources": dict(readouts[0].sources),
+        "replicas": [{"endpoint": e.url} | r.to_json() | ({} if speeds is None else {"speed_factor": s})
+                     for e, r, s in zip(fleet, readouts, speeds or [None] * len(fleet), strict=True)]}}
+
+
 def _seconds(flag: str, v: float) -> float:
     if not (math.isfinite(v) and v > 0):
         raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {v}")
@@ -119,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--plain-curve and --method go together: the fit needs the plain curve and the method")
     plain = load_curve(args.plain_curve) if args.plain_curve else None
     _check_fit_flags(args, batches)
-    endpoint = Endpoint.parse(args.endpoint, args.kind)
+    fleet = _endpoints(args.endpoint, args.kind)
+    endpoint = fleet[0]
     opts = _options(args)
-    EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
+    for e in fleet:
+        EngineClient(opts).check_endpoint(e)  # credentials in the URL and an API key: refused before any request
     enabled = progress_enabled()
     con = progress_console(enabled)
     bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
@@ -133,23 +162,34 @@ def run(args: argparse.Namespace) -> int:
         bar.update(task, advance=1, description=where)
         beat.update(advance=1, note=where)
 
+    engine: dict[str, Any] = {}
+
     async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
         async with EngineClient(opts) as client:
+            readouts = [await read_engine_config(client, e) for e in fleet]
+            kv = {"kv_tokens": readouts[0].kv_tokens, "block_size": readouts[0].block_size}
             if len(contexts) > 1:
                 model, pts, pre = await profile_model(
                     client, endpoint, contexts=contexts, batches=batches, max_tokens=args.max_tokens,
                     model=args.model, on_point=tick, temperature=args.temperature, retry=Retry(retries=args.retries),
-                    prefill=not args.no_stream)
-                return model.curve, model, pts, pre
-            curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                                model=args.model, on_point=tick, temperature=args.temperature,
-                                                retry=Retry(retries=args.retries))
-            return curve, None, pts, []
+                    prefill=not args.no_stream, **kv)
+                out: tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]] = (
+                    model.curve, model, pts, pre)
+            else:
+                curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
+                                                    model=args.model, on_point=tick, temperature=args.temperature,
+                                                    retry=Retry(retries=args.retries), **kv)
+                out = (curve, None, pts, [])
+            name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
+            speeds = await speed_factors(client, fleet, name) if len(fleet) > 1 else None
+            engine.update(engine_json(fleet, readouts, speeds))
+            return out
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
         curve, model, points, prefill = asyncio.run(go())
         doc, costs = _document(args, curve, model, points, plain)
+        doc |= engine
         write_json_atomic(out, doc, "--out")
     if plot is not None:
         if model is not None:
@@ -160,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     _print(args, endpoint.url, points, costs, model, plain)
+    print_engine(doc)
     conc = (doc.get("speculative") or {}).get("concurrency_fit")
     if conc is not None:
         print_concurrency_fit(conc, args.plain_curve, out)
@@ -235,6 +276,18 @@ def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs
         print_spec(points, spec, costs)
     elif plain is not None:
         CliConsole(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
+
+
+def print_engine(doc: dict[str, Any]) -> None:
+    """What the servers reported of their engine, and the measured speed factors."""
+    def show(v: Any) -> str:
+        return "not reported" if v is None else str(v)
+    speeds = doc.get("speed_factors")
+    CliConsole().print(
+        f"engine: kv_tokens {show(doc.get('kv_tokens'))}, block_size {show(doc.get('block_size'))}, "
+        f"max_num_batched_tokens {show(doc.get('max_num_batched_tokens'))}, prefix_caching "
+        f"{show(doc.get('prefix_caching'))}"
+        + ("" if speeds is None else f"; speed_factors {', '.join(f'{x:.3f}' for x in speeds)}"), highlight=False)
 
 
 def print_concurrency_fit(fit: dict[str, Any], plain: str, out: Path) -> None:

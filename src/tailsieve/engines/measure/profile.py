@@ -41,6 +41,17 @@ TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, F
                        FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
 T = TypeVar("T")
 MAX_CONTEXT = 1_000_000  # the longest prompt (tokens) `--contexts` may measure at
+PROMPT_SLACK = 64  # tokens a profile prompt holds beyond its context (nonce, instruction), for the KV check
+
+
+def fits_kv(batch: int, context: int, max_tokens: int, kv_tokens: int | None, block_size: int | None = None) -> bool:
+    """Whether `batch` requests of `context` + `max_tokens` tokens fit the server's KV cache at once (block-rounded
+    per request): a point that does not would measure preemption and recompute, not decode. Unknown capacity: yes."""
+    if kv_tokens is None:
+        return True
+    bs = block_size or 1
+    per = -(-(context + PROMPT_SLACK + max_tokens) // bs) * bs
+    return batch * per <= kv_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +220,14 @@ async def served_model(client: EngineClient, endpoint: Endpoint, retry: Retry, m
 async def profile_endpoint(
     client: EngineClient, endpoint: Endpoint, *, batches: Sequence[int] = DEFAULT_BATCHES, max_tokens: int = 256,
     model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None, temperature: float = 1.0,
-    retry: Retry | None = None,
+    retry: Retry | None = None, kv_tokens: int | None = None, block_size: int | None = None,
 ) -> tuple[TpotCurve, list[ProfilePoint]]:
     """Warm up, then measure every batch size in increasing order; returns the curve and the raw points. A batch
-    that meets a transient fault (5xx, refused, stall, dropped connection) is measured again (`retry`)."""
+    that meets a transient fault (5xx, refused, stall, dropped connection) is measured again (`retry`). Batches the
+    server's KV cache (`kv_tokens`, read by `engine_readout`) cannot hold at once are skipped (`fits_kv`)."""
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
+    batches = _kv_batches(batches, 0, max_tokens, kv_tokens, block_size)
     retry = retry or Retry()
     model = name = await served_model(client, endpoint, retry, model)
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
@@ -237,11 +250,13 @@ async def profile_endpoint(
 async def profile_model(
     client: EngineClient, endpoint: Endpoint, *, contexts: Sequence[int], batches: Sequence[int] = DEFAULT_BATCHES,
     max_tokens: int = 256, model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None,
-    temperature: float = 1.0, retry: Retry | None = None, prefill: bool = True,
+    temperature: float = 1.0, retry: Retry | None = None, prefill: bool = True, kv_tokens: int | None = None,
+    block_size: int | None = None,
 ) -> tuple[CostModel, list[ProfilePoint], list[PrefillPoint]]:
     """The whole cost model: every batch size at every context length (prompt tokens, 0 = the short default prompt),
     the prefill probes (one request at a time per context, when `prefill` and streaming), then the least-squares fit
-    (`model.costmodel.fit_cost_model`)."""
+    (`model.costmodel.fit_cost_model`). (batch, context) points the server's KV cache cannot hold at once
+    (`kv_tokens`, `fits_kv`) are skipped, and contexts left with no batch are dropped."""
     retry = retry or Retry()
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
@@ -251,13 +266,18 @@ async def profile_model(
         fits = [c for c in contexts if c + max_tokens + 64 <= limit]
         if len(fits) < len(contexts):
             contexts = fits or [0]
+    plan = {c: [b for b in batches if fits_kv(b, c, max_tokens, kv_tokens, block_size)] for c in contexts}
+    contexts = [c for c in contexts if plan[c]]
+    if not contexts:
+        raise EngineError(f"{endpoint.url}: its KV cache of {kv_tokens} tokens holds no batch of {max_tokens}-token "
+                          "requests at any --contexts value; lower --max-tokens or --contexts")
     per_word = await tokens_per_word(client, endpoint, name, retry) if any(c > 0 for c in contexts) else 1.0
     words = {c: 0 if c <= 0 else max(1, round(c / per_word)) for c in contexts}
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
                     "warm-up")
     points: list[ProfilePoint] = []
     for c in contexts:
-        for b in batches:
+        for b in plan[c]:
             pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens,
                                          temperature=temperature, prompt_words=words[c]), f"batch {b} context {c}")
             pt = replace(pt, requested_context=c)  # the server counts ~c tokens, a little off and per batch
@@ -270,6 +290,16 @@ async def profile_model(
                             description=f"fitted by tailsieve profile: model {model}, {max_tokens} tokens per request, "
                                         f"prompt contexts {', '.join(map(str, contexts))}")
     return fitted, points, pre
+
+
+def _kv_batches(batches: Sequence[int], context: int, max_tokens: int, kv_tokens: int | None,
+                block_size: int | None) -> tuple[int, ...]:
+    """The batches that fit the KV cache (`fits_kv`); none is a one-line error."""
+    kept = tuple(b for b in batches if fits_kv(b, context, max_tokens, kv_tokens, block_size))
+    if not kept:
+        raise EngineError(f"the server's KV cache of {kv_tokens} tokens holds no batch of {max_tokens}-token "
+                          "requests; lower --max-tokens")
+    return kept
 
 
 def total_spec(points: Sequence[ProfilePoint]) -> SpecMeasure | None:
@@ -289,6 +319,7 @@ __all__ = [
     "SpecCounters",
     "SpecMeasure",
     "context_prompt",
+    "fits_kv",
     "measure_batch",
     "measure_prefill",
     "parse_batches",
