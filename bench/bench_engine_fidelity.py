@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import shutil
 import statistics
 import tempfile
@@ -39,7 +40,7 @@ from tailsieve.engines.launch.tiny_vllm import build_tiny_model
 from tailsieve.engines.rollout.api import RolloutConfig
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
-from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.workloads import load_workload
 
 
@@ -59,6 +60,8 @@ def args_of(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=32, help="KV block size (CPU: a multiple of 32)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--out", default="bench/results/engine_fidelity.json")
+    ap.add_argument("--from-obs", metavar="PICKLE", help="predict again from a saved real run (its `.obs.pickle`, "
+                                                         "written beside --out) instead of running the replicas")
     a = ap.parse_args(argv)
     a.steps = a.steps or (3 if a.quick else 8)
     a.groups = a.groups or (8 if a.quick else 12)
@@ -147,6 +150,27 @@ def main(argv: list[str] | None = None) -> None:
     counts = served_token_counts(model_dir, [p for ps in prompts.values() for p in ps])
     base = load_workload("kodcode-r1", mode="recorded")
     works = {n: bench_workload(base, prompts[n], counts, a.scale, 8, a.cap) for n in names}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    saved = out.with_suffix(".obs.pickle")
+    if a.from_obs:
+        doc, obs, configs, t_profile, t_run = pickle.loads(Path(a.from_obs).read_bytes())
+        model_path = scratch / "model.json"
+        model_path.write_text(json.dumps(doc))
+    else:
+        doc, obs, configs, t_profile, t_run = real_run(a, engine, names, model_dir, prompts, works, scratch)
+        saved.write_bytes(pickle.dumps((doc, obs, configs, t_profile, t_run)))
+        model_path = scratch / "model.json"
+    belief = load_cost_model(model_path)
+    preds = predict_steps(obs, works, belief, doc, configs)
+    shutil.rmtree(scratch, ignore_errors=True)
+    report(a, doc, obs, preds, belief, t_profile, t_run, out)
+
+
+def real_run(a: argparse.Namespace, engine: Pressure, names: list[str], model_dir: Path,
+             prompts: dict[str, list[Any]], works: dict[str, Any], scratch: Path
+             ) -> tuple[dict[str, Any], list[StepObs], dict[str, RolloutConfig], float, float]:
+    """Boot the replicas, profile them, run the policies; the model file, the steps, the configs, the times."""
     la = LocalLauncher(engine.launch(model_dir), scratch / "launch")
     t0 = time.perf_counter()
     try:
@@ -173,9 +197,12 @@ def main(argv: list[str] | None = None) -> None:
         t_run = time.perf_counter() - t2
     finally:
         la.stop()
-    belief = load_cost_model(model_path)
-    preds = predict_steps(obs, works, belief, doc, configs)
-    shutil.rmtree(scratch, ignore_errors=True)
+    return doc, obs, configs, t_profile, t_run
+
+
+def report(a: argparse.Namespace, doc: dict[str, Any], obs: list[StepObs], preds: dict[tuple[str, int], Prediction],
+           belief: CostModel, t_profile: float, t_run: float, out: Path) -> None:
+    """Print the table and the summary, save the rows; the last line is the fidelity line."""
     rows = table(obs, preds)
     print_table(rows)
     s = summary(rows)
@@ -187,8 +214,6 @@ def main(argv: list[str] | None = None) -> None:
           f"preemptions; replayed lengths match the prediction's draws: {s['lengths_match']}; all steps: kv-aware "
           f"median |error| {pct(s['kv_aware_median_abs_err_all_steps'])}%, all-admit "
           f"{pct(s['all_admit_median_abs_err_all_steps'])}%")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "model": doc, "rows": rows, "summary": s}, indent=1, default=str))
     kv = s["kv_aware_median_abs_err"]
     print(f"fidelity: kv-aware median |error| {pct(kv)}%, all-admit "

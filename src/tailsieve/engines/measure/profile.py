@@ -167,11 +167,14 @@ async def server_max_len(client: EngineClient, endpoint: Endpoint) -> int | None
         return None
 
 
-async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, retry: Retry) -> float:
-    """Prompt tokens per filler word on this server's tokenizer (two probes; the difference cancels the prefix)."""
+async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, retry: Retry,
+                          limit: int | None = None) -> float:
+    """Prompt tokens per filler word on this server's tokenizer (two probes; the difference cancels the prefix). A
+    server whose context `limit` is short gets shorter probes (room for 8 tokens a word)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    hi = 320 if limit is None else max(20, min(320, limit // 8))
     counts = []
-    for words in (64, 320):
+    for words in (hi // 5, hi):
         comp = await retry.run(partial(client.complete, endpoint, model,
                                        Request(f"prof-probe-{words}", context_prompt("probe", words)), params),
                                "prompt probe")
@@ -179,7 +182,7 @@ async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, 
     if counts[1] <= counts[0]:
         raise EngineError(f"{endpoint.url} reports no prompt token counts (usage.prompt_tokens); cannot profile "
                           "context lengths")
-    return (counts[1] - counts[0]) / 256.0
+    return (counts[1] - counts[0]) / (hi - hi // 5)
 
 
 async def measure_prefill(client: EngineClient, endpoint: Endpoint, model: str, words: int, retry: Retry,
@@ -271,7 +274,7 @@ async def profile_model(
     if not contexts:
         raise EngineError(f"{endpoint.url}: its KV cache of {kv_tokens} tokens holds no batch of {max_tokens}-token "
                           "requests at any --contexts value; lower --max-tokens or --contexts")
-    per_word = await tokens_per_word(client, endpoint, name, retry) if any(c > 0 for c in contexts) else 1.0
+    per_word = await tokens_per_word(client, endpoint, name, retry, limit) if any(c > 0 for c in contexts) else 1.0
     words = {c: 0 if c <= 0 else max(1, round(c / per_word)) for c in contexts}
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
                     "warm-up")
