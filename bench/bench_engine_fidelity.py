@@ -80,11 +80,6 @@ def profile(urls: list[str], out: Path) -> dict[str, Any]:
     return doc
 
 
-def fmt(x: float | None, spec: str = ".2f") -> str:
-    """A number or '-'."""
-    return "-" if x is None else format(x, spec)
-
-
 def pct(x: float | None) -> str:
     """A share as a percentage with one decimal, or '-'."""
     return "-" if x is None else f"{100 * x:.1f}"
@@ -101,41 +96,46 @@ def table(obs: list[StepObs], preds: dict[tuple[str, int], Prediction]) -> list[
     for o in obs:
         p = preds[(o.policy, o.step)]
         rows.append({"policy": o.policy, "step": o.step, "q": o.q, "m": o.m, "real_s": o.makespan_s,
-                     "all_admit_s": p.all_admit_s, "kv_aware_s": p.kv_aware_s,
-                     "all_admit_err": err(p.all_admit_s, o.makespan_s),
-                     "kv_aware_err": None if p.kv_aware_s is None else err(p.kv_aware_s, o.makespan_s),
+                     "speeds": list(p.speeds), "all_admit_s": p.all_admit_s, "kv_aware_s": p.kv_aware_s,
+                     "all_admit_err": err(p.all_admit_s, o.makespan_s), "kv_aware_err": err(p.kv_aware_s, o.makespan_s),
+                     "all_admit_profile_err": err(p.all_admit_profile_s, o.makespan_s),
+                     "kv_aware_profile_err": err(p.kv_aware_profile_s, o.makespan_s),
                      "preemptions_real": sum(o.preemptions), "preemptions_pred": p.preemptions,
                      "prefix_hit_real": sum(o.prefix_hit_tokens), "prefix_hit_pred": p.prefix_hit_tokens,
-                     "recomputed_pred": p.recomputed_tokens, "per_replica_preemptions": list(o.preemptions),
-                     "generated_real": sum(o.generated_tokens), "lengths_match": p.lengths_match})
+                     "prefix_query_real": sum(o.prefix_query_tokens), "recomputed_pred": p.recomputed_tokens,
+                     "per_replica_preemptions": list(o.preemptions), "generated_real": sum(o.generated_tokens),
+                     "lengths_match": p.lengths_match})
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The per-step fidelity table."""
-    print(f"\n{'policy':10s} {'step':>4s} {'q,m':>5s} {'real s':>7s} {'all-admit s':>11s} {'err':>7s} "
-          f"{'kv-aware s':>10s} {'err':>7s} {'preempt real':>12s} {'pred':>5s} {'prefix hit real':>15s} {'pred':>6s}")
+    print(f"\n{'policy':10s} {'step':>4s} {'q,m':>5s} {'speeds':>11s} {'real s':>7s} {'all-admit s':>11s} {'err':>7s} "
+          f"{'kv-aware s':>10s} {'err':>7s} {'preemptions real':>16s} {'pred':>5s} {'prefix hits real':>16s} "
+          f"{'pred':>6s}")
     for r in rows:
-        kv_err = None if r["kv_aware_err"] is None else 100 * r["kv_aware_err"]
-        print(f"{r['policy']:10s} {r['step']:4d} {r['q']:>2d},{r['m']:<2d} {r['real_s']:7.2f} {r['all_admit_s']:11.2f} "
-              f"{100 * r['all_admit_err']:+6.1f}% {fmt(r['kv_aware_s']):>10s} {fmt(kv_err, '+6.1f'):>6s}% "
-              f"{r['preemptions_real']:12.0f} {fmt(r['preemptions_pred'], '.0f'):>5s} {r['prefix_hit_real']:15.0f} "
-              f"{fmt(r['prefix_hit_pred'], '.0f'):>6s}")
+        sp = "/".join(f"{x:.2f}" for x in r["speeds"])
+        print(f"{r['policy']:10s} {r['step']:4d} {r['q']:>2d},{r['m']:<2d} {sp:>11s} {r['real_s']:7.2f} "
+              f"{r['all_admit_s']:11.2f} {100 * r['all_admit_err']:+6.1f}% {r['kv_aware_s']:10.2f} "
+              f"{100 * r['kv_aware_err']:+6.1f}% {r['preemptions_real']:16.0f} {r['preemptions_pred']:5d} "
+              f"{r['prefix_hit_real']:16.0f} {r['prefix_hit_pred']:6d}")
+
+
+def med_abs(rows: list[dict[str, Any]], key: str) -> float:
+    """Median |error| of one prediction over `rows`."""
+    return statistics.median(abs(r[key]) for r in rows)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of |error| over the steps with real preemptions (all steps when none had any) and preemption totals."""
     pre = [r for r in rows if r["preemptions_real"] > 0] or rows
-    kv = [abs(r["kv_aware_err"]) for r in pre if r["kv_aware_err"] is not None]
-    return {"steps": len(pre), "steps_total": len(rows),
-            "kv_aware_median_abs_err": statistics.median(kv) if kv else None,
-            "all_admit_median_abs_err": statistics.median(abs(r["all_admit_err"]) for r in pre),
-            "kv_aware_median_abs_err_all_steps": statistics.median(
-                abs(r["kv_aware_err"]) for r in rows if r["kv_aware_err"] is not None) if kv else None,
-            "all_admit_median_abs_err_all_steps": statistics.median(abs(r["all_admit_err"]) for r in rows),
-            "preemptions_real": sum(r["preemptions_real"] for r in pre),
-            "preemptions_pred": sum(r["preemptions_pred"] or 0 for r in pre),
-            "lengths_match": all(r["lengths_match"] for r in rows)}
+    keys = ("kv_aware_err", "all_admit_err", "kv_aware_profile_err", "all_admit_profile_err")
+    return {"steps": len(pre), "steps_total": len(rows)} | {f"median_abs_{k}": med_abs(pre, k) for k in keys} | {
+        "preemptions_real": sum(r["preemptions_real"] for r in pre),
+        "preemptions_pred": sum(r["preemptions_pred"] for r in pre),
+        "prefix_hit_real": sum(r["prefix_hit_real"] for r in pre),
+        "prefix_hit_pred": sum(r["prefix_hit_pred"] for r in pre),
+        "lengths_match": all(r["lengths_match"] for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,17 +153,19 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     saved = out.with_suffix(".obs.pickle")
-    if a.from_obs:
-        doc, obs, configs, t_profile, t_run = pickle.loads(Path(a.from_obs).read_bytes())
-        model_path = scratch / "model.json"
-        model_path.write_text(json.dumps(doc))
-    else:
-        doc, obs, configs, t_profile, t_run = real_run(a, engine, names, model_dir, prompts, works, scratch)
-        saved.write_bytes(pickle.dumps((doc, obs, configs, t_profile, t_run)))
-        model_path = scratch / "model.json"
-    belief = load_cost_model(model_path)
-    preds = predict_steps(obs, works, belief, doc, configs)
-    shutil.rmtree(scratch, ignore_errors=True)
+    model_path = scratch / "model.json"
+    try:
+        if a.from_obs:
+            doc, obs, configs, t_profile, t_run = pickle.loads(Path(a.from_obs).read_bytes())
+            model_path.write_text(json.dumps(doc))
+        else:
+            doc, obs, configs, t_profile, t_run = real_run(a, engine, names, model_dir, prompts, works, scratch)
+            saved.write_bytes(pickle.dumps((doc, obs, configs, t_profile, t_run)))
+        belief = load_cost_model(model_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    reference = doc["engine_readout"]["replicas"][0]["probe_tpot_ms"]
+    preds = predict_steps(obs, works, belief, configs, reference)
     report(a, doc, obs, preds, belief, t_profile, t_run, out)
 
 
@@ -206,18 +208,17 @@ def report(a: argparse.Namespace, doc: dict[str, Any], obs: list[StepObs], preds
     rows = table(obs, preds)
     print_table(rows)
     s = summary(rows)
-    keys = {k: doc.get(k) for k in ("kv_tokens", "block_size", "max_num_batched_tokens", "prefix_caching",
-                                    "speed_factors")}
+    keys = belief.engine.to_json()
     print(f"profiled model: τ(b) {dict(zip(belief.curve.batch, belief.curve.tpot_ms, strict=True))} ms, kv "
           f"{belief.kv_ms_per_1k:.4f} ms/1k, prefill {belief.prefill_ms_per_token:.4f} ms/token; engine {keys}")
     print(f"profile {t_profile:.0f}s, real steps {t_run:.0f}s; {s['steps']} of {s['steps_total']} steps had "
-          f"preemptions; replayed lengths match the prediction's draws: {s['lengths_match']}; all steps: kv-aware "
-          f"median |error| {pct(s['kv_aware_median_abs_err_all_steps'])}%, all-admit "
-          f"{pct(s['all_admit_median_abs_err_all_steps'])}%")
+          f"preemptions; replayed lengths match the prediction's draws: {s['lengths_match']}; with the profile's "
+          f"speeds alone (no probe before each step): kv-aware median |error| "
+          f"{pct(s['median_abs_kv_aware_profile_err'])}%, all-admit {pct(s['median_abs_all_admit_profile_err'])}%; "
+          f"prefix-hit tokens real {s['prefix_hit_real']:.0f} predicted {s['prefix_hit_pred']:.0f}")
     out.write_text(json.dumps({"args": vars(a), "model": doc, "rows": rows, "summary": s}, indent=1, default=str))
-    kv = s["kv_aware_median_abs_err"]
-    print(f"fidelity: kv-aware median |error| {pct(kv)}%, all-admit "
-          f"{100 * s['all_admit_median_abs_err']:.1f}%, preemptions real {s['preemptions_real']:.0f} predicted "
+    print(f"fidelity: kv-aware median |error| {pct(s['median_abs_kv_aware_err'])}%, all-admit "
+          f"{pct(s['median_abs_all_admit_err'])}%, preemptions real {s['preemptions_real']:.0f} predicted "
           f"{s['preemptions_pred']:.0f}")
 
 

@@ -2,9 +2,12 @@
 `tailsieve profile` wrote from the same servers.
 
 - all-admit: `SimExecutor` with the fitted τ(b), context (KV-traffic) and prefill terms, every request admitted at
-  t = 0 (the paper's §2.1 replica, today's `simulate --curve model.json`);
+  t = 0 (the paper's §2.1 replica, today's `simulate --curve model.json`), all replicas at one speed: the mean of the
+  speed factors the speed probe read right before the step (today's model knows one speed scalar);
 - KV-aware: the same plus what profile read from the servers (kv_tokens, block_size, max_num_batched_tokens,
-  prefix_caching, speed_factors).
+  prefix_caching): the paged replica of `simulation.paged` (`simulation.predict.replica_model`), each replica at
+  its own speed factor from the probe before the step.
+Both are also computed with the profile's speeds alone (all-admit: 1; KV-aware: the profile's `speed_factors`).
 A fresh executor per policy replays the plans in order, so its per-prompt generation counters (common draws) follow
 the real rollout's: the lengths it draws for each consumed group are checked against what the servers returned.
 """
@@ -13,31 +16,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from engine_fidelity_run import StepObs
+from tailsieve.engines.measure.engine_readout import speeds_from_probe
 from tailsieve.engines.rollout.api import RolloutConfig
 from tailsieve.model.costmodel import CostModel
+from tailsieve.model.engine import FleetSpeed
 from tailsieve.simulation.executor import SimExecutor
-from tailsieve.simulation.replica import ReplicaConfig
+from tailsieve.simulation.predict import replica_model
 from tailsieve.workloads import Workload
 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """Both predictions of one real step."""
+    """Both predictions of one real step, with the speeds read right before it and with the profile's alone."""
 
-    all_admit_s: float
-    kv_aware_s: float | None
-    preemptions: float | None
-    prefix_hit_tokens: float | None
-    recomputed_tokens: float | None
+    all_admit_s: float  # one speed scalar for the fleet: the mean of the step's speed factors
+    kv_aware_s: float  # per-replica speed factors of the step
+    all_admit_profile_s: float  # no speed read after the profile (speed 1)
+    kv_aware_profile_s: float  # the profile's speed factors
+    preemptions: int
+    prefix_hit_tokens: int
+    recomputed_tokens: int
+    speeds: tuple[float, ...]
     lengths_match: bool
-
-
-def all_admit_replica(belief: CostModel) -> ReplicaConfig:
-    """The profiled terms on the all-admit replica."""
-    return ReplicaConfig(kv_ms_per_1k_tokens=belief.kv_ms_per_1k, prefill_ms_per_token=belief.prefill_ms_per_token)
 
 
 def _consumed_match(ex: SimExecutor, o: StepObs) -> bool:
@@ -48,16 +50,28 @@ def _consumed_match(ex: SimExecutor, o: StepObs) -> bool:
     return all(drawn.get(uid) == tuple(lens) for uid, lens in o.consumed)
 
 
-def predict_steps(obs: Sequence[StepObs], works: Mapping[str, Workload], belief: CostModel, doc: Mapping[str, Any],
-                  configs: Mapping[str, RolloutConfig]) -> dict[tuple[str, int], Prediction]:
-    """(policy, step) → the all-admit and KV-aware predictions of that real step's plan."""
+def predict_steps(obs: Sequence[StepObs], works: Mapping[str, Workload], belief: CostModel,
+                  configs: Mapping[str, RolloutConfig], reference_ms: float) -> dict[tuple[str, int], Prediction]:
+    """(policy, step) → the predictions of that real step's plan; `reference_ms`: the profiled replica's speed probe
+    at profile time (`engine_readout.replicas[0].probe_tpot_ms`), against which each step's probe gives its speeds."""
     out: dict[tuple[str, int], Prediction] = {}
     replicas = len(obs[0].preemptions) if obs else 1
+    flat_cfg, paged_cfg = replica_model(belief, all_admit=True), replica_model(belief)
+    profiled = FleetSpeed(belief.engine.speed.factors)
     for name in dict.fromkeys(o.policy for o in obs):
         router = configs[name].router(replicas)
-        flat = SimExecutor(works[name], belief.curve, router, all_admit_replica(belief))
+        work, curve = works[name], belief.curve
+        runs = {k: SimExecutor(work, curve, router, cfg) for k, cfg in
+                (("flat", flat_cfg), ("paged", paged_cfg), ("flat0", flat_cfg), ("paged0", paged_cfg))}
+        runs["paged0"].speed = profiled
         for o in (x for x in obs if x.policy == name):
-            res = flat.execute(o.plan)
-            ok = _consumed_match(flat, o)
-            out[(name, o.step)] = Prediction(res.makespan_s, None, None, None, None, ok)
+            speeds = speeds_from_probe(reference_ms, o.probe_tpot_ms)
+            runs["flat"].speed = FleetSpeed((sum(speeds) / len(speeds),) * len(speeds))
+            runs["paged"].speed = FleetSpeed(speeds)
+            res = {k: ex.execute(o.plan) for k, ex in runs.items()}
+            ok = all(_consumed_match(ex, o) for ex in runs.values())
+            k = res["paged"]
+            out[(name, o.step)] = Prediction(res["flat"].makespan_s, k.makespan_s, res["flat0"].makespan_s,
+                                             res["paged0"].makespan_s, k.preemptions, k.prefix_hit_tokens,
+                                             k.recomputed_tokens, speeds, ok)
     return out

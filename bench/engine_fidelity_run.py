@@ -6,7 +6,9 @@ caching on, a small per-iteration token budget (`--max-num-batched-tokens`, so l
 policies replay fixed lengths (`ignore_eos`), interleaved step by step (A B C A B C …). Around every step the bench
 reads each replica's /metrics counters (`engine_readout.read_engine_counters`: preemptions, prefix-cache hits) and
 records the step's plan (the pool hook sees it before dispatch), so the prediction can run the very same plan.
-Before every step the prefix cache is reset, as verl does after each weight update.
+Before every step each replica runs `profile`'s speed probe (how fast it decodes now: these machines share their
+cores with other jobs, and their speed drifts by tens of percent within minutes), then the prefix cache is reset,
+as verl does after each weight update.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from numpy.typing import NDArray
 
 from tailsieve.engines.launch.config import LaunchConfig
 from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
-from tailsieve.engines.measure.engine_readout import EngineCounters, read_engine_counters
+from tailsieve.engines.measure.engine_readout import EngineCounters, probe_tpot, read_engine_counters
 from tailsieve.engines.rollout.api import Rollout, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
@@ -70,6 +72,7 @@ class StepObs:
     prefix_hit_tokens: tuple[float, ...]
     prefix_query_tokens: tuple[float, ...]
     generated_tokens: tuple[float, ...]
+    probe_tpot_ms: tuple[float, ...]  # the speed probe on every replica right before the step
     consumed: tuple[tuple[int, tuple[int, ...]], ...]  # (uid, lengths) of every consumed group: the replay check
     note: str = ""
 
@@ -127,8 +130,9 @@ async def counters(client: EngineClient, urls: Sequence[str]) -> list[EngineCoun
 
 async def run_interleaved(urls: Sequence[str], configs: dict[str, RolloutConfig],
                           prompts: dict[str, Sequence[PromptRecord]], steps: int,
-                          on_step: Callable[[StepObs], Any] | None = None) -> list[StepObs]:
-    """Every policy for `steps` steps, interleaved, each on its own prompts; per step the plan and counter deltas."""
+                          on_step: Callable[[StepObs], Any] | None = None, model: str = "tiny") -> list[StepObs]:
+    """Every policy for `steps` steps, interleaved, each on its own prompts; per step the speed probe before it
+    (`engine_readout.probe_tpot`, the one `profile` ran), the plan and the counter deltas."""
     plans: dict[str, list[StepPlan]] = {n: [] for n in configs}
 
     def hook(name: str) -> Callable[[StepPlan], float]:
@@ -146,6 +150,7 @@ async def run_interleaved(urls: Sequence[str], configs: dict[str, RolloutConfig]
                 make_rollout(list(urls), cfg, list(prompts[name]), pools=hook(name)))
         for _ in range(steps):
             for name, r in rollouts.items():
+                probe = await probe_tpot(client, [Endpoint(u) for u in urls], model, rounds=1)
                 await reset_prefix_caches(urls)
                 before = await counters(client, urls)
                 batch = await r.step()
@@ -154,7 +159,7 @@ async def run_interleaved(urls: Sequence[str], configs: dict[str, RolloutConfig]
                 rec = batch.record
                 o = StepObs(name, rec.step, rec.makespan_s, rec.q, rec.m, plans[name][-1],
                             tuple(x.preemptions for x in d), tuple(x.prefix_hit_tokens for x in d),
-                            tuple(x.prefix_query_tokens for x in d), tuple(x.generation_tokens for x in d),
+                            tuple(x.prefix_query_tokens for x in d), tuple(x.generation_tokens for x in d), probe,
                             tuple((g.uid, g.lengths) for g in batch.groups), rec.note)
                 obs.append(o)
                 if on_step is not None:

@@ -209,8 +209,9 @@ def test_profile_writes_the_engine_keys_and_skips_what_the_kv_cache_cannot_hold(
                      "64", "--contexts", "0", "--out", str(out)]) == 0
         doc = json.loads(out.read_text())
         assert doc["batch"] == [1, 8, 16]  # 32 requests of 128 tokens overflow 2048: skipped, not measured
-        # 1 + 8 + 16 profile requests and 2 rounds of the 8-request speed probe, all of 64 tokens
-        assert sum(b["max_tokens"] == 64 for b in fake.bodies) == 25 + 16
+        # 1 + 8 + 16 profile requests of 64 tokens, 2 rounds of the 8-request speed probe of 32 tokens
+        assert sum(b["max_tokens"] == 64 for b in fake.bodies) == 25
+        assert sum(b["max_tokens"] == 32 for b in fake.bodies) == sum(b["max_tokens"] == 32 for b in slow.bodies) == 16
         terms = doc["cost_model"]  # a plain curve's file carries the engine keys in cost_model, terms 0
         assert (terms["kv_tokens"], terms["block_size"], terms["prefix_caching"]) == (2048, 32, True)
         assert "max_num_batched_tokens" not in terms and terms["kv_ms_per_1k"] == 0.0
@@ -221,6 +222,8 @@ def test_profile_writes_the_engine_keys_and_skips_what_the_kv_cache_cannot_hold(
         readout = doc["engine_readout"]
         assert readout["sources"]["kv_tokens"] == "/metrics vllm:cache_config_info"
         assert [r["endpoint"] for r in readout["replicas"]] == [fake.url, slow.url]
+        probe = [r.pop("probe_tpot_ms") for r in readout["replicas"]]
+        assert s[1] == round(probe[0] / probe[1], 4) and readout["speed_probe"] == {"batch": 8, "tokens": 32}
         assert readout["replicas"][1] == {"endpoint": slow.url, "kv_tokens": None, "block_size": None,
                                           "max_num_batched_tokens": None, "prefix_caching": None,
                                           "speed_factor": s[1]}  # the plain fake reports nothing

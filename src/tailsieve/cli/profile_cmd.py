@@ -16,7 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.progress import heartbeat
-from tailsieve.engines.measure.engine_readout import ENGINE_KEYS, EngineConfig, read_engine_config, speed_factors
+from tailsieve.engines.measure.engine_readout import (
+    ENGINE_KEYS,
+    SPEED_PROBE,
+    EngineConfig,
+    probe_tpot,
+    read_engine_config,
+    speeds_from_probe,
+)
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -108,13 +115,14 @@ def _endpoints(text: str, kind: str) -> list[Endpoint]:
     return fleet
 
 
-def readout_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None
-                 ) -> dict[str, Any]:
-    """The model file's `engine_readout` (docs/profile.md): every replica's own reading (null where it does not say)
-    and speed factor, and where each of the profiled replica's keys came from."""
-    return {"sources": dict(readouts[0].sources),
-            "replicas": [{"endpoint": e.url} | r.to_json() | {"speed_factor": s}
-                         for e, r, s in zip(fleet, readouts, speeds or [None] * len(fleet), strict=True)]}
+def readout_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None,
+                 probe: tuple[float, ...] | None) -> dict[str, Any]:
+    """The model file's `engine_readout` (docs/profile.md): every replica's own reading (null where it does not say),
+    speed factor and speed-probe time, and where each of the profiled replica's keys came from."""
+    none = [None] * len(fleet)
+    return {"sources": dict(readouts[0].sources), "speed_probe": {"batch": SPEED_PROBE[0], "tokens": SPEED_PROBE[1]},
+            "replicas": [{"endpoint": e.url} | r.to_json() | {"speed_factor": s, "probe_tpot_ms": t}
+                         for e, r, s, t in zip(fleet, readouts, speeds or none, probe or none, strict=True)]}
 
 
 def _seconds(flag: str, v: float) -> float:
@@ -179,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
                                                     retry=Retry(retries=args.retries), **kv)
                 out = (curve, None, pts, [])
             name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
-            speeds = await speed_factors(client, fleet, name) if len(fleet) > 1 else None
-            engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds))
+            probe = await probe_tpot(client, fleet, name) if len(fleet) > 1 else None
+            speeds = None if probe is None else speeds_from_probe(probe[0], probe)
+            engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds, probe))
             return out
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on

@@ -234,21 +234,41 @@ async def read_engine_counters(client: EngineClient, endpoint: Endpoint) -> Engi
         return None
 
 
-async def speed_factors(client: EngineClient, endpoints: Sequence[Endpoint], model: str, *, batch: int = 8,
-                        max_tokens: int = 64, rounds: int = 2) -> tuple[float, ...]:
-    """Each replica's decode speed relative to the first (1.0; 0.9: its iterations take 1/0.9 as long): the median
-    per-token time of `batch` concurrent requests of `max_tokens` tokens (`profile.measure_batch`), measured one
-    replica at a time, `rounds` times in turn, the median per replica."""
+SPEED_PROBE = (8, 32)  # the speed probe: concurrent requests, tokens each
+
+
+async def probe_tpot(client: EngineClient, endpoints: Sequence[Endpoint], model: str, *, rounds: int = 2
+                     ) -> tuple[float, ...]:
+    """Each replica's realized decode time per token (ms) at one point, `SPEED_PROBE` (`profile.measure_batch`:
+    the median over the batch's requests), measured one replica at a time, `rounds` times in turn, the median."""
     from tailsieve.engines.measure.profile import measure_batch  # profile imports this module
 
+    batch, tokens = SPEED_PROBE
     times: list[list[float]] = [[] for _ in endpoints]
     for _ in range(rounds):
         for i, e in enumerate(endpoints):
-            times[i].append((await measure_batch(client, e, e.model or model, batch, max_tokens)).tpot_ms)
-    med = [statistics.median(t) for t in times]
-    return tuple(round(med[0] / m, 4) if m > 0 else 1.0 for m in med)
+            times[i].append((await measure_batch(client, e, e.model or model, batch, tokens)).tpot_ms)
+    return tuple(statistics.median(t) for t in times)
 
 
-__all__ = ["ENGINE_KEYS", "EngineConfig", "EngineCounters", "counters_from_metrics", "from_sglang_server_info",
-           "from_vllm_cache_info", "from_vllm_server_info", "info_labels", "read_engine_config",
-           "read_engine_counters", "speed_factors"]
+def speeds_from_probe(reference_ms: float, probe_ms: Sequence[float]) -> tuple[float, ...]:
+    """Speed factors (`model.engine.FleetSpeed`: 1.0 = the reference, 0.9 = iterations take 1/0.9 as long) from
+    probe times against the reference replica's probe time."""
+    return tuple(round(reference_ms / m, 4) if m > 0 else 1.0 for m in probe_ms)
+
+
+__all__ = [
+    "ENGINE_KEYS",
+    "SPEED_PROBE",
+    "EngineConfig",
+    "EngineCounters",
+    "counters_from_metrics",
+    "from_sglang_server_info",
+    "from_vllm_cache_info",
+    "from_vllm_server_info",
+    "info_labels",
+    "probe_tpot",
+    "read_engine_config",
+    "read_engine_counters",
+    "speeds_from_probe",
+]
