@@ -3,10 +3,14 @@
 
 - all-admit: `SimExecutor` with the fitted τ(b), context (KV-traffic) and prefill terms, every request admitted at
   t = 0 (the paper's §2.1 replica, today's `simulate --curve model.json`), all replicas at one speed: the mean of the
-  speed factors the speed probe read right before the step (today's model knows one speed scalar);
+  step's speed factors (today's model knows one speed scalar);
 - KV-aware: the same plus what profile read from the servers (kv_tokens, block_size, max_num_batched_tokens,
   prefix_caching): the paged replica of `simulation.paged` (`simulation.predict.replica_model`), each replica at
-  its own speed factor from the probe before the step.
+  its own speed factor for the step.
+A step's speed factors come from `profile`'s speed probe run on each replica right before and right after the step
+(the mean of the two probe times, against the profiled replica's probe at profile time): the machine's speed around
+the step, which CPU contention moves by tens of percent within minutes, read by the same probe as the profile and
+never from the step's own timing.
 Both are also computed with the profile's speeds alone (all-admit: 1; KV-aware: the profile's `speed_factors`).
 A fresh executor per policy replays the plans in order, so its per-prompt generation counters (common draws) follow
 the real rollout's: the lengths it draws for each consumed group are checked against what the servers returned.
@@ -32,7 +36,7 @@ class Prediction:
     """Both predictions of one real step, with the speeds read right before it and with the profile's alone."""
 
     all_admit_s: float  # one speed scalar for the fleet: the mean of the step's speed factors
-    kv_aware_s: float  # per-replica speed factors of the step
+    kv_aware_s: float  # per-replica speed factors of the step (the probes before and after it, averaged)
     all_admit_profile_s: float  # no speed read after the profile (speed 1)
     kv_aware_profile_s: float  # the profile's speed factors
     preemptions: int
@@ -65,7 +69,8 @@ def predict_steps(obs: Sequence[StepObs], works: Mapping[str, Workload], belief:
                 (("flat", flat_cfg), ("paged", paged_cfg), ("flat0", flat_cfg), ("paged0", paged_cfg))}
         runs["paged0"].speed = profiled
         for o in (x for x in obs if x.policy == name):
-            speeds = speeds_from_probe(reference_ms, o.probe_tpot_ms)
+            around = [(a + b) / 2 for a, b in zip(o.probe_tpot_ms, o.probe_after_ms, strict=True)]
+            speeds = speeds_from_probe(reference_ms, around)
             runs["flat"].speed = FleetSpeed((sum(speeds) / len(speeds),) * len(speeds))
             runs["paged"].speed = FleetSpeed(speeds)
             res = {k: ex.execute(o.plan) for k, ex in runs.items()}

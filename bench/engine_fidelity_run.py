@@ -6,9 +6,10 @@ caching on, a small per-iteration token budget (`--max-num-batched-tokens`, so l
 policies replay fixed lengths (`ignore_eos`), interleaved step by step (A B C A B C …). Around every step the bench
 reads each replica's /metrics counters (`engine_readout.read_engine_counters`: preemptions, prefix-cache hits) and
 records the step's plan (the pool hook sees it before dispatch), so the prediction can run the very same plan.
-Before every step each replica runs `profile`'s speed probe (how fast it decodes now: these machines share their
-cores with other jobs, and their speed drifts by tens of percent within minutes), then the prefix cache is reset,
-as verl does after each weight update.
+Before every step (and once after the last) each replica runs `profile`'s speed probe: how fast it decodes now.
+These machines share their cores with other jobs, and a replica's speed drifts by tens of percent within minutes;
+the probes before and after a step bracket the speed it ran at. Then the prefix cache is reset, as verl does after
+each weight update.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ class StepObs:
     prefix_query_tokens: tuple[float, ...]
     generated_tokens: tuple[float, ...]
     probe_tpot_ms: tuple[float, ...]  # the speed probe on every replica right before the step
+    probe_after_ms: tuple[float, ...]  # and right after it (the next step's probe; one more after the last step)
     consumed: tuple[tuple[int, tuple[int, ...]], ...]  # (uid, lengths) of every consumed group: the replay check
     note: str = ""
 
@@ -159,12 +161,14 @@ async def run_interleaved(urls: Sequence[str], configs: dict[str, RolloutConfig]
                 rec = batch.record
                 o = StepObs(name, rec.step, rec.makespan_s, rec.q, rec.m, plans[name][-1],
                             tuple(x.preemptions for x in d), tuple(x.prefix_hit_tokens for x in d),
-                            tuple(x.prefix_query_tokens for x in d), tuple(x.generation_tokens for x in d), probe,
-                            tuple((g.uid, g.lengths) for g in batch.groups), rec.note)
+                            tuple(x.prefix_query_tokens for x in d), tuple(x.generation_tokens for x in d),
+                            probe, probe, tuple((g.uid, g.lengths) for g in batch.groups), rec.note)
                 obs.append(o)
                 if on_step is not None:
                     on_step(o)
-    return obs
+        last = await probe_tpot(client, [Endpoint(u) for u in urls], model, rounds=1)
+    after = [o.probe_tpot_ms for o in obs[1:]] + [last]
+    return [replace(o, probe_after_ms=a) for o, a in zip(obs, after, strict=True)]
 
 
 def served_token_counts(model_dir: Path, prompts: Sequence[PromptRecord]) -> dict[str, int]:
