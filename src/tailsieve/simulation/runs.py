@@ -111,8 +111,11 @@ def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConf
     """The `PolicySpec` of a simulated loop policy: the pools' curves (per-pool speculation), the replicas' KV and
     prefill terms, the controller constants, the static (q, m), the prompt order."""
     tail_curve, bulk_curve = config.spec.curves(curve)
-    cost = FleetCost(bulk_curve, tail_curve, config.believed.kv_ms_per_1k_tokens / 1e6,
-                     prompt_prefill_s(workload, config.believed))
+    belief = config.believed
+    kv_tokens = belief.kv_tokens or 0  # the KV capacity the controller's model file holds (0: not priced)
+    prompts = float(np.mean([workload.prompt_tokens(p) or 0 for p in workload.prompts])) if kv_tokens else 0.0
+    cost = FleetCost(bulk_curve, tail_curve, belief.kv_ms_per_1k_tokens / 1e6, prompt_prefill_s(workload, belief),
+                     kv_tokens=kv_tokens, prompt_tokens=prompts)
     return PolicySpec(name, config.router, cost, config.controller, q=config.q, m=config.m, shuffle=config.shuffle,
                       seed=config.seed)
 
