@@ -57,6 +57,7 @@ class Task:
     controller: str  # JSON of ControllerConfig fields
     cache: str = ""  # folder of the controller-independent runs (uniform, verl-lif, static grid) per regime; "": none
     engine: bool = False  # the engine half (`workloads.engine_family`): truth apart from belief, fine-grid reference
+    belief: str = "curve"  # engine half: the controller's model file holds the curve only, or what `profile` reads
 
 
 def cost(seed: int) -> float:
@@ -132,6 +133,7 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
     """The runs that do not depend on the controller: uniform's mean step, verl-lif's, the static grid's means, and
     the steady step times of verl-lif and of the best static split; kept in `t.cache` when given (`--cache`)."""
     path = Path(t.cache) / f"family{t.seed}_steps{t.steps}{'_engine' if t.engine else ''}.json" if t.cache else None
+    # (the references run on the truth: the same file serves both beliefs)
     out: dict[str, Any] = json.loads(path.read_text()) if path is not None and path.is_file() else {}
     if "uniform_len" in out:
         return out
@@ -171,8 +173,11 @@ def run_regime(t: Task) -> dict[str, Any]:
         replica = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
                                 kv_tokens=e.kv_tokens, block_size=e.block_size,
                                 max_num_batched_tokens=e.max_num_batched_tokens, prefix_caching=e.prefix_caching)
-        return dataclasses.replace(base, replica=replica, truth_curve=tm.curve, speed=e.speed,
-                                   belief=ReplicaConfig())
+        belief = ReplicaConfig()  # the family curve only
+        if t.belief == "profile":  # + what `tailsieve profile` reads from the servers: the terms and the KV capacity
+            belief = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
+                                   kv_tokens=e.kv_tokens, block_size=e.block_size)
+        return dataclasses.replace(base, replica=replica, truth_curve=tm.curve, speed=e.speed, belief=belief)
 
     refs = reference_runs(t, wl, curve, cfg())
     base, means = refs["uniform"], {tuple(map(int, k.split(","))): v for k, v in refs["means"].items()}
@@ -277,7 +282,12 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def parse_seeds(text: str, split: Split) -> list[int]:
-    """'COUNT' (the split's first COUNT seeds) or 'A..B' (the split's seeds in A..B)."""
+    """'COUNT' (the split's first COUNT seeds), 'A..B' (the split's seeds in A..B) or 'A,B,…' (those of the split)."""
+    if "," in text:
+        items = text.split(",")
+        if not all(x.isdigit() for x in items):
+            raise argparse.ArgumentTypeError(f"--seeds A,B,... takes integers, got {text!r}")
+        return [int(x) for x in items if split_of(int(x)) is split]
     if ".." in text:
         lo, _, hi = text.partition("..")
         if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
@@ -371,6 +381,9 @@ def main() -> None:
     ap.add_argument("--engine", action="store_true", help="the engine half (issue 48: seeds from "
                     f"{ENGINE_SEEDS}, truth apart from belief: KV capacity, prefix caching, prefill, uneven replicas, "
                     "a curve the controller does not know; fine-grid reference)")
+    ap.add_argument("--belief", choices=["curve", "profile"], default="curve", help="--engine: the controller's model "
+                    "file holds the family curve only (default), or also what `tailsieve profile` reads from the "
+                    "servers (KV and prefill terms, KV capacity and block size)")
     args = ap.parse_args()
     if args.split == Split.VALIDATION.value and (args.ablate or json.loads(args.controller or "{}") != {}):
         ap.error("the validation split runs the controller as committed: --ablate and --controller tune, so they "
@@ -393,11 +406,12 @@ def main() -> None:
     print(f"family {args.split} split, {len(seeds)} regimes (seeds {','.join(map(str, seeds))}), {steps} steps, "
           f"mean over steps {SKIP_STEPS}+; policies {','.join(policies)}; controller {args.controller}"
           + (" [--quick]" if args.quick else "") + (f" [--ablate {args.ablate}]" if args.ablate else "")
+          + (f" [--engine, belief {args.belief}]" if args.engine else "")
           + f"; tailsieve from {Path(tailsieve.__file__).parent}", flush=True)
     t0 = time.perf_counter()
     commit = current_commit()
     print(f"commit {commit}", flush=True)
-    tasks = [Task(s, steps, policies, args.controller, str(args.cache or ""), args.engine) for s in seeds]
+    tasks = [Task(s, steps, policies, args.controller, str(args.cache or ""), args.engine, args.belief) for s in seeds]
     rows = run_all(tasks, args.workers, t0, args.ablate)
     print_rows(rows, policies)
     summ = summary(rows, policies)
@@ -413,6 +427,7 @@ def main() -> None:
                                          "policies": list(policies), "controller": json.loads(args.controller),
                                          "skip_steps": SKIP_STEPS, "ablate": args.ablate, "rows": rows, "summary": summ,
                                          "wall_s": wall, "commit": commit, "engine": args.engine,
+                                         "belief": args.belief,
                                          "kv_bound_summary": kv_summ}, indent=1))
 
 
