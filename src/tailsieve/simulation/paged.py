@@ -378,14 +378,14 @@ class _Paged:
         self.segs.append((self.k, self.t, s, base, inc))
         self.t += s * base + inc * s * (s - 1) / 2.0
         if chunk:
-            rem = chunk * s
-            for i in list(self.prefilling):
+            rem, pending = chunk * s, self.pending
+            self.pend_total -= rem
+            for i in self.prefilling:
+                step = pending[i] if pending[i] < rem else rem
+                pending[i] -= step
+                rem -= step
                 if rem <= 0:
                     break
-                step = min(rem, self.pending[i])
-                self.pending[i] -= step
-                self.pend_total -= step
-                rem -= step
         if s > 1 and self.b and self.nb is not None:  # blocks of the iterations inside the run
             self.take(_demand(self.phase, self.b, self.k, s - 1, self.bs))
         self.ctx += self.b * s
