@@ -35,7 +35,7 @@ def test_kv_floor_is_the_throughput_bound_at_the_batch_the_cache_holds() -> None
 
 def test_a_known_kv_capacity_prices_the_bulk_pool_that_overflows() -> None:
     """With the KV capacity known, a split whose bulk pool has fewer replicas (more requests each) costs more, while
-    the tail pool of the longest requests on m replicas is priced too; unknown (0), the forecast is the all-admit one."""
+    the tail pool of the longest requests on m replicas is priced too; unknown (0), the forecast is all-admit."""
     rng = np.random.default_rng(0)
     hist = rng.integers(200, 4000, size=(64, 8)).astype(np.int64)
     kw = {"groups": 32, "extra": 4, "replicas": 8, "curve": STEEP, "resamples": 8}
