@@ -15,8 +15,8 @@ stream `default_rng([FAMILY_TAG, seed, ENGINE_TAG])`, what the family was blind 
 - the truth: a curve off the belief by a factor U(0.8, 1.2) and a tilt U(−0.2, 0.2) per decade of batch; KV and
   prefill terms the controller does not know (prefill τ(1)·U(0.005, 0.03) per token, KV τ(1)·U(0, 0.003) per 1 K
   context tokens); single-turn regimes have paged KV in 70 % of the regimes, its capacity 0.3..1.5 × the step's peak
-  KV demand per replica (at least one request's prompt + cap), block 16, prefix caching in 70 %, chunked prefill
-  (2 K, 8 K or 16 K tokens) in half; replicas 0..20 % uneven, drifting 0..5 % a step. Multi-turn regimes keep the
+  KV demand per replica on the all-admit engine (at least one request's prompt + cap), block 16, prefix caching in
+  70 %, chunked prefill (2 K, 8 K or 16 K tokens) in half; replicas 0..20 % uneven, drifting 0..5 % a step. Multi-turn regimes keep the
   all-admit engine (the paged engine does not simulate tool waits).
 
 The controller is given the family curve only (`curve`): no KV or prefill term, no engine keys.
@@ -168,8 +168,7 @@ def engine_regime(seed: int) -> EngineRegime:
     base = replace(base, router=router, generator=generator, curve=curve, engine_scale=1.0)
     kv_tokens = None
     if paged:
-        per_replica = (router.groups * (1 + 0.1) * router.group_size) / router.replicas
-        demand = per_replica * (prompt + _mean_length(base))
+        demand = _peak_demand(base, prompt)
         floor = prompt * 2.5 + generator.max_length + BLOCK  # one request of the longest prompt at the cap
         kv_tokens = int(max(ratio * demand, floor)) // BLOCK * BLOCK + BLOCK
         ratio = kv_tokens / demand
@@ -181,12 +180,16 @@ def engine_regime(seed: int) -> EngineRegime:
     return EngineRegime(base, truth, prompt, ratio if paged else 0.0)
 
 
-def _mean_length(base: FamilyRegime) -> float:
-    """Mean response length of the regime's first step (its generator, draw seed 0)."""
-    g = base.generator
+def _peak_demand(base: FamilyRegime, prompt: float) -> float:
+    """The step's peak KV demand per replica on the all-admit engine: its first step's N + E groups (draw seed 0)
+    all admitted, each request holding its prompt and the tokens decoded so far until it finishes; the peak over
+    time of Σ over unfinished requests of (prompt + k), over the replicas."""
+    g, shape = base.generator, base.router
     model = AgentModel(g, seed=0) if isinstance(g, AgentConfig) else SyntheticModel(g, seed=0)
-    ids = model.prompts[: max(base.router.groups, 1)]
-    return float(np.mean([model.lengths(p, 0, 0, base.router.group_size).mean() for p in ids]))
+    groups = min(len(model.prompts), shape.groups + math.ceil(shape.rho * shape.groups))
+    lens = np.sort(np.concatenate([model.lengths(p, 0, 0, shape.group_size) for p in model.prompts[:groups]]))
+    left = lens.size - np.arange(lens.size)  # requests still decoding when the i-th shortest finishes
+    return float(np.max(left * (prompt + lens))) / shape.replicas
 
 
 def engine_workload(regime: EngineRegime, *, draw_seed: int = 0) -> Workload:
