@@ -16,8 +16,8 @@ stream `default_rng([FAMILY_TAG, seed, ENGINE_TAG])`, what the family was blind 
   prefill terms the controller does not know (prefill τ(1)·U(0.005, 0.03) per token, KV τ(1)·U(0, 0.003) per 1 K
   context tokens); single-turn regimes have paged KV in 70 % of the regimes, its capacity 0.3..1.5 × the step's peak
   KV demand per replica on the all-admit engine (at least one request's prompt + cap), block 16, prefix caching in
-  70 %, chunked prefill (2 K, 8 K or 16 K tokens) in half; replicas 0..20 % uneven, drifting 0..5 % a step. Multi-turn regimes keep the
-  all-admit engine (the paged engine does not simulate tool waits).
+  70 %, chunked prefill (2 K, 8 K or 16 K tokens) in half; replicas 0..20 % uneven, drifting 0..5 % a step.
+  Multi-turn regimes keep the all-admit engine (the paged engine does not simulate tool waits).
 
 The controller is given the family curve only (`curve`): no KV or prefill term, no engine keys.
 """
