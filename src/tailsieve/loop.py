@@ -151,13 +151,14 @@ class StepOutput:
 def make_controller(
     name: str, router: RouterConfig, *, bulk_curve: TpotCurve, tail_curve: TpotCurve | None = None,
     config: ControllerConfig | None = None, q: int | None = None, m: int | None = None, kv_s_per_token: float = 0.0,
-    prefill_s: float = 0.0,
+    prefill_s: float = 0.0, kv_tokens: int = 0, prompt_tokens: float = 0.0,
 ) -> Controller:
     """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
     prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
     build theirs here, so both give it the same cost model."""
+    kv = {"kv_tokens": kv_tokens, "prompt_tokens": prompt_tokens} if kv_tokens else {}  # a plugin need not know it
     return CONTROLLERS.resolve(name)(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
-                             kv_s_per_token=kv_s_per_token, prefill_s=prefill_s)
+                             kv_s_per_token=kv_s_per_token, prefill_s=prefill_s, **kv)
 
 
 def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
@@ -167,7 +168,7 @@ def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
     c = spec.cost
     controller = make_controller(spec.policy, spec.router, bulk_curve=c.bulk_curve, tail_curve=c.tail_curve,
                                  config=spec.controller, q=spec.q, m=spec.m, kv_s_per_token=c.kv_s_per_token,
-                                 prefill_s=c.prefill_s)
+                                 prefill_s=c.prefill_s, kv_tokens=c.kv_tokens, prompt_tokens=c.prompt_tokens)
     return StepLoop(Router(spec.router, prompts, shuffle=spec.shuffle, seed=spec.seed), controller)
 
 

@@ -21,7 +21,15 @@ from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json
 from tailsieve.cli._common import add_trace_columns, console, plot_path, print_json, progress_enabled
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.flags import add, add_controller_flags
-from tailsieve.cli.sim_args import DEFAULT_REPLAY, build_config, load_inputs, parse_policies, progress_bar
+from tailsieve.cli.sim_args import (
+    DEFAULT_REPLAY,
+    add_truth_flags,
+    build_config,
+    load_inputs,
+    parse_policies,
+    progress_bar,
+    truth_json,
+)
 from tailsieve.cli.simulate_spec import run_spec
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
@@ -64,6 +72,7 @@ def register(sub: Any) -> None:
     add(p, "--kv-ms-per-1k")
     add(p, "--prefill-ms-per-token")
     add(p, "--bias-correction")
+    add_truth_flags(p)
     p.add_argument("--oversample", type=float, metavar="RATIO",
                    help="peers april-partial, april-drop, rollpacker: extra groups started per step, ⌈RATIO·N⌉ "
                         "(slime's over-sampling, RollPacker's over-provisioning; default: --rho; docs/peers.md)")
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
             "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
-            "engine_scale": config.engine_scale,
+            "engine_scale": config.engine_scale, "truth": truth_json(config),
             "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
                       "long_round_period": config.peers.long_round_period},
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES)

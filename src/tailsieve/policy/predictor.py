@@ -41,6 +41,26 @@ MEAN_FIELD_REQUESTS = 65_536  # per-candidate request finishes (K·(N + E)·G) a
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
+def kv_floor(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_tokens: int, prompt_tokens: float) -> FloatArray:
+    """(K,) seconds a pool of requests (`pools`: (K, P, G) decode lengths) needs on `n_lanes` replicas when each holds
+    `kv_tokens` of KV: at most b = kv_tokens / (prompt + mean length / 2) requests decode at once (a request's mean
+    context over its life), so the pool's Σ L tokens take at least Σ L / n_lanes · τ(b)/b (throughput-bound; b is
+    at most the requests per replica, where the floor is the all-admit engine's own). The KV-pressure term of a
+    split: a tail pool of m replicas holding the longest requests, a bulk pool that may overflow (issue 48)."""
+    k, p, g = pools.shape
+    if p * g == 0:
+        return np.zeros(k)
+    total = pools.reshape(k, -1).sum(axis=1)
+    ctx = prompt_tokens + pools.reshape(k, -1).mean(axis=1) / 2.0 + 1.0
+    per_lane = p * g / n_lanes
+    b = np.clip(kv_tokens / ctx, 1.0, max(per_lane, 1.0))
+    tau = curve.table(int(np.ceil(b.max())) + 1)
+    lo = np.floor(b).astype(np.int64)
+    t_b = tau[lo] + (b - lo) * (tau[np.minimum(lo + 1, tau.size - 1)] - tau[lo])  # τ interpolated at b
+    out: FloatArray = total / n_lanes * t_b / b
+    return out
+
+
 def split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
     """Candidates before any tail was observed: select on one half of each group, regenerate with the other.
 
@@ -135,6 +155,8 @@ class Predictor:
         prefill_s: float = 0.0,
         uniform_by_request: bool = False,
         blocks: tuple[int, ...] | None = None,
+        kv_tokens: int = 0,
+        prompt_tokens: float = 0.0,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -146,6 +168,7 @@ class Predictor:
         self.pinned = pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
         self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
         self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
+        self.kv_tokens, self.prompt_tokens = kv_tokens, prompt_tokens  # the KV-pressure term (`kv_floor`; 0: off)
         rng = np.random.default_rng(_SEED)
         auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
         k = resamples if resamples is not None else auto
@@ -216,8 +239,19 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = self._run_out(self._cands(0, q), m, self.tail_curve, self.by_request)
+            pools = self._cands(0, q)
+            self._tail[key] = self._kv(self._run_out(pools, m, self.tail_curve, self.by_request), pools, m,
+                                       self.tail_curve)
         return self._tail[key]
+
+    def _kv(self, times: FloatArray, pools: FloatArray, n_lanes: int, curve: TpotCurve, share: float = 1.0
+            ) -> FloatArray:
+        """`times` raised to the pool's KV-bound floor (`kv_floor`) when the KV capacity is known."""
+        if self.kv_tokens <= 0 or n_lanes <= 0:
+            return times
+        out: FloatArray = np.maximum(times, share * kv_floor(pools, n_lanes, curve, self.kv_tokens,
+                                                             self.prompt_tokens))
+        return out
 
     def _bulk_raw(self, q: int, m: int) -> FloatArray:
         """(K, P) completion times of the bulk pool's groups in queue order: the E − q non-isolated candidates
@@ -241,6 +275,15 @@ class Predictor:
         return self._bulk[key]
 
     def bulk_times(self, q: int, m: int) -> FloatArray:
+        """(K,) T_bulk (`_bulk_times`), raised to the bulk pool's KV-bound floor for the share of its work done by
+        the cut (the quota over the pool's groups) when the KV capacity is known."""
+        out = self._bulk_times(q, m)
+        if self.kv_tokens <= 0 or m == 0:
+            return out
+        pools = np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
+        return self._kv(out, pools, self.r - m, self.curve, min(1.0, max(self.n - q, 0) / max(pools.shape[1], 1)))
+
+    def _bulk_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
         E − q non-isolated ones must complete: the later of their last completion and the (N − E)-th fresh one
         (pessimistic: a pinned request keeps its all-admit finish, not sped up by the aborts at the cutoff)."""
@@ -274,7 +317,7 @@ class Predictor:
         replica included."""
         dealt = self.uniform_by_request if by_request is None else by_request
         if dealt not in self._uniform:
-            self._uniform[dealt] = self._uniform_makespan(self.fresh, dealt)
+            self._uniform[dealt] = self._kv(self._uniform_makespan(self.fresh, dealt), self.fresh, self.r, self.curve)
         return self._uniform[dealt]
 
     def _uniform_makespan(self, pools: FloatArray, by_request: bool) -> FloatArray:
@@ -298,7 +341,7 @@ class Predictor:
         if dealt not in self._return:
             e = min(self.e, self.n)
             pools = np.concatenate((self._cands(0, e), self.fresh[:, : self.n - e]), axis=1)
-            self._return[dealt] = self._uniform_makespan(pools, dealt)
+            self._return[dealt] = self._kv(self._uniform_makespan(pools, dealt), pools, self.r, self.curve)
         return self._return[dealt]
 
     def split_times(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> FloatArray:

@@ -136,6 +136,7 @@ class _Paged:
         self.ks = [0] * n
         self.c0 = [0] * n
         self.pending = [0] * n
+        self.pend_total = 0  # Σ pending
         self.uses = [False] * n
         self.version = [0] * n
         self.again = [False] * n  # preempted before: its next prefill is a recompute
@@ -151,7 +152,10 @@ class _Paged:
         self.running: list[int] = []
         self.prefilling: list[int] = []
         self.heap: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
-        self.phase = [0] * self.bs
+        self.phase = [0] * self.bs  # decoders per phase (k₀ − c₀ mod B): who needs a block at iteration k
+        self.members: list[set[int]] = [set() for _ in range(self.bs)]
+        self.order = [0] * n  # admission sequence number (the running list's order)
+        self.admitted = 0
         self.b = 0
         self.ctx = 0
         self.t = 0.0
@@ -198,7 +202,9 @@ class _Paged:
         self.ks[i], self.c0[i] = ks, self.P[i] + self.g0[i]
         self.b += 1
         self.ctx += self.c0[i] + (self.k - ks)
-        self.phase[(ks - self.c0[i]) % self.bs] += 1
+        ph = (ks - self.c0[i]) % self.bs
+        self.phase[ph] += 1
+        self.members[ph].add(i)
         heapq.heappush(self.heap, (ks + self.L[i] - self.g0[i], i, self.version[i]))
 
     def leave(self, i: int, new_state: int) -> None:
@@ -211,12 +217,15 @@ class _Paged:
             done = self.k - self.ks[i]
             self.b -= 1
             self.ctx -= self.c0[i] + done
-            self.phase[(self.ks[i] - self.c0[i]) % self.bs] -= 1
+            ph = (self.ks[i] - self.c0[i]) % self.bs
+            self.phase[ph] -= 1
+            self.members[ph].discard(i)
             self.spans.append((i, self.ks[i], self.k))
             self.g0[i] += done
             self.version[i] += 1
         elif self.state[i] == _PREFILL and i in self.prefilling:
             self.prefilling.remove(i)
+            self.pend_total -= self.pending[i]
             self.pending[i] = 0
         self.running.remove(i)
         self.state[i] = new_state
@@ -239,8 +248,9 @@ class _Paged:
         if need <= self.avail():
             self.take(need)
             return False
-        for i in list(self.running):
-            if self.state[i] != _DECODE or (self.c0[i] + self.k - self.ks[i]) % self.bs:
+        order = self.order
+        for i in sorted(self.members[self.k % self.bs], key=order.__getitem__):
+            if self.state[i] != _DECODE:
                 continue
             while self.avail() < 1:
                 if self.preempt_newest() == i:
@@ -251,7 +261,7 @@ class _Paged:
     def admit(self) -> float:
         """Step 2: FCFS admission while blocks, the seq cap and the token budget allow; the prefill stall (s)."""
         m = self.lim.max_num_batched_tokens
-        used = self.b + sum(self.pending[i] for i in self.prefilling)
+        used = self.b + self.pend_total
         stall, empty = 0, []
         while self.waiting and len(self.running) < self.cap and (m is None or used < m):
             i = self.waiting[-1]
@@ -277,6 +287,8 @@ class _Paged:
             if self.again[i]:
                 self.recompute.append((self.k, fill))
             self.running.append(i)
+            self.admitted += 1
+            self.order[i] = self.admitted
             if m is None:
                 stall += fill
                 self.state[i] = _PREFILL
@@ -287,6 +299,7 @@ class _Paged:
                     self.start_decode(i, self.k)
             else:
                 self.state[i], self.pending[i] = _PREFILL, fill
+                self.pend_total += fill
                 self.prefilling.append(i)
                 used += fill
         t = self.t + self.lim.prefill_s_per_token * stall
@@ -295,15 +308,10 @@ class _Paged:
 
     def run(self) -> PagedTrace:
         """The event loop (module docstring)."""
-        m = self.lim.max_num_batched_tokens
-        kv, pre = self.lim.kv_s_per_token, self.lim.prefill_s_per_token
         cut_k = -1 if self.cut is None else self.cut[0]
         while True:
-            if self.k == cut_k and self.cut is not None:
-                keep = self.cut[1]
-                for i in [i for i in self.running if not keep[i]]:
-                    self.leave(i, _DONE)
-                self.waiting = [i for i in self.waiting if keep[i]]
+            if self.k == cut_k:
+                self.abort()
                 cut_k = -1
             preempted = self.allocate()
             if not preempted:
@@ -312,62 +320,85 @@ class _Paged:
                 if self.waiting:
                     raise ConfigError("paged replica stalled: a waiting request can never be admitted")
                 break
-            chunk, completing = 0, []
-            if self.prefilling and m is not None:
-                rem = max(m - self.b, 0)
-                for i in self.prefilling:
-                    if rem <= 0:
-                        break
-                    step = min(rem, self.pending[i])
-                    rem -= step
-                    chunk += step
-                    if step == self.pending[i]:
-                        completing.append(i)
-            s = 1
-            if not completing and not preempted:
-                s = 1 << 62
-                while self.heap and self.heap[0][2] != self.version[self.heap[0][1]]:
-                    heapq.heappop(self.heap)
-                if self.heap:
-                    s = self.heap[0][0] - self.k
-                if chunk:
-                    s = min(s, -(-self.pending[self.prefilling[0]] // chunk) - 1)
-                if cut_k > self.k:
-                    s = min(s, cut_k - self.k)
-                if self.b and self.nb is not None:
-                    s = min(s, _first_shortage(self.phase, self.b, self.k, self.avail(), self.bs))
-                s = max(s, 1)
-                if s >= 1 << 61:
-                    raise ConfigError("paged replica stalled: no request can make progress")
-            bb = self.b + len(completing)
-            cc = self.ctx + sum(self.P[i] + self.g0[i] for i in completing)
-            base = float(self.tau[bb]) + kv * cc + pre * chunk
-            inc = kv * self.b
-            self.segs.append((self.k, self.t, s, base, inc))
-            self.t += s * base + inc * s * (s - 1) / 2.0
-            if chunk:
-                rem = chunk * s
-                for i in list(self.prefilling):
-                    if rem <= 0:
-                        break
-                    step = min(rem, self.pending[i])
-                    self.pending[i] -= step
-                    rem -= step
-            if s > 1 and self.b and self.nb is not None:  # blocks of the iterations inside the segment
-                self.take(_demand(self.phase, self.b, self.k, s - 1, self.bs))
-            self.ctx += self.b * s
-            self.k += s
-            for i in completing:
-                self.prefilling.remove(i)
-                self.start_decode(i, self.k - 1)
-            while self.heap and self.heap[0][0] <= self.k:
-                _, i, v = heapq.heappop(self.heap)
-                if v == self.version[i] and self.state[i] == _DECODE:
-                    self.finish[i] = self.t
-                    self.leave(i, _DONE)
+            chunk, completing = self.chunks()
+            s = 1 if completing or preempted else self.span(chunk, cut_k)
+            self.advance(s, chunk, completing)
             if not self.running and not self.waiting:
                 break
         return self.trace()
+
+    def abort(self) -> None:
+        """The cut: the requests not kept leave at this boundary (running or waiting)."""
+        assert self.cut is not None
+        keep = self.cut[1]
+        for i in [i for i in self.running if not keep[i]]:
+            self.leave(i, _DONE)
+        self.waiting = [i for i in self.waiting if keep[i]]
+
+    def chunks(self) -> tuple[int, list[int]]:
+        """This iteration's prefill tokens (the budget left by the decoders, FCFS) and the requests it completes."""
+        m = self.lim.max_num_batched_tokens
+        if not self.prefilling or m is None:
+            return 0, []
+        rem, chunk, completing = max(m - self.b, 0), 0, []
+        for i in self.prefilling:
+            if rem <= 0:
+                break
+            step = min(rem, self.pending[i])
+            rem -= step
+            chunk += step
+            if step == self.pending[i]:
+                completing.append(i)
+        return chunk, completing
+
+    def span(self, chunk: int, cut_k: int) -> int:
+        """Iterations from here with the same batch: up to the next finish, prefill completion, block shortage or
+        the cut (at least 1)."""
+        heap = self.heap
+        while heap and heap[0][2] != self.version[heap[0][1]]:
+            heapq.heappop(heap)
+        s = heap[0][0] - self.k if heap else 1 << 62
+        if chunk:  # the head's prefill does not complete in this iteration: it completes in a later single one
+            s = min(s, -(-self.pending[self.prefilling[0]] // chunk) - 1)
+        if cut_k > self.k:
+            s = min(s, cut_k - self.k)
+        if self.b and self.nb is not None:
+            s = min(s, _first_shortage(self.phase, self.b, self.k, self.avail(), self.bs))
+        if s >= 1 << 61:
+            raise ConfigError("paged replica stalled: no request can make progress")
+        return max(s, 1)
+
+    def advance(self, s: int, chunk: int, completing: list[int]) -> None:
+        """Run s iterations of the current batch (the completing prefills join it in a single one), then finish."""
+        lim = self.lim
+        bb = self.b + len(completing)
+        cc = self.ctx + sum(self.P[i] + self.g0[i] for i in completing)
+        base = float(self.tau[bb]) + lim.kv_s_per_token * cc + lim.prefill_s_per_token * chunk
+        inc = lim.kv_s_per_token * self.b
+        self.segs.append((self.k, self.t, s, base, inc))
+        self.t += s * base + inc * s * (s - 1) / 2.0
+        if chunk:
+            rem, pending = chunk * s, self.pending
+            self.pend_total -= rem
+            for i in self.prefilling:
+                step = pending[i] if pending[i] < rem else rem
+                pending[i] -= step
+                rem -= step
+                if rem <= 0:
+                    break
+        if s > 1 and self.b and self.nb is not None:  # blocks of the iterations inside the run
+            self.take(_demand(self.phase, self.b, self.k, s - 1, self.bs))
+        self.ctx += self.b * s
+        self.k += s
+        for i in completing:
+            self.prefilling.remove(i)
+            self.start_decode(i, self.k - 1)
+        heap = self.heap
+        while heap and heap[0][0] <= self.k:
+            _, i, v = heapq.heappop(heap)
+            if v == self.version[i] and self.state[i] == _DECODE:
+                self.finish[i] = self.t
+                self.leave(i, _DONE)
 
     def trace(self) -> PagedTrace:
         """The run's record."""

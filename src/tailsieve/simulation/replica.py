@@ -129,8 +129,8 @@ class ReplicaRun:
         if inc == 0.0:
             n = math.floor(dt / base * (1 + 1e-12))
         else:  # largest n with n·base + inc·n(n−1)/2 ≤ dt
-            a, b = inc / 2.0, base - inc / 2.0
-            n = math.floor((-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a) * (1 + 1e-12))
+            a, b = inc / 2.0, base - inc / 2.0  # the positive root in the form without cancellation (a ≪ b)
+            n = math.floor(2 * dt / (b + math.sqrt(b * b + 4 * a * dt)) * (1 + 1e-12))
         return int(self.seg_k0[j]) + min(max(n, 0), cap)
 
     def tokens_at(self, t: float) -> IntArray:

@@ -111,8 +111,11 @@ def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConf
     """The `PolicySpec` of a simulated loop policy: the pools' curves (per-pool speculation), the replicas' KV and
     prefill terms, the controller constants, the static (q, m), the prompt order."""
     tail_curve, bulk_curve = config.spec.curves(curve)
-    cost = FleetCost(bulk_curve, tail_curve, config.believed.kv_ms_per_1k_tokens / 1e6,
-                     prompt_prefill_s(workload, config.believed))
+    belief = config.believed
+    kv_tokens = belief.kv_tokens or 0  # the KV capacity the controller's model file holds (0: not priced)
+    prompts = float(np.mean([workload.prompt_tokens(p) or 0 for p in workload.prompts])) if kv_tokens else 0.0
+    cost = FleetCost(bulk_curve, tail_curve, belief.kv_ms_per_1k_tokens / 1e6, prompt_prefill_s(workload, belief),
+                     kv_tokens=kv_tokens, prompt_tokens=prompts)
     return PolicySpec(name, config.router, cost, config.controller, q=config.q, m=config.m, shuffle=config.shuffle,
                       seed=config.seed)
 
@@ -258,14 +261,16 @@ def _run_oracle(
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
         a = assign_checked(policy, GroupBatch(lens), r, curve)
         spans = np.asarray(a.replica_makespans_s, dtype=np.float64)
-        if not config.replica.all_admit:  # the same replica model as the simulator (request order: batch order)
+        if not config.replica.all_admit or not config.speed.uniform:  # the simulator's replicas (batch order)
             ptoks = ex.prompt_tokens(ref.batch_prompts[i]) if ref.batch_prompts else None
             flat_p = None if ptoks is None else np.repeat(ptoks, lens.shape[1])
             flat_l, flat_r = lens.ravel(), a.replica.ravel()
+            keys = np.repeat(np.arange(lens.shape[0]), lens.shape[1])
+            slow = 1.0 / config.speed.speeds(r, config.seed, rec.step)
             spans = np.array([
                 run_replica(flat_l[flat_r == k], curve, config.replica,
-                            None if flat_p is None else flat_p[flat_r == k]).makespan
-                for k in range(r)
+                            None if flat_p is None else flat_p[flat_r == k], prefix_keys=keys[flat_r == k]).makespan
+                * slow[k] for k in range(r)
             ])
         q, m = int(a.info.get("q", 0)), int(a.info.get("m", a.info.get("dedicated", 0)))
         tail_reps, bulk_reps = pool_split(r, m)
