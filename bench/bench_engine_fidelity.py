@@ -71,8 +71,8 @@ def args_of(argv: list[str] | None = None) -> argparse.Namespace:
 def profile(urls: list[str], out: Path) -> dict[str, Any]:
     """`tailsieve profile --endpoint A,B` (batches and contexts the small KV cache holds are kept by profile itself);
     returns the model file it wrote."""
-    argv = ["profile", "--endpoint", ",".join(urls), "--out", str(out), "--contexts", "0,256",
-            "--batches", "1,2,4,8,16,32", "--max-tokens", "64"]
+    argv = ["profile", "--endpoint", ",".join(urls), "--out", str(out), "--contexts", "0,128,320",
+            "--batches", "1,2,4,8,16", "--max-tokens", "64"]
     rc = cli_main(argv)
     if rc != 0:
         raise SystemExit(f"profile failed ({rc})")
