@@ -227,7 +227,9 @@ def test_profile_writes_the_engine_keys_and_skips_what_the_kv_cache_cannot_hold(
         assert readout["replicas"][1] == {"endpoint": slow.url, "kv_tokens": None, "block_size": None,
                                           "max_num_batched_tokens": None, "prefix_caching": None,
                                           "speed_factor": s[1]}  # the plain fake reports nothing
-        assert "engine: kv_tokens 2048, block_size 32, max_num_batched_tokens not reported" in capsys.readouterr().out
+        shown = capsys.readouterr().out
+        assert "engine: kv_tokens 2048, block_size 32, max_num_batched_tokens not reported" in shown
+        assert "curve written to" in shown and "fitted cost model" not in shown  # a plain profile stays one
         assert main(["profile", "--endpoint", f"{fake.url},", "--out", str(tmp_path / "x.json")]) == 1
         assert main(["profile", "--endpoint", f"{fake.url},{fake.url}", "--out", str(tmp_path / "x.json")]) == 1
         assert main(["profile", "--endpoint", fake.url, "--batches", "32,64", "--max-tokens", "64", "--contexts", "0",

@@ -195,9 +195,10 @@ def run(args: argparse.Namespace) -> int:
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
         curve, model, points, prefill = asyncio.run(go())
-        if model is not None or engine["truth"].to_json():  # the engine keys live in the model's cost_model
-            model = replace(model or CostModel(curve), engine=engine["truth"])
-        doc, costs = _document(args, curve, model, points, plain)
+        filed = model  # what the file holds: the engine keys live in cost_model (a plain curve's too, terms 0)
+        if model is not None or engine["truth"].to_json():
+            filed = replace(model or CostModel(curve), engine=engine["truth"])
+        doc, costs = _document(args, curve, filed, points, plain)
         doc["engine_readout"] = engine["json"]
         write_json_atomic(out, doc, "--out")
     if plot is not None:
