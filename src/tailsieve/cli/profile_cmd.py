@@ -18,10 +18,9 @@ from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.progress import heartbeat
 from tailsieve.engines.measure.engine_readout import (
     ENGINE_KEYS,
-    SPEED_PROBE,
-    EngineConfig,
     probe_tpot,
     read_engine_config,
+    readout_json,
     speeds_from_probe,
 )
 from tailsieve.engines.measure.profile import (
@@ -113,16 +112,6 @@ def _endpoints(text: str, kind: str) -> list[Endpoint]:
     if len({e.url for e in fleet}) < len(fleet):
         raise ConfigError(f"--endpoint: a replica is named twice in {text!r}")
     return fleet
-
-
-def readout_json(fleet: list[Endpoint], readouts: list[EngineConfig], speeds: tuple[float, ...] | None,
-                 probe: tuple[float, ...] | None) -> dict[str, Any]:
-    """The model file's `engine_readout` (docs/profile.md): every replica's own reading (null where it does not say),
-    speed factor and speed-probe time, and where each of the profiled replica's keys came from."""
-    none = [None] * len(fleet)
-    return {"sources": dict(readouts[0].sources), "speed_probe": {"batch": SPEED_PROBE[0], "tokens": SPEED_PROBE[1]},
-            "replicas": [{"endpoint": e.url} | r.to_json() | {"speed_factor": s, "probe_tpot_ms": t}
-                         for e, r, s, t in zip(fleet, readouts, speeds or none, probe or none, strict=True)]}
 
 
 def _seconds(flag: str, v: float) -> float:

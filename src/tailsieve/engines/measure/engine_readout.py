@@ -257,6 +257,16 @@ def speeds_from_probe(reference_ms: float, probe_ms: Sequence[float]) -> tuple[f
     return tuple(round(reference_ms / m, 4) if m > 0 else 1.0 for m in probe_ms)
 
 
+def readout_json(fleet: Sequence[Endpoint], readouts: Sequence[EngineConfig], speeds: tuple[float, ...] | None,
+                 probe: tuple[float, ...] | None) -> dict[str, Any]:
+    """The model file's `engine_readout` (docs/profile.md): every replica's own reading (null where it does not say),
+    speed factor and speed-probe time, and where each of the profiled replica's keys came from."""
+    none = [None] * len(fleet)
+    return {"sources": dict(readouts[0].sources), "speed_probe": {"batch": SPEED_PROBE[0], "tokens": SPEED_PROBE[1]},
+            "replicas": [{"endpoint": e.url} | r.to_json() | {"speed_factor": s, "probe_tpot_ms": t}
+                         for e, r, s, t in zip(fleet, readouts, speeds or none, probe or none, strict=True)]}
+
+
 __all__ = [
     "ENGINE_KEYS",
     "SPEED_PROBE",
@@ -270,5 +280,6 @@ __all__ = [
     "probe_tpot",
     "read_engine_config",
     "read_engine_counters",
+    "readout_json",
     "speeds_from_probe",
 ]
