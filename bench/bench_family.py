@@ -336,7 +336,8 @@ def _ablate(name: str) -> None:
         family_ablations.apply(name)
 
 
-def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "") -> list[dict[str, Any]]:
+def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "", rows_path: Path | None = None
+            ) -> list[dict[str, Any]]:
     """Every regime on `workers` processes, the costliest first (so the workers stay busy); a progress line on
     stderr as each finishes; rows in task order. `ablate`: a mechanism patched out in every worker."""
     with ProcessPoolExecutor(workers, initializer=_ablate, initargs=(ablate,)) as ex:
@@ -344,6 +345,9 @@ def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "") -> lis
         done: dict[int, dict[str, Any]] = {}
         for f in as_completed(futures):
             row = done[futures[f]] = f.result()
+            if rows_path is not None:  # each row as it finishes: a run cut short keeps what it measured
+                with rows_path.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
             print(f"[{len(done)}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {row['describe']} "
                   f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
     return [done[i] for i in range(len(tasks))]
@@ -412,7 +416,8 @@ def main() -> None:
     commit = current_commit()
     print(f"commit {commit}", flush=True)
     tasks = [Task(s, steps, policies, args.controller, str(args.cache or ""), args.engine, args.belief) for s in seeds]
-    rows = run_all(tasks, args.workers, t0, args.ablate)
+    rows = run_all(tasks, args.workers, t0, args.ablate,
+                   args.json.with_suffix(".rows.jsonl") if args.json else None)
     print_rows(rows, policies)
     summ = summary(rows, policies)
     kv_rows = [r for r in rows if r.get("kv_bound")]

@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     total = config.steps * len(policies) + 1  # + the capture measurement
     with progress_bar(total, enabled=progress_enabled(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
-        capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
-                                replica=config.replica, shuffle=config.shuffle, seed=config.seed)
+        capture = capture_rates(workload, config.spec.bulk.curve(config.truth_curve or curve), config.router,
+                                steps=CAPTURE_STEPS, replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
     replay = "synthetic" if workload.is_synthetic else args.replay
     plot_title = f"{workload.name} ({replay}), {curve.name}, R={args.replicas}, N={args.groups}"

@@ -48,12 +48,16 @@ def kv_floor(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_tokens: int, 
     at most the requests per replica, where the floor is the all-admit engine's own). The KV-pressure term of a
     split: a tail pool of m replicas holding the longest requests, a bulk pool that may overflow (issue 48)."""
     k, p, g = pools.shape
-    if p * g == 0:
-        return np.zeros(k)
-    total = pools.reshape(k, -1).sum(axis=1)
-    ctx = prompt_tokens + pools.reshape(k, -1).mean(axis=1) / 2.0 + 1.0
-    per_lane = p * g / n_lanes
-    b = np.clip(kv_tokens / ctx, 1.0, max(per_lane, 1.0))
+    return kv_floor_of(pools.reshape(k, -1).sum(axis=1), p * g, n_lanes, curve, kv_tokens, prompt_tokens)
+
+
+def kv_floor_of(total: FloatArray, count: int, n_lanes: int, curve: TpotCurve, kv_tokens: int,
+                prompt_tokens: float) -> FloatArray:
+    """`kv_floor` from each pool's total decode tokens and its request count."""
+    if count == 0:
+        return np.zeros_like(total)
+    ctx = prompt_tokens + total / count / 2.0 + 1.0
+    b = np.clip(kv_tokens / ctx, 1.0, max(count / n_lanes, 1.0))
     tau = curve.table(int(np.ceil(b.max())) + 1)
     lo = np.floor(b).astype(np.int64)
     t_b = tau[lo] + (b - lo) * (tau[np.minimum(lo + 1, tau.size - 1)] - tau[lo])  # τ interpolated at b
@@ -169,6 +173,8 @@ class Predictor:
         self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
         self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
         self.kv_tokens, self.prompt_tokens = kv_tokens, prompt_tokens  # the KV-pressure term (`kv_floor`; 0: off)
+        self._cand_sum: FloatArray | None = None  # (K, E) decode tokens per candidate group (KV term)
+        self._fresh_sum: FloatArray = np.zeros(0)  # (K,) decode tokens of the fresh groups (KV term)
         rng = np.random.default_rng(_SEED)
         auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
         k = resamples if resamples is not None else auto
@@ -239,19 +245,28 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            pools = self._cands(0, q)
-            self._tail[key] = self._kv(self._run_out(pools, m, self.tail_curve, self.by_request), pools, m,
-                                       self.tail_curve)
+            tot, cnt = self._totals(0, q) if self.kv_tokens > 0 else (np.zeros(0), 0)
+            self._tail[key] = self._kv(self._run_out(self._cands(0, q), m, self.tail_curve, self.by_request), tot,
+                                       cnt, m, self.tail_curve)
         return self._tail[key]
 
-    def _kv(self, times: FloatArray, pools: FloatArray, n_lanes: int, curve: TpotCurve, share: float = 1.0
-            ) -> FloatArray:
-        """`times` raised to the pool's KV-bound floor (`kv_floor`) when the KV capacity is known."""
+    def _kv(self, times: FloatArray, total: FloatArray, count: int, n_lanes: int, curve: TpotCurve,
+            share: float = 1.0) -> FloatArray:
+        """`times` raised to the pool's KV-bound floor (`kv_floor_of`: its total tokens, its requests) when the KV
+        capacity is known; `share`: the part of the pool's work done by its cut."""
         if self.kv_tokens <= 0 or n_lanes <= 0:
             return times
-        out: FloatArray = np.maximum(times, share * kv_floor(pools, n_lanes, curve, self.kv_tokens,
-                                                             self.prompt_tokens))
+        floor = kv_floor_of(total, count, n_lanes, curve, self.kv_tokens, self.prompt_tokens)
+        out: FloatArray = np.maximum(times, share * floor)
         return out
+
+    def _totals(self, lo: int, hi: int) -> tuple[FloatArray, int]:
+        """(K,) decode tokens of candidates lo..hi plus, for `hi` < 0, none; and their request count."""
+        if self._cand_sum is None:
+            self._cand_sum = self.cand.sum(axis=2)
+            self._fresh_sum = self.fresh.sum(axis=(1, 2))
+        idx = self._cand_idx(lo, hi)
+        return self._cand_sum[:, idx].sum(axis=1), idx.size * self.cand.shape[2]
 
     def _bulk_raw(self, q: int, m: int) -> FloatArray:
         """(K, P) completion times of the bulk pool's groups in queue order: the E − q non-isolated candidates
@@ -280,8 +295,10 @@ class Predictor:
         out = self._bulk_times(q, m)
         if self.kv_tokens <= 0 or m == 0:
             return out
-        pools = np.concatenate((self._cands(q, max(q, self.e)), self.fresh), axis=1)
-        return self._kv(out, pools, self.r - m, self.curve, min(1.0, max(self.n - q, 0) / max(pools.shape[1], 1)))
+        tot, cnt = self._totals(q, max(q, self.e))
+        groups = cnt // max(self.fresh.shape[2], 1) + self.fresh.shape[1]
+        return self._kv(out, tot + self._fresh_sum, cnt + self.fresh.shape[1] * self.fresh.shape[2], self.r - m,
+                        self.curve, min(1.0, max(self.n - q, 0) / max(groups, 1)))
 
     def _bulk_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
@@ -317,7 +334,9 @@ class Predictor:
         replica included."""
         dealt = self.uniform_by_request if by_request is None else by_request
         if dealt not in self._uniform:
-            self._uniform[dealt] = self._kv(self._uniform_makespan(self.fresh, dealt), self.fresh, self.r, self.curve)
+            k, p, g = self.fresh.shape
+            self._uniform[dealt] = self._kv(self._uniform_makespan(self.fresh, dealt),
+                                            self.fresh.reshape(k, -1).sum(axis=1), p * g, self.r, self.curve)
         return self._uniform[dealt]
 
     def _uniform_makespan(self, pools: FloatArray, by_request: bool) -> FloatArray:
@@ -341,7 +360,9 @@ class Predictor:
         if dealt not in self._return:
             e = min(self.e, self.n)
             pools = np.concatenate((self._cands(0, e), self.fresh[:, : self.n - e]), axis=1)
-            self._return[dealt] = self._kv(self._uniform_makespan(pools, dealt), pools, self.r, self.curve)
+            k, p, g = pools.shape
+            self._return[dealt] = self._kv(self._uniform_makespan(pools, dealt), pools.reshape(k, -1).sum(axis=1),
+                                           p * g, self.r, self.curve)
         return self._return[dealt]
 
     def split_times(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> FloatArray:

@@ -29,6 +29,7 @@ block demand of a run is counted by phase: a decoder needs a new block at iterat
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,17 +69,18 @@ class PagedTrace:
 
 
 class _Cache:
-    """Prefix entries: key → [blocks, references, release order]; unreferenced ones are evictable (LRU)."""
+    """Prefix entries: key → [blocks, references]; the unreferenced ones wait in `lru` (release order), evictable."""
 
     def __init__(self) -> None:
         self.entries: dict[int, list[int]] = {}
+        self.lru: OrderedDict[int, int] = OrderedDict()  # key → blocks, least recently released first
         self.evictable = 0
-        self.clock = 0
 
     def acquire(self, key: int) -> None:
         e = self.entries[key]
         if e[1] == 0:
             self.evictable -= e[0]
+            del self.lru[key]
         e[1] += 1
 
     def release(self, key: int) -> None:
@@ -86,17 +88,15 @@ class _Cache:
         e[1] -= 1
         if e[1] == 0:
             self.evictable += e[0]
-            self.clock += 1
-            e[2] = self.clock
+            self.lru[key] = e[0]
 
     def evict(self, need: int) -> int:
         """Evict unreferenced prefixes (least recently released first) until `need` blocks are freed: blocks freed."""
         freed = 0
-        for key, e in sorted(((k, e) for k, e in self.entries.items() if e[1] == 0), key=lambda x: x[1][2]):
-            if freed >= need:
-                break
-            freed += e[0]
-            self.evictable -= e[0]
+        while freed < need and self.lru:
+            key, blocks = self.lru.popitem(last=False)
+            freed += blocks
+            self.evictable -= blocks
             del self.entries[key]
         return freed
 
@@ -279,7 +279,7 @@ class _Paged:
             if self.S[i] and entry is None:  # the group's first request here caches the prompt's full blocks
                 self.private -= self.S[i]
                 self.resident += self.S[i]
-                self.cache.entries[self.K[i]] = [self.S[i], 1, 0]
+                self.cache.entries[self.K[i]] = [self.S[i], 1]
             self.uses[i] = self.S[i] > 0
             fill = self.P[i] + self.g0[i] - (self.S[i] * self.bs if entry is not None else 0)
             if entry is not None:
