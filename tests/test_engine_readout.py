@@ -245,3 +245,23 @@ def test_profile_writes_the_engine_keys_and_skips_what_the_kv_cache_cannot_hold(
     finally:
         fake.stop()
         slow.stop()
+
+
+def test_profile_measures_batch_major_and_takes_prefill_lengths_in_turn(tmp_path: Path) -> None:
+    """A server whose speed drifts during the profile must not tilt the context or prefill slope: every batch size
+    is measured at each context back to back, and the prefill probes go round the prompt lengths; the file still
+    lists the points context by context."""
+    fake = FakeServer(tpot_s=0.001).start()
+    try:
+        out = tmp_path / "m.json"
+        assert main(["profile", "--endpoint", fake.url, "--batches", "1,4", "--max-tokens", "8", "--contexts", "0,64",
+                     "--out", str(out)]) == 0
+        long = [len(str(b["prompt"]).split()) > 16 for b in fake.bodies]
+        decode = [lg for lg, b in zip(long, fake.bodies, strict=True) if b["max_tokens"] == 8]
+        assert decode == [False] + [False, True] + [False] * 4 + [True] * 4  # the warm-up, then b = 1, then b = 4
+        prefill = [lg for lg, b in zip(long, fake.bodies, strict=True) if b["max_tokens"] == 2]
+        assert prefill == [False, True] * 3
+        doc = json.loads(out.read_text())
+        assert [(p["requested_context"], p["batch"]) for p in doc["points"]] == [(0, 1), (0, 4), (64, 1), (64, 4)]
+    finally:
+        fake.stop()

@@ -185,18 +185,22 @@ async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, 
     return (counts[1] - counts[0]) / (hi - hi // 5)
 
 
-async def measure_prefill(client: EngineClient, endpoint: Endpoint, model: str, words: int, retry: Retry,
-                          repeats: int = 3) -> PrefillPoint:
-    """Median time to first token of `repeats` single requests (one at a time) with a `words`-word prompt."""
+async def measure_prefills(client: EngineClient, endpoint: Endpoint, model: str, words: Sequence[int], retry: Retry,
+                           repeats: int = 3) -> list[PrefillPoint]:
+    """Per prompt length (`words` filler words each), the median time to first token of `repeats` single requests,
+    one at a time; the lengths take turns (round r probes every length once), so that a drift in the server's speed
+    spreads over all of them instead of tilting the prefill slope."""
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    ttfts, toks = [], []
+    ttfts: list[list[float]] = [[] for _ in words]
+    toks: list[list[int]] = [[] for _ in words]
     for r in range(repeats):
-        comp = await retry.run(partial(client.complete, endpoint, model,
-                                       Request(f"prof-prefill-{words}-{r}", context_prompt(f"p{r}.{words}", words)),
-                                       params), f"prefill probe ({words} words)")
-        ttfts.append((comp.ttft_s if comp.ttft_s is not None else comp.latency_s) * 1e3)
-        toks.append(comp.prompt_tokens)
-    return PrefillPoint(int(np.median(toks)), float(np.median(ttfts)))
+        for i, w in enumerate(words):
+            comp = await retry.run(partial(client.complete, endpoint, model,
+                                           Request(f"prof-prefill-{w}-{r}", context_prompt(f"p{r}.{w}", w)),
+                                           params), f"prefill probe ({w} words)")
+            ttfts[i].append((comp.ttft_s if comp.ttft_s is not None else comp.latency_s) * 1e3)
+            toks[i].append(comp.prompt_tokens)
+    return [PrefillPoint(int(np.median(n)), float(np.median(t))) for n, t in zip(toks, ttfts, strict=True)]
 
 
 async def _all_or_none(coros: list[Awaitable[Completion]]) -> list[Completion]:
@@ -279,15 +283,18 @@ async def profile_model(
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
                     "warm-up")
     points: list[ProfilePoint] = []
-    for c in contexts:
-        for b in plan[c]:
+    # batch-major: the contexts of one batch size back to back, so that a server whose speed drifts during the
+    # profile (other jobs on its cores) moves that batch's τ(b), a free term of the fit, not the context slope
+    for b in sorted({b for c in contexts for b in plan[c]}):
+        for c in (c for c in contexts if b in plan[c]):
             pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens,
                                          temperature=temperature, prompt_words=words[c]), f"batch {b} context {c}")
             pt = replace(pt, requested_context=c)  # the server counts ~c tokens, a little off and per batch
             points.append(pt)
             if on_point is not None:
                 on_point(pt)
-    pre = [await measure_prefill(client, endpoint, name, words[c], retry) for c in contexts] if prefill else []
+    points.sort(key=lambda p: (contexts.index(p.requested_context), p.batch))  # reported context by context
+    pre = await measure_prefills(client, endpoint, name, [words[c] for c in contexts], retry) if prefill else []
     decode = [DecodePoint(p.batch, p.context, p.tpot_ms) for p in points]
     fitted = fit_cost_model(decode, pre, name=f"profile {endpoint.url}", source=endpoint.url,
                             description=f"fitted by tailsieve profile: model {model}, {max_tokens} tokens per request, "
@@ -324,7 +331,7 @@ __all__ = [
     "context_prompt",
     "fits_kv",
     "measure_batch",
-    "measure_prefill",
+    "measure_prefills",
     "parse_batches",
     "parse_contexts",
     "profile_endpoint",
