@@ -156,9 +156,12 @@ def make_controller(
     """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
     prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
     build theirs here, so both give it the same cost model."""
-    kv = {"kv_tokens": kv_tokens, "prompt_tokens": prompt_tokens} if kv_tokens else {}  # a plugin need not know it
-    return CONTROLLERS.resolve(name)(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
-                             kv_s_per_token=kv_s_per_token, prefill_s=prefill_s, **kv)
+    cls = CONTROLLERS.resolve(name)
+    if kv_tokens:  # the KV capacity only where the model holds one: a plugin controller need not take it
+        return cls(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve, kv_s_per_token=kv_s_per_token,
+                   prefill_s=prefill_s, kv_tokens=kv_tokens, prompt_tokens=prompt_tokens)
+    return cls(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve, kv_s_per_token=kv_s_per_token,
+               prefill_s=prefill_s)
 
 
 def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
