@@ -1,8 +1,11 @@
 """Decision latency at cluster scale (issue 12, part 4): one router plan (`StepLoop.plan`) plus one controller
-update (`Controller.update`, the predictor included) at N = 4096 groups, G = 16, R = 512 replicas; target ≤ 50 ms.
+update (`Controller.update`, the predictor included) at N = 4096 groups, G = 16, R = 512 replicas; target ≤ 50 ms
+(issue 48, with the KV model on, `--kv-tokens`: ≤ 200 ms there and ≤ 20 ms at N = 64).
 
 Run: `python bench/bench_decision.py [--groups 4096] [--group-size 16] [--replicas 512] [--steps 20]
-[--policy tailsieve] [--workload kodcode-r1] [--curve h100-llama3-8b] [--no-exact]`. Simulates the workload
+[--policy tailsieve] [--workload kodcode-r1] [--curve h100-llama3-8b] [--no-exact] [--kv-tokens N]`. With
+`--kv-tokens N` the controller's model holds a KV capacity of N tokens per replica (its KV-pressure term prices every
+option; the simulated replicas stay all-admit, so only the decision is changed). Simulates the workload
 (bundled KodCode R1 trace, resampled, by default) on the curve and times,
 per step, the plan and the update separately (the simulated execution is not timed). Prints per-step ms and the
 median and max over the steps after the warm-up step, with the load average (other jobs share the cores).
@@ -28,6 +31,7 @@ from tailsieve.loop import StepLoop
 from tailsieve.model.curves import load_curve
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
@@ -68,7 +72,7 @@ def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[
         predictor_mod.MEAN_FIELD_REQUESTS = 1 << 62
     try:
         cfg = SimConfig(router=RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas),
-                        steps=args.steps)
+                        steps=args.steps, belief=ReplicaConfig(kv_tokens=args.kv_tokens) if args.kv_tokens else None)
         t0 = time.perf_counter()
         run = run_policy(args.policy, load_workload(args.workload, mode="resample"), load_curve(args.curve), cfg)
         wall = time.perf_counter() - t0
@@ -86,8 +90,9 @@ def report(label: str, args: argparse.Namespace, plans: list[float], updates: li
            cpus: list[float]) -> float:
     """Print the per-step table; return the max steady decision ms."""
     totals = [(p + u) * 1000 for p, u in zip(plans, updates, strict=False)]
+    kv = f", KV model on ({args.kv_tokens} tokens)" if args.kv_tokens else ""
     print(f"{args.policy} ({label}) on {args.workload}, {args.curve}: N={args.groups} G={args.group_size} "
-          f"R={args.replicas}, {args.steps} steps, run wall {wall:.1f}s, load average {os.getloadavg()[0]:.1f}")
+          f"R={args.replicas}, {args.steps} steps{kv}, run wall {wall:.1f}s, load average {os.getloadavg()[0]:.1f}")
     print(f"{'step':>5}{'plan ms':>10}{'update ms':>11}{'decision ms':>13}{'CPU ms':>9}")
     for k, (p, u, c) in enumerate(zip(plans, updates, cpus, strict=False)):
         print(f"{k:>5}{p * 1000:>10.1f}{u * 1000:>11.1f}{(p + u) * 1000:>13.1f}{c * 1000:>9.1f}")
@@ -110,6 +115,8 @@ def main() -> None:
     ap.add_argument("--workload", default="kodcode-r1", help="bundled workload or trace (resampled)")
     ap.add_argument("--curve", default="h100-llama3-8b")
     ap.add_argument("--no-exact", action="store_true", help="skip the comparison run with the exact forecast")
+    ap.add_argument("--kv-tokens", type=int, default=0, help="the controller's model holds this KV capacity per "
+                    "replica (its KV-pressure term on; default 0: off)")
     args = ap.parse_args()
     if args.replicas < 2:
         ap.error(f"argument --replicas: a tail and a bulk pool need at least 2 replicas, got {args.replicas}")

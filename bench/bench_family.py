@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,7 +39,9 @@ import numpy as np
 import tailsieve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SKIP_STEPS, PolicyRun, SimConfig, policy_names, run_policy, static_grid
+from tailsieve.workloads.engine_family import ENGINE_SEEDS, engine_regime, engine_seeds, engine_workload
 from tailsieve.workloads.family import Split, family_regime, family_workload, split_of, split_seeds
 
 DEFAULT_COUNT = 64  # regimes per split: at 32 the 95% share of issue 40 turns on one regime (bench/README.md)
@@ -53,10 +56,17 @@ class Task:
     policies: tuple[str, ...]
     controller: str  # JSON of ControllerConfig fields
     cache: str = ""  # folder of the controller-independent runs (uniform, verl-lif, static grid) per regime; "": none
+    engine: bool = False  # the engine half (`workloads.engine_family`): truth apart from belief, fine-grid reference
+    belief: str = "curve"  # engine half: the controller's model file holds the curve only, or what `profile` reads
 
 
 def cost(seed: int) -> float:
-    """A rough relative simulation cost: requests per step, ~10x per request for multi-turn regimes."""
+    """A rough relative simulation cost: requests per step, ~10x per request for multi-turn regimes, ~3x paged."""
+    if seed >= ENGINE_SEEDS:
+        e = engine_regime(seed)
+        paged = e.truth.engine.kv_tokens is not None or e.truth.engine.max_num_batched_tokens is not None
+        return e.base.router.groups * e.base.router.group_size * (
+            10.0 if e.base.multi_turn else 3.0 if paged else 1.0) * (1 + e.base.router.replicas / 64)
     r = family_regime(seed)
     return r.router.groups * r.router.group_size * (10.0 if r.multi_turn else 1.0)
 
@@ -83,6 +93,24 @@ def coarse_grid(wl: Any, curve: Any, cfg: SimConfig) -> tuple[dict[tuple[int, in
     return means, best
 
 
+def fine_grid(wl: Any, curve: Any, cfg: SimConfig) -> tuple[dict[tuple[int, int], float], PolicyRun]:
+    """The fine reference (issue 48): the coarse grid, then every m within ±3 of its best at q in {E, E/2, E/4}."""
+    means, best = coarse_grid(wl, curve, cfg)
+    e, r = cfg.router.extra, cfg.router.replicas
+    q0, m0 = min(means, key=lambda k: means[k])
+    ms = [m for m in range(max(1, m0 - 3), min(r - 1, m0 + 3) + 1)]
+    qs = sorted({e, max(1, round(e / 2)), max(1, round(e / 4))})
+    todo = [(q, m) for q in qs for m in ms if (q, m) not in means]
+    for q in qs:
+        mq = [m for m in ms if (q, m) in todo]
+        if mq:
+            g = static_grid(wl, curve, cfg, qs=[q], ms=mq)
+            means.update(g.mean_s)
+            if g.mean_s[(g.q, g.m)] < means[(q0, m0)] and g.mean_s[(g.q, g.m)] <= min(means.values()):
+                best, (q0, m0) = g.best, (g.q, g.m)
+    return means, best
+
+
 def makespans(run: PolicyRun) -> np.ndarray:
     return np.array([s.makespan_s for s in run.steps[SKIP_STEPS:]])
 
@@ -104,7 +132,8 @@ def noise_band(run: np.ndarray, ref: np.ndarray) -> float:
 def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, Any]:
     """The runs that do not depend on the controller: uniform's mean step, verl-lif's, the static grid's means, and
     the steady step times of verl-lif and of the best static split; kept in `t.cache` when given (`--cache`)."""
-    path = Path(t.cache) / f"family{t.seed}_steps{t.steps}.json" if t.cache else None
+    path = Path(t.cache) / f"family{t.seed}_steps{t.steps}{'_engine' if t.engine else ''}.json" if t.cache else None
+    # (the references run on the truth: the same file serves both beliefs)
     out: dict[str, Any] = json.loads(path.read_text()) if path is not None and path.is_file() else {}
     if "uniform_len" in out:
         return out
@@ -113,7 +142,7 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
     else:
         uniform = run_policy("uniform", wl, curve, cfg)
         verl = run_policy("verl-lif", wl, curve, cfg)
-        means, best = coarse_grid(wl, curve, cfg)
+        means, best = (fine_grid if t.engine else coarse_grid)(wl, curve, cfg)
         out = {"uniform": uniform.mean_step_s(), "verl": verl.mean_step_s(),
                "means": {f"{q},{m}": v for (q, m), v in means.items()},
                "verl_steps": makespans(verl).tolist(), "best_steps": makespans(best).tolist(),
@@ -129,13 +158,26 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
 def run_regime(t: Task) -> dict[str, Any]:
     """Uniform, verl-lif, the coarse static grid and the adaptive policies on one regime; one JSON-able row."""
     t0 = time.perf_counter()
-    regime = family_regime(t.seed)
-    wl = family_workload(t.seed, draw_seed=t.seed)
-    curve = regime.curve
+    eng = engine_regime(t.seed) if t.engine else None
+    regime = family_regime(t.seed) if eng is None else eng.base
+    wl = family_workload(t.seed, draw_seed=t.seed) if eng is None else engine_workload(eng, draw_seed=t.seed)
+    curve = regime.curve  # what the controller believes
 
     def cfg(**kw: Any) -> SimConfig:
-        return SimConfig(router=RouterConfig(**regime.router.kwargs()), engine_scale=regime.engine_scale,
+        base = SimConfig(router=RouterConfig(**regime.router.kwargs()), engine_scale=regime.engine_scale,
                          steps=t.steps, seed=t.seed, **kw)
+        if eng is None:
+            return base
+        tm = eng.truth  # the truth: the controller prices with `curve` and no KV or prefill term
+        e = tm.engine
+        replica = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
+                                kv_tokens=e.kv_tokens, block_size=e.block_size,
+                                max_num_batched_tokens=e.max_num_batched_tokens, prefix_caching=e.prefix_caching)
+        belief = ReplicaConfig()  # the family curve only
+        if t.belief == "profile":  # + what `tailsieve profile` reads from the servers: the terms and the KV capacity
+            belief = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
+                                   kv_tokens=e.kv_tokens, block_size=e.block_size)
+        return dataclasses.replace(base, replica=replica, truth_curve=tm.curve, speed=e.speed, belief=belief)
 
     refs = reference_runs(t, wl, curve, cfg())
     base, means = refs["uniform"], {tuple(map(int, k.split(","))): v for k, v in refs["means"].items()}
@@ -149,7 +191,10 @@ def run_regime(t: Task) -> dict[str, Any]:
         "engine_scale": regime.engine_scale, "uniform_s": base, "verl": sp_verl, "best": sp_best,
         "best_qm": list(best_qm), "reference": max(sp_best, sp_verl),
         "reference_policy": "static" if sp_best >= sp_verl else "verl-lif",
-        "static": {f"{q},{m}": base / v for (q, m), v in means.items()}, "policies": {}}
+        "static": {f"{q},{m}": base / v for (q, m), v in means.items()}, "policies": {},
+        "kv_bound": bool(eng is not None and eng.kv_bound), "kv_ratio": 0.0 if eng is None else eng.kv_ratio}
+    if eng is not None:
+        row["describe"] = eng.describe()
     ctl = ControllerConfig(**json.loads(t.controller))
     for p in t.policies:
         run = run_policy(p, wl, curve, cfg(controller=ctl))
@@ -158,7 +203,8 @@ def run_regime(t: Task) -> dict[str, Any]:
         row["policies"][p] = {"speedup": sp, "ratio_ref": sp / row["reference"], "final_qm": [run.final_q, run.final_m],
                               "m0_steps": sum(s.m == 0 for s in steady), "steady_steps": len(steady),
                               "noise": noise_band(makespans(run), ref_steps),
-                              "length_ratio": mean_length(run) / refs["uniform_len"]}
+                              "length_ratio": mean_length(run) / refs["uniform_len"], "ratio_verl": sp / sp_verl,
+                              "preemptions": sum(s.preemptions for s in run.steps)}
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -217,6 +263,10 @@ def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[str, 
         print(f"  {p:16s} / reference: {dist(ref)}   min / uniform {min(uni):.3f}   "
               f"noise {100 * (s['noise_median'] or float('nan')):.2f}%   lengths / uniform: median "
               f"{np.median(lens):.3f} [{lens.min():.3f}, {lens.max():.3f}]")
+        verl = [r["policies"][p].get("ratio_verl") for r in rows]
+        if all(v is not None for v in verl):
+            s["share_ge_verl_minus_1pct"] = float(np.mean([v >= 0.99 for v in verl]))
+            print(f"  {p:16s} / verl-lif: {dist(verl)}   share >= verl-lif - 1%: {s['share_ge_verl_minus_1pct']:.0%}")
         if p != "tailsieve-fixed" and "tailsieve-fixed" in policies:
             fix = [ratio(r, p, "tailsieve-fixed") or 0.0 for r in rows]
             share = float(np.mean([f >= 0.99 for f in fix]))
@@ -232,7 +282,12 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def parse_seeds(text: str, split: Split) -> list[int]:
-    """'COUNT' (the split's first COUNT seeds) or 'A..B' (the split's seeds in A..B)."""
+    """'COUNT' (the split's first COUNT seeds), 'A..B' (the split's seeds in A..B) or 'A,B,…' (those of the split)."""
+    if "," in text:
+        items = text.split(",")
+        if not all(x.isdigit() for x in items):
+            raise argparse.ArgumentTypeError(f"--seeds A,B,... takes integers, got {text!r}")
+        return [int(x) for x in items if split_of(int(x)) is split]
     if ".." in text:
         lo, _, hi = text.partition("..")
         if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
@@ -281,7 +336,8 @@ def _ablate(name: str) -> None:
         family_ablations.apply(name)
 
 
-def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "") -> list[dict[str, Any]]:
+def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "", rows_path: Path | None = None
+            ) -> list[dict[str, Any]]:
     """Every regime on `workers` processes, the costliest first (so the workers stay busy); a progress line on
     stderr as each finishes; rows in task order. `ablate`: a mechanism patched out in every worker."""
     with ProcessPoolExecutor(workers, initializer=_ablate, initargs=(ablate,)) as ex:
@@ -289,9 +345,26 @@ def run_all(tasks: list[Task], workers: int, t0: float, ablate: str = "") -> lis
         done: dict[int, dict[str, Any]] = {}
         for f in as_completed(futures):
             row = done[futures[f]] = f.result()
+            if rows_path is not None:  # each row as it finishes: a run cut short keeps what it measured
+                with rows_path.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
             print(f"[{len(done)}/{len(tasks)} {time.perf_counter() - t0:.0f}s] {row['describe']} "
                   f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
     return [done[i] for i in range(len(tasks))]
+
+
+def current_commit() -> str:
+    """The commit this run measures (`git rev-parse HEAD`, '+dirty' when the tree has changes): a validation result
+    names the code it validated."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def main() -> None:
@@ -304,12 +377,24 @@ def main() -> None:
     ap.add_argument("--policies", default="tailsieve,tailsieve-fixed,tailsieve-paper")
     ap.add_argument("--controller", default="{}", help="JSON object of ControllerConfig fields")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", type=Path, help="also write the rows and the summary here")
+    ap.add_argument("--json", type=Path, help="also write the rows, the summary and the commit here")
     ap.add_argument("--cache", type=Path, help="keep each regime's controller-independent runs (uniform, verl-lif, "
                     "the static grid) in this folder: a rerun after a controller change runs only the policies")
     ap.add_argument("--ablate", default="", help="take one mechanism out of tailsieve in every worker (the ablation "
                     "ledger; names: family_ablations.ABLATIONS)")
+    ap.add_argument("--engine", action="store_true", help="the engine half (issue 48: seeds from "
+                    f"{ENGINE_SEEDS}, truth apart from belief: KV capacity, prefix caching, prefill, uneven replicas, "
+                    "a curve the controller does not know; fine-grid reference)")
+    ap.add_argument("--belief", choices=["curve", "profile"], default="curve", help="--engine: the controller's model "
+                    "file holds the family curve only (default), or also what `tailsieve profile` reads from the "
+                    "servers (KV and prefill terms, KV capacity and block size)")
     args = ap.parse_args()
+    if args.split == Split.VALIDATION.value and (args.ablate or json.loads(args.controller or "{}") != {}):
+        ap.error("the validation split runs the controller as committed: --ablate and --controller tune, so they "
+                 "run on --split tune only")
+    if args.engine and args.seeds.isdigit():
+        first = engine_seeds(args.split, int(args.seeds))
+        args.seeds = f"{first[0]}..{first[-1]}"
     seeds, policies = check_args(ap, args)
     if args.ablate:
         import family_ablations
@@ -320,24 +405,35 @@ def main() -> None:
     if args.steps < SKIP_STEPS + 2 or args.workers < 1:
         ap.error(f"--steps must be >= {SKIP_STEPS + 2} and --workers >= 1")
     if args.quick:
-        pool = split_seeds(Split(args.split), QUICK_POOL)
+        pool = (engine_seeds if args.engine else split_seeds)(Split(args.split), QUICK_POOL)
         seeds, steps = sorted(sorted(pool, key=cost)[:QUICK_COUNT]), min(steps, QUICK_STEPS)
     print(f"family {args.split} split, {len(seeds)} regimes (seeds {','.join(map(str, seeds))}), {steps} steps, "
           f"mean over steps {SKIP_STEPS}+; policies {','.join(policies)}; controller {args.controller}"
           + (" [--quick]" if args.quick else "") + (f" [--ablate {args.ablate}]" if args.ablate else "")
+          + (f" [--engine, belief {args.belief}]" if args.engine else "")
           + f"; tailsieve from {Path(tailsieve.__file__).parent}", flush=True)
     t0 = time.perf_counter()
-    tasks = [Task(s, steps, policies, args.controller, str(args.cache or "")) for s in seeds]
-    rows = run_all(tasks, args.workers, t0, args.ablate)
+    commit = current_commit()
+    print(f"commit {commit}", flush=True)
+    tasks = [Task(s, steps, policies, args.controller, str(args.cache or ""), args.engine, args.belief) for s in seeds]
+    rows = run_all(tasks, args.workers, t0, args.ablate,
+                   args.json.with_suffix(".rows.jsonl") if args.json else None)
     print_rows(rows, policies)
     summ = summary(rows, policies)
+    kv_rows = [r for r in rows if r.get("kv_bound")]
+    kv_summ = None
+    if args.engine and kv_rows:
+        print(f"\nKV-bound subset ({len(kv_rows)} of {len(rows)} regimes: KV capacity below the step's peak demand)")
+        kv_summ = summary(kv_rows, policies)
     wall = time.perf_counter() - t0
     print(f"wall time {wall:.0f} s on {args.workers} workers (cpu {sum(r['seconds'] for r in rows):.0f} s)")
     if args.json:
         args.json.write_text(json.dumps({"split": args.split, "steps": steps, "seeds": seeds, "quick": args.quick,
                                          "policies": list(policies), "controller": json.loads(args.controller),
                                          "skip_steps": SKIP_STEPS, "ablate": args.ablate, "rows": rows, "summary": summ,
-                                         "wall_s": wall}, indent=1))
+                                         "wall_s": wall, "commit": commit, "engine": args.engine,
+                                         "belief": args.belief,
+                                         "kv_bound_summary": kv_summ}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Simulator benchmark (issue 4 item 8): one policy, 30 steps × 64 groups × 8 on 8 replicas in ≤ 0.5 s, and a
 scaling table up to N = 1024 groups and R = 64 replicas.
 
-Run: `.venv/bin/python bench/bench_sim.py` (add `--quick` to skip the largest cells). Every run simulates the
+Run: `.venv/bin/python bench/bench_sim.py` (add `--quick` to skip the largest cells; `--engine` instead times the
+paged engine of docs/simulator.md against the all-admit one at N = 4096, R = 256, 30 steps: bench R of issue 48,
+target ≤ 2×; `--engine --quick`: N = 1024, R = 64). Every run simulates the
 bundled KodCode R1 trace (resample mode) on h100-llama3-8b. Times are wall-clock medians over `--repeats` runs in
 this process (imports and curve tables warmed first); "controller" is the time spent inside the controller's
 `update` (the predictor included), "sim" the rest: router, executor, replica simulator and workload draws.
@@ -14,11 +16,14 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from tailsieve.model.curves import load_curve
+from tailsieve.model.engine import FleetSpeed
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig
+from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
@@ -69,12 +74,42 @@ def measure(name: str, groups: int, replicas: int, steps: int, repeats: int) -> 
     return statistics.median(walls), statistics.median(ctl)
 
 
+ENGINE_TARGET = 2.0  # paged / all-admit CPU time (issue 48, bench R)
+PAGED = ReplicaConfig(kv_tokens=150_000, prefix_caching=True, max_num_batched_tokens=8192, prefill_ms_per_token=0.02)
+
+
+def engine(quick: bool) -> None:
+    """Bench R: CPU seconds of uniform and tailsieve on the all-admit engine and on a KV-bound paged engine (150 K
+    tokens of KV per replica, prefix caching, chunked prefill, 10% uneven replicas drifting 5% a step), one run."""
+    groups, replicas = (1024, 64) if quick else (4096, 256)
+    workload = load_workload("kodcode-r1", mode="resample")
+    curve = load_curve("h100-llama3-8b")
+    base = SimConfig(router=RouterConfig(groups=groups, group_size=8, replicas=replicas), steps=30)
+    paged = replace(base, replica=PAGED, speed=FleetSpeed(spread=0.1, drift=0.05))
+    print(f"Bench R: N={groups}, R={replicas}, G=8, 30 steps, kodcode-r1 on h100-llama3-8b (CPU s; target paged <= "
+          f"{ENGINE_TARGET:g}x all-admit)")
+    print(f"{'policy':<12}{'all-admit s':>12}{'paged s':>10}{'ratio':>8}{'preemptions':>13}")
+    for name in POLICIES:
+        t = time.process_time()
+        run_policy(name, workload, curve, base)
+        plain = time.process_time() - t
+        t = time.process_time()
+        run = run_policy(name, workload, curve, paged)
+        kv = time.process_time() - t
+        print(f"{name:<12}{plain:>12.2f}{kv:>10.2f}{kv / plain:>8.2f}{sum(s.preemptions for s in run.steps):>13}",
+              flush=True)
+
+
 def main() -> None:
     """Print the headline figures and the scaling table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="skip N = 1024")
+    ap.add_argument("--engine", action="store_true", help="bench R: the paged engine against the all-admit one")
     args = ap.parse_args()
+    if args.engine:
+        engine(args.quick)
+        return
     measure("tailsieve", 64, 8, 3, 1)  # warm imports and curve tables
     print(f"Headline: 30 steps × 64 groups × 8 on 8 replicas (target ≤ {TARGET_S} s per policy)")
     print(f"{'policy':<12}{'total s':>9}{'x target':>10}{'sim s':>8}{'controller s':>14}")

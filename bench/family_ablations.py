@@ -89,6 +89,8 @@ ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
                          lambda: _apply([(predictor, "_draw_rows", _with_replacement)])),
     "q-search": ("q searched over 1..E at every split instead of q = E at the pinned redraw limit",
                  lambda: _apply([(Controller, "best_q", _q_search)])),
+    "no-kv-term": ("the KV-pressure floor off although the model file holds the KV capacity (issue 48)",
+                   lambda: _apply([(predictor.Predictor, "_kv", lambda self, times, *a, **k: times)])),
     "no-feasibility": ("C.2's feasibility not asked for moves between splits",
                        lambda: _apply([(Controller, "feasible", lambda self, *a: True)])),
 }

@@ -152,7 +152,7 @@ def test_per_pool_speculation_flags_and_config_file(capsys: pytest.CaptureFixtur
     assert flags["spec"]["tail"] | {"expected_tokens": 0} == {
         "method": "mtp", "tokens": 4, "acceptance": 0.8, "decay": 0.95, "draft_cost": 0.1, "verify_cost": 0.5,
         "draft_share": 1.0, "token_cost": 0.0, "token_cost_slope": 0.0, "acceptance_slope": 0.0,
-        "drafter": "autoregressive", "expected_tokens": 0}
+        "drafter": "autoregressive", "draft_cpu_s": 0.0, "expected_tokens": 0}
     # uniform runs every replica as bulk: unchanged; the static policy's tail pool speculates
     assert flags["policies"]["uniform"]["steps"] == plain["policies"]["uniform"]["steps"]
     tail = [s["tail_s"] for s in flags["policies"]["static"]["steps"][1:2]]

@@ -27,7 +27,7 @@ def server() -> Iterator[FakeServer]:
 def test_the_estimate_prices_the_work_left_at_the_rate_so_far() -> None:
     e = Estimate((1, 16), (0, 800), 100)
     e.start = 0.0
-    work = [8 * 100, 16 * 100, 8 * 200, 16 * 200]  # max(b, 8) · (max_tokens + c / 8)
+    work = [8 * 100, 8 * 200, 16 * 100, 16 * 200]  # max(b, 8) · (max_tokens + c / 8), batch-major
     assert e.work == work
     assert math.isnan(e.seconds_left(0, now=5.0))
     assert e.seconds_left(1, now=4.0) == pytest.approx(4.0 * sum(work[1:]) / work[0])
@@ -61,11 +61,11 @@ def test_an_interrupt_keeps_the_points_measured(server: FakeServer, tmp_path: Pa
                  "0,64", "--out", str(out)]) == rc
     how = "" if signum is None else " by SIGTERM"
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"tailsieve profile: interrupted{how}; the 3 of 6 points measured are in {out} (a τ(b) curve of 3 batch "
+        f"tailsieve profile: interrupted{how}; the 3 of 6 points measured are in {out} (a τ(b) curve of 2 batch "
         "sizes; rerun for the context and prefill terms)")
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["planned_points"] == 6 and len(doc["points"]) == 3
-    assert load_curve(str(out)).batch == (1, 2, 4)  # the other commands read it as a curve
+    assert load_curve(str(out)).batch == (1, 2)  # batch-major: (1, 0), (1, 64), (2, 0); read as a curve
 
 
 def test_an_interrupt_before_any_point_writes_nothing(server: FakeServer, tmp_path: Path,

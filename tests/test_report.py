@@ -67,7 +67,7 @@ def test_tiny_run_by_hand() -> None:
     assert doc["steps"][3] == record_json(POLICY.steps[3]) == {
         "step": 3, "makespan_s": 5.0, "tail_s": 0.0, "bulk_s": 5.0, "q": 3, "m": 3, "candidates": 0,
         "wasted_tokens": 0, "batch_mean_length": 11.0, "warmup": False, "note": "n3", "redraws_max": 0,
-        "decision": None}
+        "preemptions": 0, "recomputed_tokens": 0, "prefix_hit_tokens": 0, "decision": None}
 
 
 def test_without_uniform_speedup_and_bias_are_none() -> None:

@@ -74,6 +74,9 @@ class StepRecord:
     redraws_max: int = 0  # most times a consumed group of this step had been cut before (GroupRef.cuts)
     dealt: bool = False  # a uniform step whose groups were dealt over several replicas (not uniform's group routing)
     decision: Decision | None = None  # the controller's decision after this step (None: a peer, a baseline)
+    preemptions: int = 0  # the engines' preemptions in this step (`StepResult`; simulated paged replicas)
+    recomputed_tokens: int = 0  # tokens prefilled again after a preemption
+    prefix_hit_tokens: int = 0  # prompt tokens a prefix-cache hit did not prefill
 
     def to_json(self) -> dict[str, Any]:
         """Every field as plain JSON (the decision by `Decision.to_json`, null when none): a rollout's step line."""
@@ -148,13 +151,17 @@ class StepOutput:
 def make_controller(
     name: str, router: RouterConfig, *, bulk_curve: TpotCurve, tail_curve: TpotCurve | None = None,
     config: ControllerConfig | None = None, q: int | None = None, m: int | None = None, kv_s_per_token: float = 0.0,
-    prefill_s: float = 0.0,
+    prefill_s: float = 0.0, kv_tokens: int = 0, prompt_tokens: float = 0.0,
 ) -> Controller:
     """The controller `name` (registry `CONTROLLERS`) for a fleet whose pools run these curves, KV term and prompt
     prefill (`prefill_s`: seconds to prefill one prompt on one replica) (§3.2); the simulator and real rollouts
     build theirs here, so both give it the same cost model."""
-    return CONTROLLERS.resolve(name)(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve,
-                             kv_s_per_token=kv_s_per_token, prefill_s=prefill_s)
+    cls = CONTROLLERS.resolve(name)
+    if kv_tokens:  # the KV capacity only where the model holds one: a plugin controller need not take it
+        return cls(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve, kv_s_per_token=kv_s_per_token,
+                   prefill_s=prefill_s, kv_tokens=kv_tokens, prompt_tokens=prompt_tokens)
+    return cls(router, bulk_curve, config, q=q, m=m, tail_curve=tail_curve, kv_s_per_token=kv_s_per_token,
+               prefill_s=prefill_s)
 
 
 def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
@@ -164,7 +171,7 @@ def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
     c = spec.cost
     controller = make_controller(spec.policy, spec.router, bulk_curve=c.bulk_curve, tail_curve=c.tail_curve,
                                  config=spec.controller, q=spec.q, m=spec.m, kv_s_per_token=c.kv_s_per_token,
-                                 prefill_s=c.prefill_s)
+                                 prefill_s=c.prefill_s, kv_tokens=c.kv_tokens, prompt_tokens=c.prompt_tokens)
     return StepLoop(Router(spec.router, prompts, shuffle=spec.shuffle, seed=spec.seed), controller)
 
 
@@ -235,7 +242,8 @@ class StepLoop:
             batch_mean_length=float(batch.mean()) if batch.size else 0.0, warmup=plan.warmup, note=cstate.note,
             redraws_max=max((o.ref.cuts for o in done), default=0),
             dealt=plan.m == 0 and not plan.warmup and any(len(set(plan.placement[r.uid])) > 1 for r in plan.bulk),
-            decision=cstate.decision,
+            decision=cstate.decision, preemptions=result.preemptions, recomputed_tokens=result.recomputed_tokens,
+            prefix_hit_tokens=result.prefix_hit_tokens,
         )
         return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
 
@@ -284,7 +292,9 @@ class PeerLoop:
         record = StepRecord(step=plan.step, makespan_s=restart_s + result.makespan_s, tail_s=0.0, bulk_s=result.bulk_s,
                             q=0, m=0, candidates=len(new.waiting), wasted_tokens=got.wasted_tokens,
                             batch_mean_length=float(batch.mean()) if batch.size else 0.0, note=note,
-                            redraws_max=max((o.ref.cuts for o in got.consumed), default=0))
+                            redraws_max=max((o.ref.cuts for o in got.consumed), default=0),
+                            preemptions=result.preemptions, recomputed_tokens=result.recomputed_tokens,
+                            prefix_hit_tokens=result.prefix_hit_tokens)
         return PeerOutput(plan, result, new, got, record, restart_s)
 
     def step(self, state: PeerState, executor: Executor, pools: PoolHook | None = None) -> PeerOutput:

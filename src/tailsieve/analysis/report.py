@@ -43,6 +43,8 @@ def record_json(r: StepRecord) -> dict[str, Any]:
     return {"step": r.step, "makespan_s": r.makespan_s, "tail_s": r.tail_s, "bulk_s": r.bulk_s, "q": r.q, "m": r.m,
             "candidates": r.candidates, "wasted_tokens": r.wasted_tokens, "batch_mean_length": r.batch_mean_length,
             "warmup": r.warmup, "note": r.note, "redraws_max": r.redraws_max,
+            "preemptions": r.preemptions, "recomputed_tokens": r.recomputed_tokens,
+            "prefix_hit_tokens": r.prefix_hit_tokens,
             "decision": None if r.decision is None else r.decision.to_json()}
 
 

@@ -64,6 +64,29 @@ FLAGS: dict[str, dict[str, Any]] = {
                                "help": "prefill stall per prompt token, ms (default: the --curve model file's, else "
                                        "0; the flag overrides the file)"},
     "--max-num-seqs": {"type": int, "help": "replica admission cap (FCFS queue); default: all admitted"},
+    # the engine the simulation runs (truth), apart from what the controller believes (--curve; docs/simulator.md)
+    "--truth": {"metavar": "FILE",
+                "help": "the engine the simulation runs: a model file (the --curve format plus kv_tokens, "
+                        "block_size, max_num_batched_tokens, prefix_caching, speed_factors or speed_spread, "
+                        "speed_drift); every policy, the static grid and verl-lif run on it while the controller "
+                        "keeps --curve (default: the truth is --curve)"},
+    "--kv-tokens": {"type": int, "metavar": "N",
+                    "help": "truth: KV capacity per replica in tokens (paged, preemption by recompute; default: the "
+                            "--truth file's, else unbounded)"},
+    "--block-size": {"type": int, "metavar": "N", "help": "truth: KV block size in tokens (default: the file's, "
+                                                           "else 16)"},
+    "--max-num-batched-tokens": {"type": int, "metavar": "N",
+                                 "help": "truth: token budget per iteration, chunked prefill mixed into decode "
+                                         "(default: the file's, else prefill stalls the replica)"},
+    "--prefix-caching": {"action": "store_true",
+                         "help": "truth: a group's prompt is prefilled once per replica while its blocks stay "
+                                 "cached (LRU eviction under KV pressure)"},
+    "--speed-spread": {"type": float, "metavar": "F",
+                       "help": "truth: replicas' speeds spread evenly over [1-F, 1] in a seeded order (default: "
+                               "the file's, else 0)"},
+    "--speed-drift": {"type": float, "metavar": "S",
+                      "help": "truth: each replica's speed × exp(S·z) every step, z seeded normal (default: the "
+                              "file's, else 0)"},
     "--tail-spec": {"metavar": "SPEC",
                     "help": "tail pool speculation NAME[:BRACKET][:TOKENS][,key=value…]: mtp and dflash are the "
                             "published range's central profile, mtp:low / mtp:high its brackets (docs/speculative.md)"},

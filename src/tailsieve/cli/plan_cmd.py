@@ -27,6 +27,7 @@ from tailsieve.cli._common import add_trace_columns, console, print_json, progre
 from tailsieve.cli.flags import add, add_controller_flags
 from tailsieve.cli.sim_args import (
     add_replications,
+    add_truth_flags,
     build_config,
     load_inputs,
     progress_bar,
@@ -34,6 +35,7 @@ from tailsieve.cli.sim_args import (
     replications,
     runs_on,
     step_shape,
+    truth_json,
     verdict_line,
 )
 from tailsieve.errors import ConfigError
@@ -68,6 +70,7 @@ def register(sub: Any) -> None:
     add(p, "--max-num-seqs")
     add(p, "--kv-ms-per-1k")
     add(p, "--prefill-ms-per-token")
+    add_truth_flags(p)
     add(p, "--seed")
     add_replications(p)
     add(p, "--json")
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "prefill_ms_per_token": config.replica.prefill_ms_per_token, "workload": workload.name,
         "replicas": args.replicas, "groups": args.groups, "group_size": args.group_size, "steps": config.steps,
         "rho": args.rho, "extra": config.router.extra, "max_redraws": config.router.max_redraws, "seed": args.seed,
-        "window_skip": SKIP_STEPS,
+        "window_skip": SKIP_STEPS, "truth": truth_json(config),
         "uniform_mean_step_s": summaries["uniform"].mean_step_s,
         "best_static": {"q": grid.q, "m": grid.m} | policy_json(grid.best, best),
         "static_grid": [{"q": q, "m": m, "mean_step_s": v, "speedup": summaries["uniform"].mean_step_s / v}

@@ -10,6 +10,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +20,13 @@ from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.cli.progress import heartbeat
+from tailsieve.engines.measure.engine_readout import (
+    ENGINE_KEYS,
+    probe_tpot,
+    read_engine_config,
+    readout_json,
+    speeds_from_probe,
+)
 from tailsieve.engines.measure.profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -29,6 +37,7 @@ from tailsieve.engines.measure.profile import (
     parse_contexts,
     profile_endpoint,
     profile_model,
+    served_model,
     total_spec,
 )
 from tailsieve.engines.measure.spec_measure import CostFit, SpecMeasure, concurrency_points, fit_costs
@@ -50,7 +59,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure a live server's TPOT curve (feeds simulate, rollout, the controller)",
                        description="Send b concurrent fixed-length requests (ignore_eos) for each batch size b and "
                                    "record the median decode time per token; writes curve JSON.")
-    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--endpoint", required=True,
+                   help="server base URL, e.g. http://127.0.0.1:8000; several comma-separated: the first is profiled "
+                        "and every one's decode speed relative to it is measured (speed_factors in the model file)")
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
                    help="batch sizes, comma-separated and/or ranges A..B (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request (default: %(default)s)")
@@ -98,6 +109,17 @@ def _out_path(text: str) -> Path:
     return path
 
 
+def _endpoints(text: str, kind: str) -> list[Endpoint]:
+    """`--endpoint URL[,URL...]`: the replicas, the profiled one first (an empty item or a repeat is an error)."""
+    urls = [u.strip() for u in text.split(",")]
+    if any(not u for u in urls):
+        raise ConfigError(f"--endpoint: an empty URL in {text!r}")
+    fleet = [Endpoint.parse(u, kind) for u in urls]
+    if len({e.url for e in fleet}) < len(fleet):
+        raise ConfigError(f"--endpoint: a replica is named twice in {text!r}")
+    return fleet
+
+
 def _seconds(flag: str, v: float) -> float:
     if not (math.isfinite(v) and v > 0):
         raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {v}")
@@ -121,9 +143,11 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_batches(args.batches)
     contexts = parse_contexts(args.contexts)
     plain = _plain(args, batches)
-    endpoint = Endpoint.parse(args.endpoint, args.kind)
+    fleet = _endpoints(args.endpoint, args.kind)
+    endpoint = fleet[0]
     opts = _options(args)
-    EngineClient(opts).check_endpoint(endpoint)  # credentials in the URL and an API key: refused before any request
+    for e in fleet:
+        EngineClient(opts).check_endpoint(e)  # credentials in the URL and an API key: refused before any request
     enabled = progress_enabled()
     con = progress_console(enabled)
     bar = Progress(TextColumn("profiling {task.description:<16}"), BarColumn(), MofNCompleteColumn(),
@@ -138,23 +162,38 @@ def run(args: argparse.Namespace) -> int:
         bar.update(task, advance=1, description=where)
         beat.update(advance=1, note=where)
 
+    engine: dict[str, Any] = {}  # the readout: the model's engine keys ("truth") and their provenance ("json")
+
     async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
         async with EngineClient(opts) as client:
+            readouts = [await read_engine_config(client, e) for e in fleet]
+            kv = {"kv_tokens": readouts[0].kv_tokens, "block_size": readouts[0].block_size}
             if len(contexts) > 1:
                 model, pts, pre = await profile_model(
                     client, endpoint, contexts=contexts, batches=batches, max_tokens=args.max_tokens,
                     model=args.model, on_point=tick, temperature=args.temperature, retry=Retry(retries=args.retries),
-                    prefill=not args.no_stream)
-                return model.curve, model, pts, pre
-            curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                                model=args.model, on_point=tick, temperature=args.temperature,
-                                                retry=Retry(retries=args.retries))
-            return curve, None, pts, []
+                    prefill=not args.no_stream, **kv)
+                out: tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]] = (
+                    model.curve, model, pts, pre)
+            else:
+                curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
+                                                    model=args.model, on_point=tick, temperature=args.temperature,
+                                                    retry=Retry(retries=args.retries), **kv)
+                out = (curve, None, pts, [])
+            name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
+            probe = await probe_tpot(client, fleet, name) if len(fleet) > 1 else None
+            speeds = None if probe is None else speeds_from_probe(probe[0], probe)
+            engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds, probe))
+            return out
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
         curve, model, points, prefill = keeping(args, out, measured, len(batches) * len(contexts), go)
-        doc, costs = _document(args, curve, model, points, plain)
+        filed = model  # what the file holds: the engine keys live in cost_model (a plain curve's too, terms 0)
+        if model is not None or engine["truth"].to_json():
+            filed = replace(model or CostModel(curve), engine=engine["truth"])
+        doc, costs = _document(args, curve, filed, points, plain)
+        doc["engine_readout"] = engine["json"]
         write_json_atomic(out, doc, "--out")
     if plot is not None:
         if model is not None:
@@ -165,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     _print(args, endpoint.url, points, costs, model, plain)
+    print_engine(doc)
     conc = (doc.get("speculative") or {}).get("concurrency_fit")
     if conc is not None:
         print_concurrency_fit(conc, args.plain_curve, out)
@@ -177,10 +217,11 @@ class Estimate:
     """Time left, from the points measured so far: a point's work is taken as b_eff · (max_tokens + c / 8) for batch
     b at context c (b_eff = max(b, 8): below 8 concurrent requests the per-iteration cost dominates; a prompt token
     is prefilled about 8× faster than a token is decoded), and the elapsed time per unit of work done so far prices
-    the work left. Schedule order: every batch size at the first context, then the next context."""
+    the work left. Schedule order: batch-major, as `profile_model` measures (every context of a batch size, then the
+    next batch size)."""
 
     def __init__(self, batches: tuple[int, ...], contexts: tuple[int, ...], max_tokens: int) -> None:
-        self.work = [max(b, 8) * (max_tokens + c / 8) for c in contexts for b in batches]
+        self.work = [max(b, 8) * (max_tokens + c / 8) for b in batches for c in contexts]
         self.start = time.monotonic()
 
     def seconds_left(self, done: int, now: float | None = None) -> float:
@@ -304,6 +345,15 @@ def _print(args: argparse.Namespace, url: str, points: list[ProfilePoint], costs
         print_spec(points, spec, costs)
     elif plain is not None:
         CliConsole(stderr=True).print("note: the server reported no vllm:spec_decode_* counters; nothing to fit")
+
+
+def print_engine(doc: dict[str, Any]) -> None:
+    """What the profiled server reported of its engine, and the measured speed factors."""
+    first = doc["engine_readout"]["replicas"][0]
+    shown = ", ".join(f"{k} {'not reported' if first[k] is None else first[k]}" for k in ENGINE_KEYS)
+    speeds = [r["speed_factor"] for r in doc["engine_readout"]["replicas"]]
+    extra = "" if speeds[0] is None else f"; speed_factors {', '.join(f'{x:.3f}' for x in speeds)}"
+    CliConsole().print(f"engine: {shown}{extra}", highlight=False)
 
 
 def print_concurrency_fit(fit: dict[str, Any], plain: str, out: Path) -> None:

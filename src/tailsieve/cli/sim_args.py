@@ -8,7 +8,7 @@ import argparse
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,13 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, sentence
 from tailsieve.analysis.replications import DEFAULT_RUNS, FLOOR, RESOLVE, replicate
 from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
-from tailsieve.cli.flags import controller_config, policy_names_given
+from tailsieve.cli.flags import add, controller_config, policy_names_given
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
 from tailsieve.loop import PolicyRun
-from tailsieve.model.costmodel import CostModel
+from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve
+from tailsieve.model.engine import MAX_BLOCK, MAX_DRIFT, MAX_KV_TOKENS, MAX_SPREAD, EngineTruth, FleetSpeed
 from tailsieve.model.spec_fit import context_for
 from tailsieve.model.spec_parse import SpecContext, load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
@@ -69,8 +70,9 @@ def runs_on(name: str, replicas: int) -> bool:
 
 
 def replica_config(args: argparse.Namespace, model: CostModel | None = None) -> ReplicaConfig:
-    """The replica model: the cost model file's kv and prefill terms (`--curve model.json`), each replaced by its flag
-    when given (`--kv-ms-per-1k`, `--prefill-ms-per-token`), and the admission cap."""
+    """The replica model the policies believe: the cost model file's kv and prefill terms (`--curve model.json`),
+    each replaced by its flag when given (`--kv-ms-per-1k`, `--prefill-ms-per-token`), the admission cap, and the
+    file's engine keys (KV capacity, chunked prefill, prefix caching)."""
     kv = args.kv_ms_per_1k if args.kv_ms_per_1k is not None else (model.kv_ms_per_1k if model else 0.0)
     pre = (args.prefill_ms_per_token if args.prefill_ms_per_token is not None
            else (model.prefill_ms_per_token if model else 0.0))
@@ -80,7 +82,77 @@ def replica_config(args: argparse.Namespace, model: CostModel | None = None) -> 
         raise ConfigError(f"--max-num-seqs must be a positive integer, got {args.max_num_seqs}")
     if args.max_num_seqs is not None:
         int_in(args.max_num_seqs, "--max-num-seqs", 1, MAX_STEP_REQUESTS)
-    return ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=kv, prefill_ms_per_token=pre)
+    e = model.engine if model is not None else EngineTruth()
+    return ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=kv, prefill_ms_per_token=pre,
+                         kv_tokens=e.kv_tokens, block_size=e.block_size,
+                         max_num_batched_tokens=e.max_num_batched_tokens, prefix_caching=e.prefix_caching)
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """The engine a simulation runs: its curve (None: the belief's), replica model and replicas' speeds."""
+
+    curve: TpotCurve | None
+    replica: ReplicaConfig
+    speed: FleetSpeed
+
+
+def truth_config(args: argparse.Namespace, belief: ReplicaConfig, model: CostModel | None) -> Truth:
+    """The truth: `--truth FILE` (its curve, terms and engine keys) or the belief (`--curve` and the replica flags),
+    then `--kv-tokens`, `--block-size`, `--max-num-batched-tokens`, `--prefix-caching`, `--speed-spread`,
+    `--speed-drift` on top. The controller never reads it."""
+    path = getattr(args, "truth", None)
+    if path and not Path(path).is_file():
+        raise ConfigError(f"--truth {path}: no such file")
+    tm = load_cost_model(Path(path)) if path else model
+    if tm is not None and path:
+        base = ReplicaConfig(max_num_seqs=args.max_num_seqs, kv_ms_per_1k_tokens=tm.kv_ms_per_1k,
+                             prefill_ms_per_token=tm.prefill_ms_per_token, kv_tokens=tm.engine.kv_tokens,
+                             block_size=tm.engine.block_size, max_num_batched_tokens=tm.engine.max_num_batched_tokens,
+                             prefix_caching=tm.engine.prefix_caching)
+    else:
+        base = belief
+    speed = tm.engine.speed if tm is not None else FleetSpeed()
+    kv_tokens, block, mbt = (getattr(args, k, None) for k in ("kv_tokens", "block_size", "max_num_batched_tokens"))
+    if block is not None:
+        int_in(block, "--block-size", 1, MAX_BLOCK)
+    if kv_tokens is not None:
+        int_in(kv_tokens, "--kv-tokens", block or base.block_size, MAX_KV_TOKENS)
+    if mbt is not None:
+        int_in(mbt, "--max-num-batched-tokens", 1, MAX_KV_TOKENS)
+    try:
+        replica = replace(base, kv_tokens=base.kv_tokens if kv_tokens is None else kv_tokens,
+                          block_size=base.block_size if block is None else block,
+                          max_num_batched_tokens=base.max_num_batched_tokens if mbt is None else mbt,
+                          prefix_caching=base.prefix_caching or bool(getattr(args, "prefix_caching", False)))
+    except ConfigError as e:
+        raise ConfigError(f"--truth/--kv-tokens/--block-size: {e}") from None
+    spread, drift = getattr(args, "speed_spread", None), getattr(args, "speed_drift", None)
+    if spread is not None:
+        finite(spread, "--speed-spread", lo=0, hi=MAX_SPREAD)
+    if drift is not None:
+        finite(drift, "--speed-drift", lo=0, hi=MAX_DRIFT)
+    if spread is not None or drift is not None:
+        speed = FleetSpeed(() if spread is not None else speed.factors,
+                           speed.spread if spread is None else spread, speed.drift if drift is None else drift)
+    return Truth(tm.curve if (tm is not None and path) else None, replica, speed)
+
+
+def truth_json(config: SimConfig) -> dict[str, object]:
+    """The truth of a run for `--json` (what the simulated replicas were; the controller never read it)."""
+    r = config.replica
+    return {"curve": None if config.truth_curve is None else config.truth_curve.name, "kv_tokens": r.kv_tokens,
+            "block_size": r.block_size, "max_num_batched_tokens": r.max_num_batched_tokens,
+            "prefix_caching": r.prefix_caching, "kv_ms_per_1k": r.kv_ms_per_1k_tokens,
+            "prefill_ms_per_token": r.prefill_ms_per_token, "speed_factors": list(config.speed.factors),
+            "speed_spread": config.speed.spread, "speed_drift": config.speed.drift}
+
+
+def add_truth_flags(p: argparse.ArgumentParser) -> None:
+    """The truth's flags (`simulate`, `plan`)."""
+    for name in ("--truth", "--kv-tokens", "--block-size", "--max-num-batched-tokens", "--prefix-caching",
+                 "--speed-spread", "--speed-drift"):
+        add(p, name)
 
 
 def build_config(args: argparse.Namespace, policies: list[str], model: CostModel | None = None) -> SimConfig:
@@ -95,7 +167,8 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     check_step_size(args.groups, args.group_size)
     finite(args.restart_s, "--restart-s", lo=0, hi=MAX_SECONDS)
     engine_scale = finite(getattr(args, "engine_scale", 1.0), "--engine-scale", lo=0, lo_open=True, hi=100)
-    replica = replica_config(args, model)
+    belief = replica_config(args, model)
+    truth = truth_config(args, belief, model)
     if (args.q is not None or args.m is not None) and "static" not in policies:
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
     if args.seed < 0:
@@ -103,11 +176,12 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
     dispatch = dispatch_of(args.dispatch)
     router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
                           dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
-    return SimConfig(router=router, replica=replica, controller=controller_config(args), steps=args.steps, q=args.q,
+    return SimConfig(router=router, replica=truth.replica, controller=controller_config(args), steps=args.steps,
+                     q=args.q,
                      m=args.m, shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args, spec_context(args, model)),
                      restart_s=args.restart_s,
                      bias_correction=getattr(args, "bias_correction", False), peers=peer_config(args, policies),
-                     engine_scale=engine_scale)
+                     engine_scale=engine_scale, truth_curve=truth.curve, speed=truth.speed, belief=belief)
 
 
 def peer_config(args: argparse.Namespace, policies: list[str]) -> PeerConfig:

@@ -24,6 +24,7 @@ from tailsieve.cli.flags import add, add_controller_flags
 from tailsieve.cli.sim_args import (
     DEFAULT_REPLAY,
     add_replications,
+    add_truth_flags,
     build_config,
     load_inputs,
     parse_policies,
@@ -31,6 +32,7 @@ from tailsieve.cli.sim_args import (
     replicated_verdict,
     replications,
     step_shape,
+    truth_json,
     verdict_line,
 )
 from tailsieve.cli.simulate_spec import run_spec
@@ -77,6 +79,7 @@ def register(sub: Any) -> None:
     add(p, "--kv-ms-per-1k")
     add(p, "--prefill-ms-per-token")
     add(p, "--bias-correction")
+    add_truth_flags(p)
     p.add_argument("--oversample", type=float, metavar="RATIO",
                    help="peers april-partial, april-drop, rollpacker: extra groups started per step, ⌈RATIO·N⌉ "
                         "(slime's over-sampling, RollPacker's over-provisioning; default: --rho; docs/peers.md)")
@@ -133,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
     total = config.steps * len(policies) + 1 + more  # + the capture measurement
     with progress_bar(total, enabled=progress_enabled(), steps=config.steps) as tick:
         runs = run_policies(policies, workload, curve, config, on_step=tick)
-        capture = capture_rates(workload, config.spec.bulk.curve(curve), config.router, steps=CAPTURE_STEPS,
-                                replica=config.replica, shuffle=config.shuffle, seed=config.seed)
+        capture = capture_rates(workload, config.spec.bulk.curve(config.truth_curve or curve), config.router,
+                                steps=CAPTURE_STEPS, replica=config.replica, shuffle=config.shuffle, seed=config.seed)
         tick("capture", 1)
         verdicts = balancer_verdicts(runs, oracles=ORACLES)
         if judged and JUDGED in verdicts:
@@ -149,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             "extra": config.router.extra, "dispatch": config.router.dispatch.value,
             "ranking": config.router.ranking, "max_redraws": config.router.max_redraws, "seed": args.seed,
             "window_skip": SKIP_STEPS, "spec": config.spec.to_json(), "restart_s": config.restart_s,
-            "engine_scale": config.engine_scale,
+            "engine_scale": config.engine_scale, "truth": truth_json(config),
             "peers": {"oversample": config.peers.oversample, "extra": config.peers.extra(config.router),
                       "long_round_period": config.peers.long_round_period},
         } | ({"bias_correction": True} if config.bias_correction else {}), oracles=ORACLES, verdicts=verdicts)

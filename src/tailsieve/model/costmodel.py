@@ -11,7 +11,9 @@ the controller's predictor (`policy.predictor`, `kv_s_per_token` = kv_ms_per_1k 
 
 The model file is a curve file with more keys (docs/profile.md): `batch` and `tpot_ms` are τ(b) at zero context,
 so every reader of a plain curve (`load_curve`, `tailsieve curves`) still reads it; `cost_model` holds the terms and
-`fit` the measured points with their residuals. A plain curve loads as a model with both terms 0.
+`fit` the measured points with their residuals. A plain curve loads as a model with both terms 0. The engine keys
+(`kv_tokens`, `block_size`, `max_num_batched_tokens`, `prefix_caching`, `speed_factors` or `speed_spread`,
+`speed_drift`; `model.engine.EngineTruth`) sit in `cost_model` beside the terms.
 
 The fit (`fit_cost_model`) is linear least squares over the measured points: one τ(b) per distinct batch size and
 one shared kv term, from per-token times measured at several context lengths; the prefill term (and a fixed
@@ -31,6 +33,7 @@ import numpy as np
 from tailsieve.errors import CurveError
 from tailsieve.inputs import excerpt, loads_json, read_text
 from tailsieve.model.curves import MAX_TPOT_MS, MIN_TPOT_MS, TpotCurve, builtin_curves, curve_from_points, load_curve
+from tailsieve.model.engine import EngineTruth, engine_from_json
 
 MODEL_FORMAT = "tailsieve-cost-model/1"
 MAX_TERM_MS = 1e6  # the same bound as the simulate flags
@@ -62,6 +65,7 @@ class CostModel:
     prefill_ms_per_token: float = 0.0
     request_overhead_ms: float = 0.0  # TTFT intercept: measured and reported, not simulated
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
+    engine: EngineTruth = field(default_factory=EngineTruth)  # KV capacity, chunked prefill, prefix cache, speeds
 
     def __post_init__(self) -> None:
         for name in ("kv_ms_per_1k", "prefill_ms_per_token", "request_overhead_ms"):
@@ -79,7 +83,8 @@ class CostModel:
     def terms_json(self) -> dict[str, Any]:
         """The `cost_model` object of the file."""
         return {"format": MODEL_FORMAT, "kv_ms_per_1k": self.kv_ms_per_1k,
-                "prefill_ms_per_token": self.prefill_ms_per_token, "request_overhead_ms": self.request_overhead_ms}
+                "prefill_ms_per_token": self.prefill_ms_per_token, "request_overhead_ms": self.request_overhead_ms,
+                **self.engine.to_json()}
 
     def to_json(self) -> dict[str, Any]:
         """The model file: the curve's keys, `cost_model` and (when fitted) `fit`."""
@@ -111,7 +116,8 @@ def model_from_json(obj: Any, where: str, name: str | None = None) -> CostModel:
         raise CurveError(f"{where}: cost_model.format {excerpt(fmt)} is not {MODEL_FORMAT!r}")
     fit = obj.get("fit")
     return CostModel(curve, _term(terms, "kv_ms_per_1k", where), _term(terms, "prefill_ms_per_token", where),
-                     _term(terms, "request_overhead_ms", where), fit if isinstance(fit, dict) else {})
+                     _term(terms, "request_overhead_ms", where), fit if isinstance(fit, dict) else {},
+                     engine_from_json(terms, where))
 
 
 def load_cost_model(spec: str | Path | TpotCurve | CostModel) -> CostModel:

@@ -62,8 +62,12 @@ class Controller(ABC):
         tail_curve: TpotCurve | None = None,
         kv_s_per_token: float = 0.0,
         prefill_s: float = 0.0,
+        kv_tokens: int = 0,
+        prompt_tokens: float = 0.0,
     ) -> None:
         self.router = router
+        self.kv_tokens = kv_tokens  # a replica's KV capacity in tokens, when its model file holds it (0: not priced)
+        self.prompt_tokens = prompt_tokens  # the prompts' mean tokens (the KV a request holds before decoding)
         self.kv_s_per_token = kv_s_per_token  # the replicas' KV-traffic term, when known (ReplicaConfig)
         self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (shared by a group's requests there)
         self.curve = curve  # the bulk pool's curve (every replica's in uniform and warm-up steps)
@@ -150,6 +154,8 @@ class Controller(ABC):
             pinned_candidates=self.router.max_redraws <= 1,
             candidate_steps=state.tail_history,
             prefill_s=self.prefill_s,
+            kv_tokens=self.kv_tokens,
+            prompt_tokens=self.prompt_tokens,
             uniform_by_request=state.uniform_dispatch == "request",
             blocks=tuple(h.shape[0] for h in state.history),
         )

@@ -41,6 +41,30 @@ MEAN_FIELD_REQUESTS = 65_536  # per-candidate request finishes (K·(N + E)·G) a
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
+def kv_floor(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_tokens: int, prompt_tokens: float) -> FloatArray:
+    """(K,) seconds a pool of requests (`pools`: (K, P, G) decode lengths) needs on `n_lanes` replicas when each holds
+    `kv_tokens` of KV: at most b = kv_tokens / (prompt + mean length / 2) requests decode at once (a request's mean
+    context over its life), so the pool's Σ L tokens take at least Σ L / n_lanes · τ(b)/b (throughput-bound; b is
+    at most the requests per replica, where the floor is the all-admit engine's own). The KV-pressure term of a
+    split: a tail pool of m replicas holding the longest requests, a bulk pool that may overflow (issue 48)."""
+    k, p, g = pools.shape
+    return kv_floor_of(pools.reshape(k, -1).sum(axis=1), p * g, n_lanes, curve, kv_tokens, prompt_tokens)
+
+
+def kv_floor_of(total: FloatArray, count: int, n_lanes: int, curve: TpotCurve, kv_tokens: int,
+                prompt_tokens: float) -> FloatArray:
+    """`kv_floor` from each pool's total decode tokens and its request count."""
+    if count == 0:
+        return np.zeros_like(total)
+    ctx = prompt_tokens + total / count / 2.0 + 1.0
+    b = np.clip(kv_tokens / ctx, 1.0, max(count / n_lanes, 1.0))
+    tau = curve.table(int(np.ceil(b.max())) + 1)
+    lo = np.floor(b).astype(np.int64)
+    t_b = tau[lo] + (b - lo) * (tau[np.minimum(lo + 1, tau.size - 1)] - tau[lo])  # τ interpolated at b
+    out: FloatArray = total / n_lanes * t_b / b
+    return out
+
+
 def split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
     """Candidates before any tail was observed: select on one half of each group, regenerate with the other.
 
@@ -135,6 +159,8 @@ class Predictor:
         prefill_s: float = 0.0,
         uniform_by_request: bool = False,
         blocks: tuple[int, ...] | None = None,
+        kv_tokens: int = 0,
+        prompt_tokens: float = 0.0,
     ) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
@@ -146,6 +172,9 @@ class Predictor:
         self.pinned = pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
         self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
         self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
+        self.kv_tokens, self.prompt_tokens = kv_tokens, prompt_tokens  # the KV-pressure term (`kv_floor`; 0: off)
+        self._cand_sum: FloatArray | None = None  # (K, E) decode tokens per candidate group (KV term)
+        self._fresh_sum: FloatArray = np.zeros(0)  # (K,) decode tokens of the fresh groups (KV term)
         rng = np.random.default_rng(_SEED)
         auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
         k = resamples if resamples is not None else auto
@@ -216,8 +245,28 @@ class Predictor:
             return np.zeros(self.fresh.shape[0])
         key = (q, m)
         if key not in self._tail:
-            self._tail[key] = self._run_out(self._cands(0, q), m, self.tail_curve, self.by_request)
+            tot, cnt = self._totals(0, q) if self.kv_tokens > 0 else (np.zeros(0), 0)
+            self._tail[key] = self._kv(self._run_out(self._cands(0, q), m, self.tail_curve, self.by_request), tot,
+                                       cnt, m, self.tail_curve)
         return self._tail[key]
+
+    def _kv(self, times: FloatArray, total: FloatArray, count: int, n_lanes: int, curve: TpotCurve,
+            share: float = 1.0) -> FloatArray:
+        """`times` raised to the pool's KV-bound floor (`kv_floor_of`: its total tokens, its requests) when the KV
+        capacity is known; `share`: the part of the pool's work done by its cut."""
+        if self.kv_tokens <= 0 or n_lanes <= 0:
+            return times
+        floor = kv_floor_of(total, count, n_lanes, curve, self.kv_tokens, self.prompt_tokens)
+        out: FloatArray = np.maximum(times, share * floor)
+        return out
+
+    def _totals(self, lo: int, hi: int) -> tuple[FloatArray, int]:
+        """(K,) decode tokens of candidates lo..hi plus, for `hi` < 0, none; and their request count."""
+        if self._cand_sum is None:
+            self._cand_sum = self.cand.sum(axis=2)
+            self._fresh_sum = self.fresh.sum(axis=(1, 2))
+        idx = self._cand_idx(lo, hi)
+        return self._cand_sum[:, idx].sum(axis=1), idx.size * self.cand.shape[2]
 
     def _bulk_raw(self, q: int, m: int) -> FloatArray:
         """(K, P) completion times of the bulk pool's groups in queue order: the E − q non-isolated candidates
@@ -241,6 +290,17 @@ class Predictor:
         return self._bulk[key]
 
     def bulk_times(self, q: int, m: int) -> FloatArray:
+        """(K,) T_bulk (`_bulk_times`), raised to the bulk pool's KV-bound floor for the share of its work done by
+        the cut (the quota over the pool's groups) when the KV capacity is known."""
+        out = self._bulk_times(q, m)
+        if self.kv_tokens <= 0 or m == 0:
+            return out
+        tot, cnt = self._totals(q, max(q, self.e))
+        groups = cnt // max(self.fresh.shape[2], 1) + self.fresh.shape[1]
+        return self._kv(out, tot + self._fresh_sum, cnt + self.fresh.shape[1] * self.fresh.shape[2], self.r - m,
+                        self.curve, min(1.0, max(self.n - q, 0) / max(groups, 1)))
+
+    def _bulk_times(self, q: int, m: int) -> FloatArray:
         """(K,) T_bulk: the (N − q)-th bulk completion (uniform: the last of N). With pinned candidates the
         E − q non-isolated ones must complete: the later of their last completion and the (N − E)-th fresh one
         (pessimistic: a pinned request keeps its all-admit finish, not sped up by the aborts at the cutoff)."""
@@ -274,7 +334,9 @@ class Predictor:
         replica included."""
         dealt = self.uniform_by_request if by_request is None else by_request
         if dealt not in self._uniform:
-            self._uniform[dealt] = self._uniform_makespan(self.fresh, dealt)
+            k, p, g = self.fresh.shape
+            self._uniform[dealt] = self._kv(self._uniform_makespan(self.fresh, dealt),
+                                            self.fresh.reshape(k, -1).sum(axis=1), p * g, self.r, self.curve)
         return self._uniform[dealt]
 
     def _uniform_makespan(self, pools: FloatArray, by_request: bool) -> FloatArray:
@@ -298,7 +360,9 @@ class Predictor:
         if dealt not in self._return:
             e = min(self.e, self.n)
             pools = np.concatenate((self._cands(0, e), self.fresh[:, : self.n - e]), axis=1)
-            self._return[dealt] = self._uniform_makespan(pools, dealt)
+            k, p, g = pools.shape
+            self._return[dealt] = self._kv(self._uniform_makespan(pools, dealt), pools.reshape(k, -1).sum(axis=1),
+                                           p * g, self.r, self.curve)
         return self._return[dealt]
 
     def split_times(self, q: int, m: int, calib_tail: float = 1.0, calib_bulk: float = 1.0) -> FloatArray:

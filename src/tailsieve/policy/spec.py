@@ -49,15 +49,19 @@ def check_loop_policy(name: str) -> None:
 @dataclass(frozen=True, slots=True)
 class FleetCost:
     """What the controller predicts with: the bulk pool's τ(b), the tail pool's (None: the bulk one), the replicas'
-    KV-traffic seconds per context token per iteration and the seconds to prefill one prompt on one replica."""
+    KV-traffic seconds per context token per iteration and the seconds to prefill one prompt on one replica; and,
+    when its model file holds it (`tailsieve profile` reads it from the servers), a replica's KV capacity in tokens
+    with the prompts' mean tokens (the KV-pressure term, `predictor.kv_floor`; 0: not priced)."""
 
     bulk_curve: TpotCurve
     tail_curve: TpotCurve | None = None
     kv_s_per_token: float = 0.0
     prefill_s: float = 0.0
+    kv_tokens: int = 0
+    prompt_tokens: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("kv_s_per_token", "prefill_s"):
+        for name in ("kv_s_per_token", "prefill_s", "kv_tokens", "prompt_tokens"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name} must be finite and >= 0, got {v}")
@@ -74,7 +78,7 @@ class FleetCost:
         if tail_curve is not None:
             tail = load_curve(tail_curve)
         kv = cost.kv_ms_per_1k if kv_ms_per_1k is None else kv_ms_per_1k
-        return cls(bulk, tail, kv / 1e6)
+        return cls(bulk, tail, kv / 1e6, kv_tokens=cost.engine.kv_tokens or 0)
 
 
 @dataclass(frozen=True, slots=True)

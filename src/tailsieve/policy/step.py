@@ -4,7 +4,7 @@ references, the plan of one step, each group's outcome and the step's result. Fr
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 
 from tailsieve.errors import TailSieveError
@@ -128,6 +128,12 @@ class StepResult:
     tail_s: float
     bulk_s: float
     makespan_s: float
+    # what the engines did beyond decoding (the simulator's paged replicas; 0 where not measured); keyword-only,
+    # so that a subclass (`ExecutedStep`) adds its own fields after them
+    _: KW_ONLY
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class InvariantError(TailSieveError, RuntimeError):

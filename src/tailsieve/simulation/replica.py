@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import as_lengths
+from tailsieve.simulation.paged import PagedLimits, PagedTrace, run_paged
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -32,6 +33,11 @@ class ReplicaConfig:
     kv_ms_per_1k_tokens: float = 0.0
     prefill_ms_per_token: float = 0.0
     tool_wait_s: float = 0.0  # between two turns of a multi-turn request (`run_replica(turns=)`); see _tool_loop
+    # the paged engine (`simulation.paged`, docs/simulator.md); any of these on selects it
+    kv_tokens: int | None = None  # KV capacity in tokens (None: unbounded)
+    block_size: int = 16
+    max_num_batched_tokens: int | None = None  # chunked prefill's token budget per iteration (None: prefill stalls)
+    prefix_caching: bool = False  # a group's shared prompt is prefilled once per replica while its blocks stay
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
@@ -42,11 +48,29 @@ class ReplicaConfig:
             raise ConfigError(f"prefill_ms_per_token must be finite and >= 0, got {self.prefill_ms_per_token}")
         if not (math.isfinite(self.tool_wait_s) and self.tool_wait_s >= 0):
             raise ConfigError(f"tool_wait_s must be finite and >= 0, got {self.tool_wait_s}")
+        if not 1 <= self.block_size <= 1024:
+            raise ConfigError(f"block_size must be in [1, 1024], got {self.block_size}")
+        if self.kv_tokens is not None and self.kv_tokens < self.block_size:
+            raise ConfigError(f"kv_tokens must be >= block_size ({self.block_size}) or None, got {self.kv_tokens}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be >= 1 or None, got {self.max_num_batched_tokens}")
+
+    @property
+    def paged(self) -> bool:
+        """True when the paged engine runs (KV capacity, chunked prefill or prefix caching on)."""
+        return self.kv_tokens is not None or self.max_num_batched_tokens is not None or self.prefix_caching
+
+    def limits(self) -> PagedLimits:
+        """The paged engine's limits (blocks of `block_size` tokens; per-token terms in seconds)."""
+        return PagedLimits(None if self.kv_tokens is None else self.kv_tokens // self.block_size, self.block_size,
+                           self.max_num_seqs, self.max_num_batched_tokens, self.prefix_caching,
+                           self.kv_ms_per_1k_tokens / 1e6, self.prefill_ms_per_token / 1e3)
 
     @property
     def all_admit(self) -> bool:
         """True when the replica follows the closed-form all-admit model."""
-        return self.max_num_seqs is None and self.kv_ms_per_1k_tokens == 0 and self.prefill_ms_per_token == 0
+        return (self.max_num_seqs is None and self.kv_ms_per_1k_tokens == 0 and self.prefill_ms_per_token == 0
+                and not self.paged)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -67,6 +91,28 @@ class ReplicaRun:
     seg_inc: FloatArray
     turn_iter: IntArray | None = None  # multi-turn runs: global iteration each turn starts decoding at (-1: never)
     turn_len: IntArray | None = None  # multi-turn runs: tokens of each turn (n × max turns, 0-padded)
+    paged: PagedTrace | None = None  # paged runs: decode spans and engine events (`simulation.paged`)
+    inputs: tuple[IntArray, IntArray | None] | None = None  # paged runs: prompt tokens and prefix keys (to resume)
+
+    def counts(self, until_s: float | None = None) -> tuple[int, int, int]:
+        """(preemptions, recomputed tokens, prefix-hit tokens) of the run, or of the iterations begun before
+        `until_s` (a cut replica); zeros for a non-paged run."""
+        tr = self.paged
+        if tr is None:
+            return 0, 0, 0
+        if until_s is None:
+            return int(tr.preempt_k.size), int(tr.recompute[:, 1].sum()), int(tr.hits[:, 1].sum())
+        k, _ = _cut_boundary(self, until_s)
+        return (int((tr.preempt_k < k).sum()), int(tr.recompute[tr.recompute[:, 0] < k, 1].sum()),
+                int(tr.hits[tr.hits[:, 0] < k, 1].sum()))
+
+    def scaled(self, factor: float) -> ReplicaRun:
+        """The same run on a replica `factor` times slower (every time × factor: τ, KV and prefill terms alike)."""
+        if factor == 1.0:
+            return self
+        return ReplicaRun(self.lengths, self.finish_s * factor, self.start_iter, self.seg_k0, self.seg_t0 * factor,
+                          self.seg_n, self.seg_base * factor, self.seg_inc * factor, self.turn_iter, self.turn_len,
+                          self.paged, self.inputs)
 
     @property
     def makespan(self) -> float:
@@ -83,16 +129,21 @@ class ReplicaRun:
         if inc == 0.0:
             n = math.floor(dt / base * (1 + 1e-12))
         else:  # largest n with n·base + inc·n(n−1)/2 ≤ dt
-            a, b = inc / 2.0, base - inc / 2.0
-            n = math.floor((-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a) * (1 + 1e-12))
+            a, b = inc / 2.0, base - inc / 2.0  # the positive root in the form without cancellation (a ≪ b)
+            n = math.floor(2 * dt / (b + math.sqrt(b * b + 4 * a * dt)) * (1 + 1e-12))
         return int(self.seg_k0[j]) + min(max(n, 0), cap)
 
     def tokens_at(self, t: float) -> IntArray:
         """Tokens each request has generated by time t (its length once finished): what an abort at t reports."""
         k = self.iterations_at(t)
-        if self.turn_iter is not None and self.turn_len is not None:
+        out: IntArray
+        if self.paged is not None:
+            sp = self.paged.spans
+            got = np.clip(k - sp[:, 1], 0, sp[:, 2] - sp[:, 1]).astype(np.float64)
+            out = np.bincount(sp[:, 0], weights=got, minlength=self.lengths.size).astype(np.int64)
+        elif self.turn_iter is not None and self.turn_len is not None:
             began = np.where(self.turn_iter >= 0, k - self.turn_iter, 0)
-            out: IntArray = np.clip(began, 0, self.turn_len).sum(axis=1)
+            out = np.clip(began, 0, self.turn_len).sum(axis=1)
         else:
             out = np.clip(k - self.start_iter, 0, self.lengths)
         out[self.finish_s <= t] = self.lengths[self.finish_s <= t]
@@ -105,9 +156,11 @@ def run_replica(
     config: ReplicaConfig | None = None,
     prompt_tokens: ArrayLike | None = None,
     turns: ArrayLike | None = None,
+    prefix_keys: ArrayLike | None = None,
 ) -> ReplicaRun:
     """Simulate one replica serving `lengths` (submitted in this order at t = 0) until all finish; `turns` (per
-    request, default 1) splits a request into decode turns separated by `config.tool_wait_s` of tool latency."""
+    request, default 1) splits a request into decode turns separated by `config.tool_wait_s` of tool latency;
+    `prefix_keys` (paged engine with prefix caching) name the shared prompt of each request (its group)."""
     cfg = config or ReplicaConfig()
     lens = as_lengths(lengths).astype(np.int64)
     n = lens.size
@@ -117,10 +170,41 @@ def run_replica(
     if turns is not None and cfg.tool_wait_s > 0:
         parts = _turn_split(lens, np.asarray(turns, np.int64))
         if parts.shape[1] > 1:
+            if cfg.paged:
+                raise ConfigError("the paged engine (kv_tokens, max_num_batched_tokens, prefix_caching) does not "
+                                  "simulate multi-turn tool waits; turn those off for an agent workload")
             return _tool_loop(lens, prompts, parts, curve, cfg)
+    if cfg.paged:
+        keys = None if prefix_keys is None else np.asarray(prefix_keys, np.int64)
+        return _paged_run(lens, prompts, keys, curve, cfg, run_paged(lens, prompts, keys, curve.table(max(n, 1)),
+                                                                     cfg.limits()))
     if cfg.all_admit:
         return _all_admit(lens, curve)
     return _event_loop(lens, prompts, curve, cfg)
+
+
+def _paged_run(lens: IntArray, prompts: IntArray, keys: IntArray | None, curve: TpotCurve, cfg: ReplicaConfig,
+               tr: PagedTrace) -> ReplicaRun:
+    """A `ReplicaRun` of the paged engine (start_iter: each request's first decode iteration, 0 if never)."""
+    start = np.zeros(lens.size, np.int64)
+    if tr.spans.size:
+        first = np.full(lens.size, np.iinfo(np.int64).max)
+        np.minimum.at(first, tr.spans[:, 0], tr.spans[:, 1])
+        start = np.where(first == np.iinfo(np.int64).max, 0, first)
+    k0, t0, sn, sb, si = tr.seg
+    return ReplicaRun(lens, tr.finish_s, start, k0, t0, sn, sb, si, paged=tr, inputs=(prompts, keys))
+
+
+def resume_paged(run: ReplicaRun, keep: ArrayLike, cut_s: float, curve: TpotCurve, config: ReplicaConfig
+                 ) -> ReplicaRun:
+    """A paged run rerun with the requests not in `keep` leaving at the first iteration boundary at or after
+    `cut_s` (the same timeline up to there: the engine is deterministic)."""
+    assert run.inputs is not None
+    prompts, keys = run.inputs
+    k, _ = _cut_boundary(run, cut_s)
+    kept = np.asarray(keep, dtype=bool)
+    tr = run_paged(run.lengths, prompts, keys, curve.table(max(run.lengths.size, 1)), config.limits(), (k, kept))
+    return _paged_run(run.lengths, prompts, keys, curve, config, tr)
 
 
 def _empty_segments(lens: IntArray, finish: FloatArray, start: IntArray) -> ReplicaRun:
@@ -211,6 +295,8 @@ def resume_replica(
     and the kept ones continue alone, FCFS admission included. Aborted requests unfinished by then get inf."""
     cfg = config or ReplicaConfig()
     kept = np.asarray(keep, dtype=bool)
+    if run.paged is not None:
+        return resume_paged(run, kept, cut_s, curve, cfg).finish_s
     k, t = _cut_boundary(run, cut_s)
     admitted = run.start_iter < k
     gen = np.where(admitted, np.clip(k - run.start_iter, 0, run.lengths), 0)

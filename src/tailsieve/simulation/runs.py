@@ -20,6 +20,7 @@ from tailsieve.inputs import check_replicas
 from tailsieve.loop import SKIP_STEPS, PeerLoop, PolicyRun, RunLog, StepRecord, build_loop
 from tailsieve.model.baselines import GroupBatch, assign_checked, get_policy
 from tailsieve.model.curves import TpotCurve
+from tailsieve.model.engine import FleetSpeed
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
 from tailsieve.policy.peers import PEERS, PeerConfig, make_peer
@@ -54,6 +55,12 @@ class SimConfig:
     # the simulated replicas decode at τ(b)·engine_scale while every policy's cost model keeps the profiled curve:
     # a fleet slower (> 1) or faster (< 1) than its profile, the model error the controller's calibration learns
     engine_scale: float = 1.0
+    # the engine the simulation runs (truth) where it differs from what the policies believe (`replica` is the
+    # truth's replica model): its own τ(b) (None: the policy's curve × engine_scale), its replicas' speeds, and
+    # the replica terms the controller prices with (None: the truth's; `simulate --truth`, docs/simulator.md)
+    truth_curve: TpotCurve | None = None
+    speed: FleetSpeed = field(default_factory=FleetSpeed)
+    belief: ReplicaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -66,6 +73,17 @@ class SimConfig:
     def fleet_curve(self, curve: TpotCurve) -> TpotCurve:
         """The curve the simulated replicas decode at: the policy's `curve` × `engine_scale`."""
         return curve.scaled(self.engine_scale)
+
+    def engine_curves(self, curve: TpotCurve) -> tuple[TpotCurve, TpotCurve]:
+        """(bulk, tail) curves of the simulated replicas: the truth's curve (else the policy's `curve`) through the
+        per-pool speculation, × `engine_scale`."""
+        tail, bulk = self.spec.curves(curve if self.truth_curve is None else self.truth_curve)
+        return bulk.scaled(self.engine_scale), tail.scaled(self.engine_scale)
+
+    @property
+    def believed(self) -> ReplicaConfig:
+        """The replica model the policies price with (the truth's unless `belief` is set)."""
+        return self.replica if self.belief is None else self.belief
 
 
 OnStep = Callable[[str, int], None]  # (policy, steps done so far) after every simulated step
@@ -93,8 +111,11 @@ def policy_spec(name: str, workload: Workload, curve: TpotCurve, config: SimConf
     """The `PolicySpec` of a simulated loop policy: the pools' curves (per-pool speculation), the replicas' KV and
     prefill terms, the controller constants, the static (q, m), the prompt order."""
     tail_curve, bulk_curve = config.spec.curves(curve)
-    cost = FleetCost(bulk_curve, tail_curve, config.replica.kv_ms_per_1k_tokens / 1e6,
-                     prompt_prefill_s(workload, config.replica))
+    belief = config.believed
+    kv_tokens = belief.kv_tokens or 0  # the KV capacity the controller's model file holds (0: not priced)
+    prompts = float(np.mean([workload.prompt_tokens(p) or 0 for p in workload.prompts])) if kv_tokens else 0.0
+    cost = FleetCost(bulk_curve, tail_curve, belief.kv_ms_per_1k_tokens / 1e6, prompt_prefill_s(workload, belief),
+                     kv_tokens=kv_tokens, prompt_tokens=prompts)
     return PolicySpec(name, config.router, cost, config.controller, q=config.q, m=config.m, shuffle=config.shuffle,
                       seed=config.seed)
 
@@ -167,6 +188,12 @@ def static_grid(workload: Workload, curve: TpotCurve, config: SimConfig, *, qs: 
     return StaticGrid(best[1], best[2], best[3], means)
 
 
+def sim_executor(workload: Workload, bulk: TpotCurve, router: RouterConfig, config: SimConfig,
+                 tail: TpotCurve | None = None) -> SimExecutor:
+    """The executor of a simulated run: the truth's replicas (`config.replica`, `config.speed`, seeded)."""
+    return SimExecutor(workload, bulk, router, config.replica, tail_curve=tail, speed=config.speed, seed=config.seed)
+
+
 def prompt_prefill_s(workload: Workload, replica: ReplicaConfig) -> float:
     """Seconds one replica spends prefilling one prompt of the workload (the mean recorded prompt length; 0 where
     none is recorded or the replicas have no prefill term): the controller's price of dealing a group over
@@ -183,9 +210,8 @@ def _run_controller(
     """The step loop on `SimExecutor`; exactly-once consumption is checked every step and over the run."""
     spec = policy_spec(name, workload, curve, config)
     loop = build_loop(spec, workload.prompts)
-    tail = spec.cost.tail_curve
-    executor = SimExecutor(workload, config.fleet_curve(spec.cost.bulk_curve), spec.router, config.replica,
-                           tail_curve=None if tail is None else config.fleet_curve(tail))
+    bulk, tail = config.engine_curves(curve)
+    executor = sim_executor(workload, bulk, spec.router, config, tail)
     restarts = SimRestarts(config.restart_s)
     log = RunLog(name)
     state = loop.initial()
@@ -209,7 +235,7 @@ def _run_peer(name: str, workload: Workload, curve: TpotCurve, config: SimConfig
     consumption (or counted as dropped) is checked every step by the policy and over the run by `RunLog`."""
     loop = PeerLoop(make_peer(name, config.router, config.peers, workload.prompts, shuffle=config.shuffle,
                               seed=config.seed))
-    executor = SimExecutor(workload, config.fleet_curve(config.spec.bulk.curve(curve)), config.router, config.replica)
+    executor = sim_executor(workload, config.engine_curves(curve)[0], config.router, config)
     log = RunLog(name)
     state = loop.initial()
     for i in range(config.steps):
@@ -229,20 +255,22 @@ def _run_oracle(
     With speculation on, every replica runs the bulk pool's configuration (the per-pool split is TailSieve's)."""
     policy = get_policy(name)
     r = config.router.replicas
-    curve = config.fleet_curve(config.spec.bulk.curve(curve))  # an oracle knows the fleet's real speed
-    ex = SimExecutor(workload, curve, config.router, config.replica)
+    curve = config.engine_curves(curve)[0]  # an oracle knows the fleet's real speed
+    ex = sim_executor(workload, curve, config.router, config)
     records: list[StepRecord] = []
     for i, (rec, lens) in enumerate(zip(ref.steps, ref.batch_lengths, strict=True)):
         a = assign_checked(policy, GroupBatch(lens), r, curve)
         spans = np.asarray(a.replica_makespans_s, dtype=np.float64)
-        if not config.replica.all_admit:  # the same replica model as the simulator (request order: batch order)
+        if not config.replica.all_admit or not config.speed.uniform:  # the simulator's replicas (batch order)
             ptoks = ex.prompt_tokens(ref.batch_prompts[i]) if ref.batch_prompts else None
             flat_p = None if ptoks is None else np.repeat(ptoks, lens.shape[1])
             flat_l, flat_r = lens.ravel(), a.replica.ravel()
+            keys = np.repeat(np.arange(lens.shape[0]), lens.shape[1])
+            slow = 1.0 / config.speed.speeds(r, config.seed, rec.step)
             spans = np.array([
                 run_replica(flat_l[flat_r == k], curve, config.replica,
-                            None if flat_p is None else flat_p[flat_r == k]).makespan
-                for k in range(r)
+                            None if flat_p is None else flat_p[flat_r == k], prefix_keys=keys[flat_r == k]).makespan
+                * slow[k] for k in range(r)
             ])
         q, m = int(a.info.get("q", 0)), int(a.info.get("m", a.info.get("dedicated", 0)))
         tail_reps, bulk_reps = pool_split(r, m)

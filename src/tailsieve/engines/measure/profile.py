@@ -41,6 +41,17 @@ TRANSIENT = frozenset({FaultKind.REFUSED, FaultKind.HTTP_5XX, FaultKind.STALL, F
                        FaultKind.DISCONNECT})  # worth another try; a bad reply or a 4xx is not
 T = TypeVar("T")
 MAX_CONTEXT = 1_000_000  # the longest prompt (tokens) `--contexts` may measure at
+PROMPT_SLACK = 64  # tokens a profile prompt holds beyond its context (nonce, instruction), for the KV check
+
+
+def fits_kv(batch: int, context: int, max_tokens: int, kv_tokens: int | None, block_size: int | None = None) -> bool:
+    """Whether `batch` requests of `context` + `max_tokens` tokens fit the server's KV cache at once (block-rounded
+    per request): a point that does not would measure preemption and recompute, not decode. Unknown capacity: yes."""
+    if kv_tokens is None:
+        return True
+    bs = block_size or 1
+    per = -(-(context + PROMPT_SLACK + max_tokens) // bs) * bs
+    return batch * per <= kv_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +167,14 @@ async def server_max_len(client: EngineClient, endpoint: Endpoint) -> int | None
         return None
 
 
-async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, retry: Retry) -> float:
-    """Prompt tokens per filler word on this server's tokenizer (two probes; the difference cancels the prefix)."""
+async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, retry: Retry,
+                          limit: int | None = None) -> float:
+    """Prompt tokens per filler word on this server's tokenizer (two probes; the difference cancels the prefix). A
+    server whose context `limit` is short gets shorter probes (room for 8 tokens a word)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    hi = 320 if limit is None else max(20, min(320, limit // 8))
     counts = []
-    for words in (64, 320):
+    for words in (hi // 5, hi):
         comp = await retry.run(partial(client.complete, endpoint, model,
                                        Request(f"prof-probe-{words}", context_prompt("probe", words)), params),
                                "prompt probe")
@@ -168,21 +182,25 @@ async def tokens_per_word(client: EngineClient, endpoint: Endpoint, model: str, 
     if counts[1] <= counts[0]:
         raise EngineError(f"{endpoint.url} reports no prompt token counts (usage.prompt_tokens); cannot profile "
                           "context lengths")
-    return (counts[1] - counts[0]) / 256.0
+    return (counts[1] - counts[0]) / (hi - hi // 5)
 
 
-async def measure_prefill(client: EngineClient, endpoint: Endpoint, model: str, words: int, retry: Retry,
-                          repeats: int = 3) -> PrefillPoint:
-    """Median time to first token of `repeats` single requests (one at a time) with a `words`-word prompt."""
+async def measure_prefills(client: EngineClient, endpoint: Endpoint, model: str, words: Sequence[int], retry: Retry,
+                           repeats: int = 3) -> list[PrefillPoint]:
+    """Per prompt length (`words` filler words each), the median time to first token of `repeats` single requests,
+    one at a time; the lengths take turns (round r probes every length once), so that a drift in the server's speed
+    spreads over all of them instead of tilting the prefill slope."""
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    ttfts, toks = [], []
+    ttfts: list[list[float]] = [[] for _ in words]
+    toks: list[list[int]] = [[] for _ in words]
     for r in range(repeats):
-        comp = await retry.run(partial(client.complete, endpoint, model,
-                                       Request(f"prof-prefill-{words}-{r}", context_prompt(f"p{r}.{words}", words)),
-                                       params), f"prefill probe ({words} words)")
-        ttfts.append((comp.ttft_s if comp.ttft_s is not None else comp.latency_s) * 1e3)
-        toks.append(comp.prompt_tokens)
-    return PrefillPoint(int(np.median(toks)), float(np.median(ttfts)))
+        for i, w in enumerate(words):
+            comp = await retry.run(partial(client.complete, endpoint, model,
+                                           Request(f"prof-prefill-{w}-{r}", context_prompt(f"p{r}.{w}", w)),
+                                           params), f"prefill probe ({w} words)")
+            ttfts[i].append((comp.ttft_s if comp.ttft_s is not None else comp.latency_s) * 1e3)
+            toks[i].append(comp.prompt_tokens)
+    return [PrefillPoint(int(np.median(n)), float(np.median(t))) for n, t in zip(toks, ttfts, strict=True)]
 
 
 async def _all_or_none(coros: list[Awaitable[Completion]]) -> list[Completion]:
@@ -209,12 +227,14 @@ async def served_model(client: EngineClient, endpoint: Endpoint, retry: Retry, m
 async def profile_endpoint(
     client: EngineClient, endpoint: Endpoint, *, batches: Sequence[int] = DEFAULT_BATCHES, max_tokens: int = 256,
     model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None, temperature: float = 1.0,
-    retry: Retry | None = None,
+    retry: Retry | None = None, kv_tokens: int | None = None, block_size: int | None = None,
 ) -> tuple[TpotCurve, list[ProfilePoint]]:
     """Warm up, then measure every batch size in increasing order; returns the curve and the raw points. A batch
-    that meets a transient fault (5xx, refused, stall, dropped connection) is measured again (`retry`)."""
+    that meets a transient fault (5xx, refused, stall, dropped connection) is measured again (`retry`). Batches the
+    server's KV cache (`kv_tokens`, read by `engine_readout`) cannot hold at once are skipped (`fits_kv`)."""
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
+    batches = _kv_batches(batches, 0, max_tokens, kv_tokens, block_size)
     retry = retry or Retry()
     model = name = await served_model(client, endpoint, retry, model)
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
@@ -237,11 +257,13 @@ async def profile_endpoint(
 async def profile_model(
     client: EngineClient, endpoint: Endpoint, *, contexts: Sequence[int], batches: Sequence[int] = DEFAULT_BATCHES,
     max_tokens: int = 256, model: str | None = None, on_point: Callable[[ProfilePoint], None] | None = None,
-    temperature: float = 1.0, retry: Retry | None = None, prefill: bool = True,
+    temperature: float = 1.0, retry: Retry | None = None, prefill: bool = True, kv_tokens: int | None = None,
+    block_size: int | None = None,
 ) -> tuple[CostModel, list[ProfilePoint], list[PrefillPoint]]:
     """The whole cost model: every batch size at every context length (prompt tokens, 0 = the short default prompt),
     the prefill probes (one request at a time per context, when `prefill` and streaming), then the least-squares fit
-    (`model.costmodel.fit_cost_model`)."""
+    (`model.costmodel.fit_cost_model`). (batch, context) points the server's KV cache cannot hold at once
+    (`kv_tokens`, `fits_kv`) are skipped, and contexts left with no batch are dropped."""
     retry = retry or Retry()
     if max_tokens < 2:
         raise EngineError(f"--max-tokens must be >= 2 to separate decode from prefill, got {max_tokens}")
@@ -251,25 +273,43 @@ async def profile_model(
         fits = [c for c in contexts if c + max_tokens + 64 <= limit]
         if len(fits) < len(contexts):
             contexts = fits or [0]
-    per_word = await tokens_per_word(client, endpoint, name, retry) if any(c > 0 for c in contexts) else 1.0
+    plan = {c: [b for b in batches if fits_kv(b, c, max_tokens, kv_tokens, block_size)] for c in contexts}
+    contexts = [c for c in contexts if plan[c]]
+    if not contexts:
+        raise EngineError(f"{endpoint.url}: its KV cache of {kv_tokens} tokens holds no batch of {max_tokens}-token "
+                          "requests at any --contexts value; lower --max-tokens or --contexts")
+    per_word = await tokens_per_word(client, endpoint, name, retry, limit) if any(c > 0 for c in contexts) else 1.0
     words = {c: 0 if c <= 0 else max(1, round(c / per_word)) for c in contexts}
     await retry.run(lambda: measure_batch(client, endpoint, name, 1, min(max_tokens, 16), temperature=temperature),
                     "warm-up")
     points: list[ProfilePoint] = []
-    for c in contexts:
-        for b in batches:
+    # batch-major: the contexts of one batch size back to back, so that a server whose speed drifts during the
+    # profile (other jobs on its cores) moves that batch's τ(b), a free term of the fit, not the context slope
+    for b in sorted({b for c in contexts for b in plan[c]}):
+        for c in (c for c in contexts if b in plan[c]):
             pt = await retry.run(partial(measure_batch, client, endpoint, name, b, max_tokens,
                                          temperature=temperature, prompt_words=words[c]), f"batch {b} context {c}")
             pt = replace(pt, requested_context=c)  # the server counts ~c tokens, a little off and per batch
             points.append(pt)
             if on_point is not None:
                 on_point(pt)
-    pre = [await measure_prefill(client, endpoint, name, words[c], retry) for c in contexts] if prefill else []
+    points.sort(key=lambda p: (contexts.index(p.requested_context), p.batch))  # reported context by context
+    pre = await measure_prefills(client, endpoint, name, [words[c] for c in contexts], retry) if prefill else []
     decode = [DecodePoint(p.batch, p.context, p.tpot_ms) for p in points]
     fitted = fit_cost_model(decode, pre, name=f"profile {endpoint.url}", source=endpoint.url,
                             description=f"fitted by tailsieve profile: model {model}, {max_tokens} tokens per request, "
                                         f"prompt contexts {', '.join(map(str, contexts))}")
     return fitted, points, pre
+
+
+def _kv_batches(batches: Sequence[int], context: int, max_tokens: int, kv_tokens: int | None,
+                block_size: int | None) -> tuple[int, ...]:
+    """The batches that fit the KV cache (`fits_kv`); none is a one-line error."""
+    kept = tuple(b for b in batches if fits_kv(b, context, max_tokens, kv_tokens, block_size))
+    if not kept:
+        raise EngineError(f"the server's KV cache of {kv_tokens} tokens holds no batch of {max_tokens}-token "
+                          "requests; lower --max-tokens")
+    return kept
 
 
 def total_spec(points: Sequence[ProfilePoint]) -> SpecMeasure | None:
@@ -289,8 +329,9 @@ __all__ = [
     "SpecCounters",
     "SpecMeasure",
     "context_prompt",
+    "fits_kv",
     "measure_batch",
-    "measure_prefill",
+    "measure_prefills",
     "parse_batches",
     "parse_contexts",
     "profile_endpoint",

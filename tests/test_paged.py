@@ -1,0 +1,305 @@
+"""The paged replica (`simulation.paged`): exact against a token-by-token reference of vLLM v1's scheduling rules
+(docs/simulator.md), with preemption, recompute and prefix-hit counts; the all-admit closed form with it off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import curves
+from tailsieve.errors import ConfigError
+from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.makespan import finish_times
+from tailsieve.simulation.replica import ReplicaConfig, resume_replica, run_replica
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotCurve, cfg: ReplicaConfig,
+              cut: tuple[int, list[bool]] | None = None) -> dict[str, object]:
+    """One scheduling step per iteration, each request's blocks held explicitly (the rules of the module docstring)."""
+    n, bs = len(lens), cfg.block_size
+    nb = None if cfg.kv_tokens is None else cfg.kv_tokens // bs
+    cap = n if cfg.max_num_seqs is None else cfg.max_num_seqs
+    m = cfg.max_num_batched_tokens
+    kv, pre = cfg.kv_ms_per_1k_tokens / 1e6, cfg.prefill_ms_per_token / 1e3
+    share = [((p - 1) // bs if cfg.prefix_caching and key >= 0 and p > 0 else 0)
+             for p, key in zip(prompts, keys, strict=True)]
+    gen = [0] * n
+    held = [0] * n  # blocks held in all (shared prefix included)
+    uses = [False] * n
+    pending = [0] * n
+    phase = ["wait"] * n
+    again = [False] * n
+    finish = [float("inf")] * n
+    entries: dict[int, list[int]] = {}  # key -> [blocks, refs, release tick]
+    tick = [0]
+    waiting: list[int] = []
+    for i in range(n):
+        if lens[i] == 0 and m is not None:
+            finish[i], phase[i] = 0.0, "done"
+        else:
+            waiting.append(i)
+    running: list[int] = []
+    counts = {"preemptions": 0, "recomputed": 0, "hits": 0}
+    history: list[tuple[float, list[int]]] = [(0.0, [0] * n)]
+    t, k = 0.0, 0
+
+    def used() -> int:
+        return sum(held[i] - (share[i] if uses[i] else 0) for i in range(n)) + sum(e[0] for e in entries.values())
+
+    def evictable() -> int:
+        return sum(e[0] for e in entries.values() if e[1] == 0)
+
+    def avail() -> int:
+        return 10**18 if nb is None else nb - used() + evictable()
+
+    def alloc(blocks: int) -> None:
+        if nb is None:
+            return
+        while nb - used() < blocks:
+            key = min((kk for kk, e in entries.items() if e[1] == 0), key=lambda kk: entries[kk][2])
+            del entries[key]
+
+    def release(i: int) -> None:
+        if uses[i]:
+            e = entries[keys[i]]
+            e[1] -= 1
+            if e[1] == 0:
+                tick[0] += 1
+                e[2] = tick[0]
+            uses[i] = False
+        held[i] = 0
+
+    while True:
+        if cut is not None and k == cut[0]:
+            for i in list(running):
+                if not cut[1][i]:
+                    release(i)
+                    running.remove(i)
+                    phase[i] = "done"
+            waiting = [i for i in waiting if cut[1][i]]
+        preempted = False
+        for i in list(running):
+            if phase[i] != "decode":
+                continue
+            need = ceil_div(prompts[i] + gen[i] + 1, bs) - held[i]
+            if need <= 0:
+                continue
+            stop = False
+            while avail() < need:
+                v = running.pop()
+                release(v)
+                phase[v], pending[v], again[v] = "wait", 0, True
+                waiting.insert(0, v)
+                counts["preemptions"] += 1
+                preempted = True
+                if v == i:
+                    stop = True
+                    break
+            if stop:
+                break
+            alloc(need)
+            held[i] += need
+        stall, empty = 0, []
+        if not preempted:
+            budget = 0 if m is None else b_dec_tokens(running, phase) + sum(pending[i] for i in running)
+            while waiting and len(running) < cap and (m is None or budget < m):
+                i = waiting[0]
+                e = entries.get(keys[i]) if share[i] else None
+                blocks = ceil_div(prompts[i] + gen[i] + 1, bs) - (share[i] if e is not None else 0)
+                pinned = e[0] if e is not None and e[1] == 0 else 0
+                if blocks > avail() - pinned:
+                    break
+                waiting.pop(0)
+                if e is not None:
+                    e[1] += 1
+                alloc(blocks)
+                if share[i] and e is None:
+                    entries[keys[i]] = [share[i], 1, 0]
+                    held[i] = blocks  # the shared blocks are counted in the entry, not twice
+                else:
+                    held[i] = blocks + (share[i] if e is not None else 0)
+                uses[i] = share[i] > 0
+                fill = prompts[i] + gen[i] - (share[i] * bs if e is not None else 0)
+                counts["hits"] += share[i] * bs if e is not None else 0
+                counts["recomputed"] += fill if again[i] else 0
+                running.append(i)
+                if m is None:
+                    stall += fill
+                    if gen[i] == lens[i]:
+                        empty.append(i)
+                        release(i)
+                        running.remove(i)
+                        phase[i] = "done"
+                    else:
+                        phase[i] = "decode"
+                else:
+                    phase[i], pending[i] = "prefill", fill
+                    budget += fill
+        t += pre * stall
+        for i in empty:
+            finish[i] = t
+        if not running:
+            assert not waiting
+            break
+        decoders = [i for i in running if phase[i] == "decode"]
+        chunk, completing = 0, []
+        if m is not None:
+            rem = max(m - len(decoders), 0)
+            for i in running:
+                if phase[i] != "prefill" or rem <= 0:
+                    continue
+                step = min(rem, pending[i])
+                rem -= step
+                chunk += step
+                pending[i] -= step
+                if pending[i] == 0:
+                    completing.append(i)
+        batch = decoders + completing
+        ctx = sum(prompts[i] + gen[i] for i in batch)
+        t += curve.tpot_s(len(batch)) + kv * ctx + pre * chunk
+        k += 1
+        for i in batch:
+            gen[i] += 1
+            phase[i] = "decode"
+        for i in [i for i in batch if gen[i] == lens[i]]:
+            finish[i] = t
+            release(i)
+            running.remove(i)
+            phase[i] = "done"
+        history.append((t, list(gen)))
+        if not running and not waiting:
+            break
+    return {"finish": finish, "counts": counts, "history": history}
+
+
+def b_dec_tokens(running: list[int], phase: list[str]) -> int:
+    return sum(1 for i in running if phase[i] == "decode")
+
+
+def counts_of(run) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    p, r, h = run.counts()
+    return {"preemptions": p, "recomputed": r, "hits": h}
+
+
+cases = st.lists(st.tuples(st.integers(0, 24), st.integers(0, 24), st.integers(0, 3)), min_size=1, max_size=8)
+
+
+def unpack(reqs: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
+    """Lengths, prompts and keys; requests with one key share one prompt (the first one's), as a group does."""
+    lens, keys = [r[0] for r in reqs], [r[2] for r in reqs]
+    first = {}
+    for r in reqs:
+        first.setdefault(r[2], r[1])
+    return lens, [first[k] for k in keys], keys
+
+
+@settings(max_examples=250, deadline=None)
+@given(cases, st.sampled_from([1, 2, 4, 16]), st.integers(0, 40), st.one_of(st.none(), st.integers(1, 4)),
+       st.one_of(st.none(), st.integers(1, 12)), st.booleans(), st.sampled_from([0.0, 0.7]),
+       st.sampled_from([0.0, 0.3]), curves())
+def test_paged_matches_token_by_token(reqs: list[tuple[int, int, int]], bs: int, extra_blocks: int, cap: int | None,
+                                      mbt: int | None, prefix: bool, kv: float, pre: float, curve: TpotCurve) -> None:
+    lens, prompts, keys = unpack(reqs)
+    biggest = max(ceil_div(p + max(n, 1), bs) for n, p in zip(lens, prompts, strict=False))
+    cfg = ReplicaConfig(max_num_seqs=cap, kv_ms_per_1k_tokens=kv, prefill_ms_per_token=pre,
+                        kv_tokens=(biggest + extra_blocks) * bs if extra_blocks < 40 else None, block_size=bs,
+                        max_num_batched_tokens=mbt, prefix_caching=prefix)
+    if not cfg.paged:
+        cfg = ReplicaConfig(max_num_seqs=cap, kv_ms_per_1k_tokens=kv, prefill_ms_per_token=pre, block_size=bs,
+                            kv_tokens=10**6)
+    run = run_replica(lens, curve, cfg, prompts, prefix_keys=keys)
+    want = reference(lens, prompts, keys, curve, cfg)
+    assert run.finish_s == pytest.approx(want["finish"], rel=1e-9, abs=1e-12)
+    assert counts_of(run) == want["counts"]
+    for t, gen in want["history"]:  # an abort at any iteration boundary reports the tokens generated so far
+        got = run.tokens_at(t)
+        assert [min(g, n) for g, n in zip(gen, lens, strict=False)] == list(got) or t == 0
+
+
+@settings(max_examples=120, deadline=None)
+@given(cases, st.sampled_from([1, 4]), st.integers(0, 6), st.one_of(st.none(), st.integers(2, 10)), st.booleans(),
+       st.data(), curves())
+def test_paged_cut_matches_reference(reqs: list[tuple[int, int, int]], bs: int, extra: int, mbt: int | None,
+                                     prefix: bool, data: st.DataObject, curve: TpotCurve) -> None:
+    lens, prompts, keys = unpack(reqs)
+    biggest = max(ceil_div(p + max(n, 1), bs) for n, p in zip(lens, prompts, strict=False))
+    cfg = ReplicaConfig(kv_tokens=(biggest + extra) * bs, block_size=bs, max_num_batched_tokens=mbt,
+                        prefix_caching=prefix, prefill_ms_per_token=0.2)
+    run = run_replica(lens, curve, cfg, prompts, prefix_keys=keys)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(lens), max_size=len(lens)))
+    cut_k = data.draw(st.integers(0, int(run.seg_k0[-1] + run.seg_n[-1]) if run.seg_n.size else 0))
+    cut_s = 0.0 if cut_k == 0 else float(reference(lens, prompts, keys, curve, cfg)["history"][cut_k][0])
+    got = resume_replica(run, keep, cut_s, curve, cfg, prompts)
+    want = reference(lens, prompts, keys, curve, cfg, cut=(cut_k, keep))["finish"]
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=10), st.sampled_from([1, 16]), curves())
+def test_unbounded_paged_equals_closed_form(lens: list[int], bs: int, curve: TpotCurve) -> None:
+    """KV large enough for everything, no chunking, no prefix caching: the §2.1 closed form exactly."""
+    run = run_replica(lens, curve, ReplicaConfig(kv_tokens=10**7, block_size=bs))
+    assert run.finish_s == pytest.approx(finish_times(lens, curve), rel=1e-12)
+    assert run.counts() == (0, 0, 0)
+
+
+def test_preemption_recomputes_prompt_and_generated_tokens() -> None:
+    """Two requests (4-token prompts, 12 tokens each) in 5 blocks of 4: both admitted (2 blocks each); at their 4th
+    token both need a third block, one is free: the first takes it, the second (the newest) is preempted and later
+    prefills its prompt and its 4 generated tokens again (8 recomputed tokens)."""
+    curve = load_curve("h100-llama3-8b")
+    cfg = ReplicaConfig(kv_tokens=20, block_size=4)
+    run = run_replica([12, 12], curve, cfg, [4, 4])
+    want = reference([12, 12], [4, 4], [-1, -1], curve, cfg)
+    assert run.counts() == (1, 8, 0)
+    assert want["counts"] == {"preemptions": 1, "recomputed": 8, "hits": 0}
+    assert run.finish_s == pytest.approx(want["finish"])
+    tau1 = curve.tpot_s(1)
+    assert run.finish_s[0] == pytest.approx(4 * curve.tpot_s(2) + 8 * tau1)  # alone after the preemption
+
+
+def test_prefix_hits_per_group_on_one_replica() -> None:
+    """A group of 4 sharing a 33-token prompt in blocks of 16: 2 full blocks shared, 3 hits of 32 tokens each."""
+    curve = load_curve("h100-llama3-8b")
+    cfg = ReplicaConfig(prefix_caching=True, prefill_ms_per_token=1.0)
+    run = run_replica([5, 5, 5, 5], curve, cfg, [33] * 4, prefix_keys=[7] * 4)
+    assert run.counts() == (0, 0, 96)
+    alone = run_replica([5, 5, 5, 5], curve, ReplicaConfig(prefill_ms_per_token=1.0, kv_tokens=10**6), [33] * 4)
+    assert run.makespan == pytest.approx(alone.makespan - 0.096)  # 96 prompt tokens not prefilled at 1 ms each
+
+
+def test_request_larger_than_the_cache_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="cannot hold one request"):
+        run_replica([100], load_curve("h100-llama3-8b"), ReplicaConfig(kv_tokens=64), [10])
+    with pytest.raises(ConfigError, match="block_size"):
+        ReplicaConfig(block_size=0)
+    with pytest.raises(ConfigError, match="kv_tokens"):
+        ReplicaConfig(kv_tokens=3)
+
+
+def test_multi_turn_with_paged_engine_is_refused() -> None:
+    cfg = ReplicaConfig(kv_tokens=10**6, tool_wait_s=1.0)
+    with pytest.raises(ConfigError, match="multi-turn"):
+        run_replica([10, 10], load_curve("h100-llama3-8b"), cfg, [0, 0], turns=[2, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases, st.integers(0, 8), curves())
+def test_invariants_under_pressure(reqs: list[tuple[int, int, int]], extra: int, curve: TpotCurve) -> None:
+    """Every request finishes; tokens never decrease over time and end at the lengths; more KV never preempts more."""
+    lens, prompts, _keys = unpack(reqs)
+    biggest = max(ceil_div(p + max(n, 1), 4) for n, p in zip(lens, prompts, strict=False))
+    tight = run_replica(lens, curve, ReplicaConfig(kv_tokens=(biggest + extra) * 4, block_size=4), prompts)
+    roomy = run_replica(lens, curve, ReplicaConfig(kv_tokens=10**6, block_size=4), prompts)
+    assert np.isfinite(tight.finish_s).all()
+    assert roomy.counts()[0] == 0
+    times = np.linspace(0, tight.makespan, 9)
+    toks = np.array([tight.tokens_at(t) for t in times])
+    assert (np.diff(toks, axis=0) >= 0).all()
+    assert list(toks[-1]) == lens
