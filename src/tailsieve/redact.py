@@ -1,37 +1,82 @@
-"""Secret redaction: every text that came from a server (error bodies, stream error events, echoed headers) passes
-through `redact` before it is printed, logged or written.
+"""Secret redaction: every text that came from a user or a server (error bodies, stream error events, echoed headers,
+flag values, command lines, file content) passes through `redact` before it is printed, logged or written.
 
 Two layers: the exact values registered with `register_secret` (the API key an `EngineClient` read from its
-environment variable) are replaced wherever they appear, and anything shaped like a credential is masked whatever
-its value: `Bearer <token>`, an `Authorization`/`api-key`/`x-api-key` header or JSON field, `api_key=...` query
-parameters, the value of every secret-looking variable name (`*_KEY`, `*_TOKEN`, `*SECRET*`, `*PASSWORD*`,
-`*PASSWD*`, `*CREDENTIAL*`) as `NAME=value`, `"NAME": "value"` or `NAME = "value"`, `sk-...` style keys and the
-`user:password@` of a URL.
+environment variable) are replaced wherever they appear, and anything shaped like a credential is masked whatever its
+value (issue 49):
 
-`excerpt` is how an error message quotes a value that came from a file or a flag: redacted, then cut to
-`EXCERPT_CHARS` characters.
+- after a secret-looking name (`secret_name`: any case, `_`/`-`/`.` separators, ending in key, token, secret,
+  password, passwd, credential, cookie, session, auth or bearer, or holding secret/password/passwd/credential in its
+  last dotted part) or an `Authorization`/`Cookie`/`Set-Cookie` header, the whole value: a quoted string to its closing
+  quote, else a `NAME: value` to the end of the line, a `NAME=value` or `--flag value` to the end of the field
+  (whitespace, or `&` before the next `name=`);
+- `Bearer`/`Basic`/`Token` credentials, the userinfo of a URL up to the last `@` before the host;
+- bare token shapes: `sk-…` (`sk-proj-…`), `hf_…`, `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_…`, `github_pat_…`,
+  `xoxb-`/`xoxp-…`, AWS access key ids (`AKIA…`, `ASIA…`) and JWTs (`eyJ….eyJ….…`).
+
+A file path is not a secret name: `secret.toml:` or `--config my_secret.toml` keep their names (the last dotted part
+decides), and `max_tokens=4096` is not masked (`tokens` is not `token`).
+
+`excerpt` is how an error message quotes a value that came from a file or a flag: redacted, control characters
+escaped, then cut to `EXCERPT_CHARS` characters; `line` is the last guard on a whole printed line (`LINE_CHARS`).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Iterable
 
 MASK = "[redacted]"
 EXCERPT_CHARS = 80  # the most of a file's (or flag's) content an error message quotes
+LINE_CHARS = 300  # the longest line the CLI prints about user content (`line`)
 _MIN_SECRET = 4  # shorter values would mask ordinary words
 _SECRETS: set[str] = set()
-# A secret-looking variable name: HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD (not max_tokens).
-_SECRET_NAME = (r"[A-Za-z0-9_.-]*(?:_KEY|_TOKEN|SECRET[A-Za-z0-9_.-]*|PASSWORD[A-Za-z0-9_.-]*|PASSWD[A-Za-z0-9_.-]*"
-                r"|CREDENTIALS?[A-Za-z0-9_.-]*)")
 
-_NAME = re.compile(rf"(?i)(?:{_SECRET_NAME}|(?:proxy-)?authorization|x-api-key|api[-_]?key|access[-_]?token)")
-_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?i)(bearer|basic)\s+[A-Za-z0-9._~+/=:-]+"),
-    re.compile(r"""(?i)((?:proxy-)?authorization|x-api-key|api[-_]?key|access[-_]?token|secret|"""
-               rf"""\b{_SECRET_NAME}\b)(["']?\s*[:=]\s*["']?)(?!\[redacted\]|(?:bearer|basic)\s)[^\s"',;&}}]+"""),
-    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
-    re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@'\"]+@"),  # user:password@ in a URL
+# the last word of a secret-looking name (HF_TOKEN, OPENAI_API_KEY, X-Auth-Token, db.password, Set-Cookie)
+_LAST = (r"(?:api[-_]?key|apikey|key|token|secret|password|passwd|pwd|credentials?|cookie|session|auth|bearer"
+         r"|authorization)")
+# words that make a name secret wherever they sit in its last dotted part (AWS_SECRET_ACCESS_KEY_ID, DB_PASSWORD_OLD)
+_STRONG = r"(?:secret|password|passwd|credentials?)"
+_PART = r"[A-Za-z0-9]+"
+# a name that is secret wherever it stands: parts joined by _ - . whose last part is a _LAST word, a last dotted part
+# holding a _STRONG part (so `secret.toml` is a file, `client_secret_id` a secret), or a header name
+_NAME_ANY = (rf"(?:(?:{_PART}[_.-])+?{_LAST}|(?:{_PART}[_.-])*?(?:{_PART}[_-])*?{_STRONG}(?:[_-]{_PART})*"
+             r"|authorization|cookie|apikey)")
+# a bare ordinary word that names a secret only as an assignment, a flag, a quoted key or at the start of a field
+# (`token=…`, `--token …`, `"token": …`, `token: …` on its own line; not `verl session: cannot start`)
+_NAME_WEAK = r"(?:key|token|session|auth|bearer|pwd)"
+_NAME_RE = rf"(?:{_NAME_ANY}|{_NAME_WEAK})"
+_NAME_FULL = re.compile(rf"(?i){_NAME_RE}")
+_QUOTED = r"\"(?:[^\"\\\n]|\\.)*(?:\"|$)|'(?:[^'\\\n]|\\.)*(?:'|$)"
+_FIELD_END = r"(?=[\s\"']|&[A-Za-z_][\w.-]*=|$)"  # a NAME=value ends at a blank, a quote, or `&` + the next name=
+_NB = r"(?<![A-Za-z0-9_.-])"  # a name starts at a word edge
+_NE = r"(?![A-Za-z0-9_-])"  # and ends at one (a dot may follow: `password.` ends a sentence)
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # NAME: value (header, YAML, JSON with a quoted key): a quoted value to its quote, else to the end of the line
+    (re.compile(rf"(?im)((?:{_NB}[\"']?{_NAME_ANY}{_NE}[\"']?|{_NB}[\"']{_NAME_WEAK}[\"']"
+                rf"|(?:^|(?<=[{{,;(\[:])|(?<=[{{,;(\[:] )){_NAME_WEAK}{_NE})[ \t]*:[ \t]*)(?!{re.escape(MASK)})"
+                rf"({_QUOTED}|[^\n]+)"),
+     r"\1" + MASK),
+    # NAME=value, NAME = "value"
+    (re.compile(rf"(?i)({_NB}{_NAME_RE}{_NE}[\"']?[ \t]*=[ \t]*)(?!{re.escape(MASK)})"
+                rf"({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
+     r"\1" + MASK),
+    # --secret-flag value (a command line)
+    (re.compile(rf"(?i)((?<![\w-])--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"), r"\1" + MASK),
+    # an authorization scheme and its credentials
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]+)(?!\[redacted\])(?=[A-Za-z0-9._~+/=:-]*[0-9=._~+/-])"
+                r"[A-Za-z0-9._~+/=:-]{6,}"), r"\1\2" + MASK),
+    # bare token shapes
+    (re.compile(r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
+                r"|github_pat_[A-Za-z0-9_]{16,}|xox[bpaors]-[A-Za-z0-9-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{16}"
+                r"|eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*)"), MASK),
+    # user:password@ of a URL, to the last @ before the host
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#]*@"), r"\1" + MASK + "@"),
 )
+_QUICK = re.compile(r"(?i)key|token|secret|pass|pwd|credential|cookie|session|auth|bearer|basic|digest|sk-|hf_"
+                    r"|gh[pousr]_|github_pat|xox|AKIA|ASIA|eyJ|://")
 
 
 def register_secret(value: str | None) -> None:
@@ -41,25 +86,39 @@ def register_secret(value: str | None) -> None:
 
 
 def secret_name(name: str) -> bool:
-    """Whether a variable or key name looks like it holds a secret (`HF_TOKEN`, `OPENAI_API_KEY`, `api_key`, …)."""
-    return bool(_NAME.fullmatch(name))
+    """Whether a variable, key, header or flag name looks like it holds a secret (`HF_TOKEN`, `OPENAI_API_KEY`,
+    `api_key`, `X-Auth-Token`, `--api-key`, `Set-Cookie`; not `max_tokens`, `secret.toml` or `--api-key-env`)."""
+    return bool(_NAME_FULL.fullmatch(name.lstrip("-")))
 
 
 def redact(text: str) -> str:
-    """`text` with every registered secret and every credential-shaped substring replaced by `[redacted]`."""
+    """`text` with every registered secret and every credential-shaped substring replaced by `[redacted]` (module
+    docstring)."""
     out = str(text)
     for secret in sorted(_SECRETS, key=len, reverse=True):
-        out = out.replace(secret, MASK)
-    out = _PATTERNS[0].sub(lambda m: f"{m.group(1)} {MASK}", out)
-    out = _PATTERNS[1].sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", out)
-    out = _PATTERNS[2].sub(MASK, out)
-    return _PATTERNS[3].sub(lambda m: f"{m.group(1)}{MASK}@", out)
+        if secret in out:
+            out = out.replace(secret, MASK)
+    if not _QUICK.search(out):  # the common case: nothing that could be a credential
+        return out
+    for pattern, repl in _PATTERNS:
+        out = pattern.sub(repl, out)
+    return out
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every non-printable character (terminal escapes, newlines, NUL, bidi controls) written as its
+    Python escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     """`value` as an error message quotes it: text as its repr, other values as printed; redacted, then cut to
     `limit` characters (`…` and the full length follow a cut)."""
     if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and len(value) > 64 * limit:  # a huge value: only its head is ever shown
+            return clip(repr(value[:8 * limit])[:-1], limit, total=len(value) + 2)
         text = repr(value) if isinstance(value, str) else str(value)
     else:
         try:
@@ -69,18 +128,53 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     return clip(text, limit)
 
 
-def clip(text: str, limit: int = EXCERPT_CHARS) -> str:
+def clip(text: str, limit: int = EXCERPT_CHARS, *, total: int | None = None) -> str:
     """Text from a file as an error message shows it unquoted (a CSV header's columns): control characters escaped,
     redacted, then cut to `limit` characters (`…` and the full length follow a cut; a cut never splits a `[redacted]`
-    mask, which is then shown whole)."""
-    text = redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
-    if len(text) <= limit:
+    mask, which is then shown whole). `total`: the length of the whole text when `text` is only its head."""
+    text = redact(escape_controls(text))
+    if len(text) <= limit and total is None:
         return text
-    cut = limit
-    mask = text.find(MASK, max(0, limit - len(MASK) + 1))
-    if 0 <= mask < limit:
+    cut = min(limit, len(text))
+    mask = text.find(MASK, max(0, cut - len(MASK) + 1))
+    if 0 <= mask < cut:
         cut = mask + len(MASK)
-    return f"{text[:cut]}… ({len(text):,} characters)"
+    return f"{text[:cut]}… ({total or len(text):,} characters)"
 
 
-__all__ = ["EXCERPT_CHARS", "MASK", "clip", "excerpt", "redact", "register_secret", "secret_name"]
+def line(text: str, limit: int = LINE_CHARS) -> str:
+    """One printed line about user or server content: its first line, control characters escaped, redacted, at most
+    `limit` characters (the last guard of `tailsieve.cli`'s error lines and argparse errors)."""
+    first = str(text).strip().split("\n", 1)[0]
+    if len(first) > 16 * limit:
+        return clip(first[:4 * limit], limit, total=len(first))
+    return clip(first, limit)
+
+
+def shown_command(argv: Iterable[str]) -> str:
+    """A command line as printed or logged (dry runs, replica logs): shell-quoted, the value of every secret-looking
+    flag (`--api-key KEY`, `--hf-token=KEY`) masked and every argument redacted (`shown_args`)."""
+    return " ".join(a if a == MASK else shlex.quote(a) for a in shown_args(argv))
+
+
+def shown_args(argv: Iterable[str]) -> list[str]:
+    """`shown_command` as a list (one entry per argument) for JSON files such as `launch.json`."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        arg = str(arg)
+        if hide:
+            out.append(MASK)
+            hide = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if arg.startswith("-") and secret_name(name):
+            out.append(f"{name}={MASK}" if eq else arg)
+            hide = not eq
+            continue
+        out.append(redact(arg))
+    return out
+
+
+__all__ = ["EXCERPT_CHARS", "LINE_CHARS", "MASK", "clip", "escape_controls", "excerpt", "line", "redact",
+           "register_secret", "secret_name", "shown_args", "shown_command"]

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from tailsieve import __version__
 from tailsieve.cli.streams import ascii_safe, broken_pipe
 from tailsieve.errors import Interrupted, TailSieveError
-from tailsieve.redact import redact
+from tailsieve.redact import line as shown_line
 
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
 COMMANDS: tuple[str, ...] = (
@@ -55,11 +55,35 @@ class CliParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--m` is never `--model`, `--q` never `--q0` (cli/flags.py)
         super().__init__(*args, **kwargs)
+        # `type=int` / `type=float` read ASCII digits only, bounded before conversion, and quote a bad value as an
+        # excerpt (argparse's own message would echo it whole: issue 49)
+        self.register("type", int, _flag_int)
+        self.register("type", float, _flag_float)
 
     def error(self, message: str) -> NoReturn:
-        """Print one line and exit 2."""
-        print(f"{self.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        """Print one line (redacted, control characters escaped, at most `redact.LINE_CHARS` characters) and exit 2."""
+        print(f"{self.prog}: error: {shown_line(' '.join(str(message).split()))}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def _flag_int(text: str) -> int:
+    """argparse's `type=int`: ASCII digits only, bounded before conversion (`inputs.ascii_int`)."""
+    from tailsieve.inputs import ascii_int, excerpt
+
+    try:
+        return ascii_int(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {excerpt(text)}") from None
+
+
+def _flag_float(text: str) -> float:
+    """argparse's `type=float`: a number written in ASCII (`inputs.ascii_float`)."""
+    from tailsieve.inputs import ascii_float, excerpt
+
+    try:
+        return ascii_float(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {excerpt(text)}") from None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -151,7 +175,7 @@ def _blame(exc: BaseException) -> str | None:
 def _error_line(command: str, exc: BaseException | str, *, internal: bool = False) -> None:
     """`tailsieve CMD: error: …`, the exception's first line (its type when it has no message)."""
     text = str(exc).strip()
-    msg = redact(text.splitlines()[0]) if text else type(exc).__name__
+    msg = shown_line(text) if text else type(exc).__name__
     if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
         msg = f"{'internal error: ' if internal else ''}{type(exc).__name__}: {msg}"
     print(f"tailsieve {command}: error: {msg}", file=sys.stderr)
