@@ -77,9 +77,10 @@ def parse_spec(text: str, where: str, context: SpecContext | None = None) -> Spe
     obj: dict[str, Any] = {"method": name if base is None else base.method.value}
     if tokens:
         try:  # ASCII digits, bounded before conversion: `mtp:٣` and `mtp:1_0` are refused, not read as 3 and 10
-            obj["tokens"] = ascii_int(tokens[0], "tokens", lo=0, hi=MAX_TOKENS)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc} in {excerpt(text)}") from None
+            obj["tokens"] = ascii_int(tokens[0], "tokens")
+        except ConfigError:
+            raise ConfigError(f"{where}: tokens must be an integer, got {excerpt(tokens[0])} in "
+                              f"{excerpt(text)}") from None
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or key.strip() not in SPEC_KEYS[2:]:
