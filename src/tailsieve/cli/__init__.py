@@ -7,12 +7,14 @@ commands from `SUMMARIES` and import none of them (no numpy, rich or aiohttp; be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from tailsieve import __version__
@@ -104,11 +106,51 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Interrupted` (a KeyboardInterrupt naming the signal) from here on, so that every
+    command, from its first line, ends on them with one line and 128 + the signal's number (`main`); the previous
+    handlers come back at the end. Only in the main thread (the one place Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def interrupted_line(command: str, exc: KeyboardInterrupt) -> int:
+    """Print `tailsieve CMD: interrupted[ by SIG…][; note]` and return 128 + the signal's number."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
+    print(f"tailsieve{' ' + command if command else ''}: interrupted{how}{note}", file=sys.stderr)
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; user errors print one line to stderr and return a non-zero exit code."""
-    ascii_safe()
+    """Run one command; user errors print one line to stderr and return a non-zero exit code; SIGTERM, SIGHUP and
+    Ctrl-C, from the first line on, one line and 128 + the signal's number."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=next((a for a in argv if not a.startswith("-")), ""))
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        with interrupt_signals():
+            return _main(argv, command)
+    except KeyboardInterrupt as exc:  # before the command ran (its own handler below says the rest)
+        return interrupted_line(command if command in SUMMARIES else "", exc)
+
+
+def _main(argv: list[str], command: str) -> int:
+    """`main` inside its signal handlers."""
+    ascii_safe()
+    parser = build_parser(only=command)
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser, so the line names the command
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -123,11 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return broken_pipe()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal turned into `Interrupted`: 128 + its number
-        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-        note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
-        print(f"tailsieve {args.command}: interrupted{how}{note}", file=sys.stderr)
-        return 128 + signum
+        return interrupted_line(args.command, exc)
     except SystemExit as exc:  # a plugin's exit() is its failure; the CLI's own exits (argparse) pass
         if (who := _blame(exc)) is None:
             raise
