@@ -47,33 +47,41 @@ _NAME_ANY = (rf"(?:(?:{_PART}[_.-])+?{_LAST}|(?:{_PART}[_.-])*?(?:{_PART}[_-])*?
 # (`token=…`, `--token …`, `"token": …`, `token: …` on its own line; not `verl session: cannot start`)
 _NAME_WEAK = r"(?:key|token|session|auth|bearer|pwd)"
 _NAME_RE = rf"(?:{_NAME_ANY}|{_NAME_WEAK})"
+# header and strong words are names even glued to what precedes them (`\x1b[31mAuthorization:`, `mypassword=`)
+_GLUED = r"(?:(?:proxy-)?authorization|(?:set-)?cookie|password|passwd|secret|credentials?|api[-_]?key)"
 _NAME_FULL = re.compile(rf"(?i){_NAME_RE}")
 _QUOTED = r"\"(?:[^\"\\\n]|\\.)*(?:\"|$)|'(?:[^'\\\n]|\\.)*(?:'|$)"
 _FIELD_END = r"(?=[\s\"']|&[A-Za-z_][\w.-]*=|$)"  # a NAME=value ends at a blank, a quote, or `&` + the next name=
-_NB = r"(?<![A-Za-z0-9_.-])"  # a name starts at a word edge
+# what may sit right before a name or a bare token without being part of it: an escaped control character as an
+# excerpt shows it (`\n`, `\x1b`, `\u202e`) or a terminal sequence (`\x1b[31m`, raw or escaped)
+_ESCAPED = "".join([r"|(?<=\\[abfnrtv0'\"])|(?<=\\x[0-9a-fA-F]{2})|(?<=\\u[0-9a-fA-F]{4})|(?<=[\x00-\x1f\x7f])",
+                    *(rf"|(?<=\x1b\[[0-9;]{{{k}}}[A-Za-z])|(?<=\\x1b\[[0-9;]{{{k}}}[A-Za-z])" for k in range(7))])
+_NB = rf"(?:(?<![A-Za-z0-9_.-]){_ESCAPED})"  # a name starts at a word edge
 _NE = r"(?![A-Za-z0-9_-])"  # and ends at one (a dot may follow: `password.` ends a sentence)
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # NAME: value (header, YAML, JSON with a quoted key): a quoted value to its quote, else to the end of the line
-    (re.compile(rf"(?im)((?:{_NB}[\"']?{_NAME_ANY}{_NE}[\"']?|{_NB}[\"']{_NAME_WEAK}[\"']"
+    (re.compile(rf"(?im)((?:{_NB}[\"']?{_NAME_ANY}{_NE}[\"']?|{_GLUED}{_NE}[\"']?|{_NB}[\"']{_NAME_WEAK}[\"']"
                 rf"|(?:^|(?<=[{{,;(\[:])|(?<=[{{,;(\[:] )){_NAME_WEAK}{_NE})[ \t]*:[ \t]*)(?!{re.escape(MASK)})"
                 rf"({_QUOTED}|[^\n]+)"),
      r"\1" + MASK),
     # NAME=value, NAME = "value"
-    (re.compile(rf"(?i)({_NB}{_NAME_RE}{_NE}[\"']?[ \t]*=[ \t]*)(?!{re.escape(MASK)})"
+    (re.compile(rf"(?i)((?:(?:(?:(?<![\w.-]){_ESCAPED})--?|{_NB}){_NAME_RE}|{_GLUED}){_NE}[\"']?[ \t]*=[ \t]*)"
+                rf"(?!{re.escape(MASK)})"
                 rf"({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
      r"\1" + MASK),
     # --secret-flag value (a command line)
-    (re.compile(rf"(?i)((?<![\w-])--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"), r"\1" + MASK),
+    (re.compile(rf"(?i)((?:(?<![\w-]){_ESCAPED})--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"), r"\1" + MASK),
     # an authorization scheme and its credentials
     (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]+)(?!\[redacted\])(?=[A-Za-z0-9._~+/=:-]*[0-9=._~+/-])"
                 r"[A-Za-z0-9._~+/=:-]{6,}"), r"\1\2" + MASK),
     # bare token shapes
-    (re.compile(r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
+    (re.compile(rf"(?=sk-|hf_|gh[pousr]_|github_pat_|xox|AKIA|ASIA|eyJ)(?:(?<![A-Za-z0-9]){_ESCAPED})"
+                r"(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
                 r"|github_pat_[A-Za-z0-9_]{16,}|xox[bpaors]-[A-Za-z0-9-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{16}"
                 r"|eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*)"), MASK),
     # user:password@ of a URL, to the last @ before the host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#]*@"), r"\1" + MASK + "@"),
+    (re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^\s/?#]*@"), r"\1" + MASK + "@"),
 )
 _QUICK = re.compile(r"(?i)key|token|secret|pass|pwd|credential|cookie|session|auth|bearer|basic|digest|sk-|hf_"
                     r"|gh[pousr]_|github_pat|xox|AKIA|ASIA|eyJ|://")
@@ -146,9 +154,10 @@ def line(text: str, limit: int = LINE_CHARS) -> str:
     """One printed line about user or server content: its first line, control characters escaped, redacted, at most
     `limit` characters (the last guard of `tailsieve.cli`'s error lines and argparse errors)."""
     first = str(text).strip().split("\n", 1)[0]
+    room = limit - 24  # a cut line ends with `… (N characters)`
     if len(first) > 16 * limit:
-        return clip(first[:4 * limit], limit, total=len(first))
-    return clip(first, limit)
+        return clip(first[:4 * limit], room, total=len(first))
+    return first if len(first) <= room and first.isprintable() and not _QUICK.search(first) else clip(first, room)
 
 
 def shown_command(argv: Iterable[str]) -> str:
