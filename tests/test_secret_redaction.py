@@ -46,7 +46,7 @@ SHAPES: dict[str, tuple[str, str]] = {
     "hf_": ("model hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"),
     "ghp_": ("ghp_0123456789abcdefghijABCDEFGHIJ012345", "ghp_0123456789abcdefghijABCDEFGHIJ012345"),
     "gho_": ("(gho_0123456789abcdefghijABCDEFGHIJ)", "gho_0123456789abcdefghijABCDEFGHIJ"),
-    "github_pat_": ("pat: github_pat_11ABCDEFG0_abcdefghijklmnopqrstuv", "github_pat_11ABCDEFG0_abcdefghijklmnopqrstuv"),
+    "github_pat_": ("pat github_pat_11ABCDEFG0_abcdefghijklmnopqrstuv", "github_pat_11ABCDEFG0_abcdefghijklmnopqrstuv"),
     "xoxb-": ("slack xoxb-123456789012-abcdefABCDEF", "xoxb-123456789012-abcdefABCDEF"),
     "xoxp-": ("xoxp-1234-5678-9012-abcdef", "xoxp-1234-5678-9012-abcdef"),
     "AKIA": ("aws AKIAIOSFODNN7EXAMPLE.", "AKIAIOSFODNN7EXAMPLE"),
@@ -266,7 +266,7 @@ def error_paths(text: str, words: str) -> Iterator[str]:
                       (["simulate", "--steps", "2"], {"TAILSIEVE_PROGRESS": text}),
                       (["launch", "--dry-run", "--model", "facebook/opt-125m", "--replicas", "1",
                         f"--server-args={words}"], None)):
-        rc, out, err = run(argv, env)
+        _, out, err = run(argv, env)
         yield out + err
 
 

@@ -71,7 +71,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
                 rf"({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
      r"\1" + MASK),
     # --secret-flag value (a command line)
-    (re.compile(rf"(?i)((?:(?<![\w-]){_ESCAPED})--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"), r"\1" + MASK),
+    (re.compile(rf"(?i)((?:(?<![\w-]){_ESCAPED})--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"),
+     r"\1" + MASK),
     # an authorization scheme and its credentials
     (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]+)(?!\[redacted\])(?=[A-Za-z0-9._~+/=:-]*[0-9=._~+/-])"
                 r"[A-Za-z0-9._~+/=:-]{6,}"), r"\1\2" + MASK),
@@ -166,22 +167,23 @@ def shown_command(argv: Iterable[str]) -> str:
     return " ".join(a if a == MASK else shlex.quote(a) for a in shown_args(argv))
 
 
+# a word whose next word is a secret: an authorization scheme or a header name
+_LEADS = re.compile(rf"(?i)(?:bearer|basic|token|digest|(?:.*[^\w-])?{_NAME_RE}:)")
+
+
 def shown_args(argv: Iterable[str]) -> list[str]:
-    """`shown_command` as a list (one entry per argument) for JSON files such as `launch.json`."""
+    """`shown_command` as a list (one entry per argument) for JSON files such as `launch.json`: the value after a
+    secret-looking flag (`--api-key KEY`, `--hf-token=KEY`), an authorization scheme (`Bearer KEY`) or a header name
+    (`Authorization: …`) masked, every argument redacted."""
     out: list[str] = []
     hide = False
     for arg in argv:
         arg = str(arg)
-        if hide:
-            out.append(MASK)
-            hide = False
-            continue
-        name, eq, _ = arg.partition("=")
-        if arg.startswith("-") and secret_name(name):
-            out.append(f"{name}={MASK}" if eq else arg)
-            hide = not eq
-            continue
-        out.append(redact(arg))
+        word = arg.strip()
+        name, eq, _ = word.partition("=")
+        flag = word.startswith("-") and secret_name(name)
+        out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
+        hide = (flag and not eq) or bool(_LEADS.fullmatch(word))
     return out
 
 
