@@ -176,14 +176,17 @@ def shown_args(argv: Iterable[str]) -> list[str]:
     secret-looking flag (`--api-key KEY`, `--hf-token=KEY`), an authorization scheme (`Bearer KEY`) or a header name
     (`Authorization: …`) masked, every argument redacted."""
     out: list[str] = []
-    hide = False
+    hide, prev = False, ""
     for arg in argv:
         arg = str(arg)
         word = arg.strip()
         name, eq, _ = word.partition("=")
         flag = word.startswith("-") and secret_name(name)
         out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
-        hide = (flag and not eq) or bool(_LEADS.fullmatch(word))
+        bare = word.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
+        hide = ((flag and not eq) or bool(_LEADS.fullmatch(word))
+                or (bare != word.strip("\"'") and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
+        prev = word.strip("\"'")
     return out
 
 
