@@ -156,10 +156,10 @@ class TestEveryPrintedLine:
     @pytest.mark.parametrize("shape", list(CLI_SECRETS))
     def test_another_runs_lock_holder(self, shape: str, tmp_path: Path) -> None:
         text, secret = CLI_SECRETS[shape]
-        holder = json.dumps({"command": text + "\x1b[31m" + "W" * 10_000, "pid": 7, "host": text, "since": text})
+        holder = json.dumps({"command": text + "\x1b[31m" + "W" * 1_000, "pid": 7, "host": text, "since": text})
         with held_lock(tmp_path / "out", holder), pytest.raises(Exception) as caught:
             OutputLock(tmp_path / "out", "rollout", folder=True).check()
-        clean(secret, str(caught.value))
+        clean(secret, str(caught.value).replace(str(tmp_path), "DIR"))  # the holder part: short
 
     @pytest.mark.parametrize("shape", list(CLI_SECRETS))
     @pytest.mark.parametrize("flag", ["--server-args", "--tail-args", "--bulk-args"])

@@ -164,8 +164,8 @@ class OutputLock:
             pid = doc["pid"]
             if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31:
                 raise TypeError("pid")
-            holder = (f"tailsieve {clip(str(doc['command']), 40)}, pid {pid} on host {clip(str(doc['host']), 64)} "
-                      f"since {clip(str(doc['since']), 40)}")
+            holder = (f"tailsieve {clip(str(doc['command']), 32)}, pid {pid} on host {clip(str(doc['host']), 48)} "
+                      f"since {clip(str(doc['since']), 32)}")
         except (OSError, ValueError, KeyError, TypeError):
             holder = "a process that has not yet said who it is"
         return OutputError(f"{self.target} is being written by another run ({holder}); wait for it to end or "

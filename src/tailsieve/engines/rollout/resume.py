@@ -277,6 +277,7 @@ def _uncommitted(folder: Path, step: int, lines: StepLines) -> tuple[bool, str]:
         found.append(batch_name(step))
     if not found:
         return False, ""
+    check_target(folder / ASIDE, "folder of uncommitted steps", folder=True)  # refused now, not mid-run
     return True, (f"{folder}: step {step} was not committed by the run that wrote it ({', '.join(found)}); moved "
                   f"to {folder / ASIDE}/ and run again")[:400]
 
