@@ -206,8 +206,10 @@ class TestEveryPrintedLine:
 # ------------------------------------------------------------------------------------------------ property test
 
 TOKEN = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=20, max_size=40)
+# (a value shaped like a documentation placeholder, `<TOKEN>` or `{api_key}`, is shown: it is not a secret)
 VALUE = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%()*+,./:;<>?@[]^_`{|}~-=",
-                min_size=6, max_size=30).filter(lambda v: re.search(r"[A-Za-z0-9]{3}", v) is not None)
+                min_size=6, max_size=30).filter(lambda v: re.search(r"[A-Za-z0-9]{3}", v) is not None
+                                                and not re.fullmatch(r"<[A-Za-z_]*>|\{[A-Za-z_]*\}", v))
 QUOTED = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 !#$%()*+,./:;<>?@[]^_{|}~-=",
                  min_size=6, max_size=30).filter(lambda v: re.search(r"[A-Za-z0-9]{3}", v) is not None)
 NAMES = st.sampled_from(["HF_TOKEN", "OPENAI_API_KEY", "api_key", "db.password", "AWS_SECRET_ACCESS_KEY",

@@ -130,7 +130,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     for name, hi in BOUNDS.items():
         if not 1 <= getattr(a, name) <= hi:
-            ap.error(f"--{name.replace('_', '-')} must be an integer in 1..{hi}, got {getattr(a, name)}")
+            bound = ">= 1" if getattr(a, name) < 1 else f"<= {hi}"
+            ap.error(f"--{name.replace('_', '-')} must be {bound}, got {getattr(a, name)}")
     if not 0 <= a.seed < 2**32:
         ap.error(f"--seed must be an integer in 0..{2**32 - 1}, got {a.seed}")
     if not (math.isfinite(a.rho) and 0 <= a.rho <= 1):

@@ -51,6 +51,8 @@ _NAME_RE = rf"(?:{_NAME_ANY}|{_NAME_WEAK})"
 _GLUED = r"(?:(?:proxy-)?authorization|(?:set-)?cookie|password|passwd|secret|credentials?|api[-_]?key)"
 _NAME_FULL = re.compile(rf"(?i){_NAME_RE}")
 _QUOTED = r"\"(?:[^\"\\\n]|\\.)*(?:\"|$)|'(?:[^'\\\n]|\\.)*(?:'|$)"
+# a documentation placeholder is no secret (`key=value`, `token=<TOKEN>`, `password: ...`)
+_PLACEHOLDER = r"(?!(?:value|\.\.\.|…|<[A-Za-z_]*>|\{[A-Za-z_]*\})(?=[\s,;)\]]|$))"
 _FIELD_END = r"(?=[\s\"']|&[A-Za-z_][\w.-]*=|$)"  # a NAME=value ends at a blank, a quote, or `&` + the next name=
 # what may sit right before a name or a bare token without being part of it: an escaped control character as an
 # excerpt shows it (`\n`, `\x1b`, `\u202e`) or a terminal sequence (`\x1b[31m`, raw or escaped)
@@ -67,8 +69,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
      r"\1" + MASK),
     # NAME=value, NAME = "value"
     (re.compile(rf"(?i)((?:(?:(?:(?<![\w.-]){_ESCAPED})--?|{_NB}){_NAME_RE}|{_GLUED}){_NE}[\"']?[ \t]*=[ \t]*)"
-                rf"(?!{re.escape(MASK)})"
-                rf"({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
+                rf"(?!{re.escape(MASK)}){_PLACEHOLDER}({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
      r"\1" + MASK),
     # --secret-flag value (a command line)
     (re.compile(rf"(?i)((?:(?<![\w-]){_ESCAPED})--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"),

@@ -75,7 +75,7 @@ def _flag_int(text: str) -> int:
     try:
         return ascii_int(text, "value")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {excerpt(text)}") from None
+        raise argparse.ArgumentTypeError(f"invalid int value: {excerpt(text)}") from None
 
 
 def _flag_float(text: str) -> float:
@@ -85,7 +85,7 @@ def _flag_float(text: str) -> float:
     try:
         return ascii_float(text, "value")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {excerpt(text)}") from None
+        raise argparse.ArgumentTypeError(f"invalid float value: {excerpt(text)}") from None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from tailsieve.cli.progress import Mode, progress_mode
 from tailsieve.errors import ConfigError, TailSieveError
-from tailsieve.inputs import ascii_float, ascii_int, excerpt
+from tailsieve.inputs import ascii_float, ascii_int, clip, excerpt
 from tailsieve.outputs import check_target
 
 
@@ -211,8 +211,8 @@ def plot_path(text: str) -> Path:
     """Validate a --plot destination before any work is done (so a bad path never wastes a run)."""
     path = Path(text)
     if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise TailSieveError(f"--plot {excerpt(text)}: use a .png, .pdf or .svg file name")
+        raise TailSieveError(f"--plot {clip(text)}: use a .png, .pdf or .svg file name")
     if not path.parent.exists():
-        raise TailSieveError(f"--plot {excerpt(text)}: folder {excerpt(str(path.parent))} does not exist")
+        raise TailSieveError(f"--plot {clip(text)}: folder {clip(str(path.parent))} does not exist")
     check_target(path, "--plot")  # a new or regular file: never a link, FIFO or device (`tailsieve.outputs`)
     return path
