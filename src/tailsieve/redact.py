@@ -152,11 +152,11 @@ def clip(text: str, limit: int = EXCERPT_CHARS, *, total: int | None = None) -> 
     return f"{text[:cut]}… ({total or len(text):,} characters)"
 
 
-def line(text: str, limit: int = LINE_CHARS) -> str:
+def line(text: str, limit: int = LINE_CHARS, prefix: str = "") -> str:
     """One printed line about user or server content: its first line, control characters escaped, redacted, at most
-    `limit` characters (the last guard of `tailsieve.cli`'s error lines and argparse errors)."""
+    `limit` characters with `prefix` (the last guard of `tailsieve.cli`'s error lines and argparse errors)."""
     first = str(text).strip().split("\n", 1)[0]
-    room = limit - 24  # a cut line ends with `… (N characters)`
+    room = limit - len(prefix) - 24  # a cut line ends with `… (N characters)`
     if len(first) > 16 * limit:
         return clip(first[:4 * limit], room, total=len(first))
     return first if len(first) <= room and first.isprintable() and not _QUICK.search(first) else clip(first, room)

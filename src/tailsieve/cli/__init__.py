@@ -64,7 +64,8 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print one line (redacted, control characters escaped, at most `redact.LINE_CHARS` characters) and exit 2."""
-        print(f"{self.prog}: error: {shown_line(' '.join(str(message).split()))}", file=sys.stderr)
+        head = f"{self.prog}: error: "
+        print(head + shown_line(" ".join(str(message).split()), prefix=head), file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -213,7 +214,8 @@ def _blame(exc: BaseException) -> str | None:
 def _error_line(command: str, exc: BaseException | str, *, internal: bool = False) -> None:
     """`tailsieve CMD: error: …`, the exception's first line (its type when it has no message)."""
     text = str(exc).strip()
-    msg = shown_line(text) if text else type(exc).__name__
+    head = f"tailsieve {command}: error: "
     if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
-        msg = f"{'internal error: ' if internal else ''}{type(exc).__name__}: {msg}"
-    print(f"tailsieve {command}: error: {msg}", file=sys.stderr)
+        head += f"{'internal error: ' if internal else ''}{type(exc).__name__}: "
+    msg = shown_line(text, prefix=head) if text else type(exc).__name__
+    print(f"{head}{msg}", file=sys.stderr)
