@@ -136,8 +136,11 @@ class _Data:
     def joinpath(self, name: str) -> _Data:
         return self
 
-    def read_text(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+    def read_text(self, encoding: str = "utf-8") -> str:
         return self.text
+
+    def read_bytes(self) -> bytes:
+        return self.text.encode("utf-8")
 
 
 class TestShapesAtBoundary:

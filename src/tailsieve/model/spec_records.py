@@ -117,7 +117,7 @@ def _measurement(raw: Any, k: int) -> Measurement:
 def measurements() -> tuple[Measurement, ...]:
     """Every shipped measurement, in file order; a damaged file (not JSON, empty, an entry off its schema) is a
     one-line ConfigError naming it."""
-    text = resources.files("tailsieve").joinpath(DATA_FILE).read_text(encoding="utf-8", errors="replace")
+    text = resources.files("tailsieve").joinpath(DATA_FILE).read_bytes().decode("utf-8", "replace")
     doc = loads_json(text, f"{DATA_FILE} (reinstall tailsieve if it was changed)")
     rows = doc.get("measurements") if isinstance(doc, dict) else None
     if not isinstance(rows, list) or not rows:
