@@ -33,60 +33,123 @@ LINE_CHARS = 300  # the longest line the CLI prints about user content (`line`)
 _MIN_SECRET = 4  # shorter values would mask ordinary words
 _SECRETS: set[str] = set()
 
-# the last word of a secret-looking name (HF_TOKEN, OPENAI_API_KEY, X-Auth-Token, db.password, Set-Cookie)
-_LAST = (r"(?:api[-_]?key|apikey|key|token|secret|password|passwd|pwd|credentials?|cookie|session|auth|bearer"
-         r"|authorization)")
-# words that make a name secret wherever they sit in its last dotted part (AWS_SECRET_ACCESS_KEY_ID, DB_PASSWORD_OLD)
-_STRONG = r"(?:secret|password|passwd|credentials?)"
-_PART = r"[A-Za-z0-9]+"
-# a name that is secret wherever it stands: parts joined by _ - . whose last part is a _LAST word, a last dotted part
-# holding a _STRONG part (so `secret.toml` is a file, `client_secret_id` a secret), or a header name
-_NAME_ANY = (rf"(?:(?:{_PART}[_.-])+?{_LAST}|(?:{_PART}[_.-])*?(?:{_PART}[_-])*?{_STRONG}(?:[_-]{_PART})*"
-             r"|authorization|cookie|apikey)")
-# a bare ordinary word that names a secret only as an assignment, a flag, a quoted key or at the start of a field
-# (`token=…`, `--token …`, `"token": …`, `token: …` on its own line; not `verl session: cannot start`)
-_NAME_WEAK = r"(?:key|token|session|auth|bearer|pwd)"
-_NAME_RE = rf"(?:{_NAME_ANY}|{_NAME_WEAK})"
+# Names are classified in Python, not by one regex (a regex of nested repetitions took minutes on a hostile 64 KiB
+# error body): a name is a run of [A-Za-z0-9_.-] (at most NAME_CHARS), its parts split at _ - .
+WEAK = frozenset({"key", "token", "session", "auth", "bearer", "pwd"})  # a secret only as NAME=, --NAME, a quoted key
+# or at the start of a field (`token=…`, `"token": …`, `token: …` on its own line; not `verl session: cannot start`)
+LAST = WEAK | {"secret", "password", "passwd", "credential", "credentials", "cookie", "authorization", "apikey"}
+STRONG = frozenset({"secret", "password", "passwd", "credential", "credentials"})  # anywhere in the last dotted part
 # header and strong words are names even glued to what precedes them (`\x1b[31mAuthorization:`, `mypassword=`)
-_GLUED = r"(?:(?:proxy-)?authorization|(?:set-)?cookie|password|passwd|secret|credentials?|api[-_]?key)"
-_NAME_FULL = re.compile(rf"(?i){_NAME_RE}")
-_QUOTED = r"\"(?:[^\"\\\n]|\\.)*(?:\"|$)|'(?:[^'\\\n]|\\.)*(?:'|$)"
-# a documentation placeholder is no secret (`key=value`, `token=<TOKEN>`, `password: ...`)
-_PLACEHOLDER = r"(?!(?:value|\.\.\.|…|<[A-Za-z_]*>|\{[A-Za-z_]*\})(?=[\s,;)\]]|$))"
-_FIELD_END = r"(?=[\s\"']|&[A-Za-z_][\w.-]*=|$)"  # a NAME=value ends at a blank, a quote, or `&` + the next name=
-# what may sit right before a name or a bare token without being part of it: an escaped control character as an
-# excerpt shows it (`\n`, `\x1b`, `\u202e`) or a terminal sequence (`\x1b[31m`, raw or escaped)
+GLUED = ("authorization", "cookie", "password", "passwd", "secret", "credential", "credentials", "apikey", "api_key",
+         "api-key")
+NAME_CHARS = 128
+_SPLIT = re.compile(r"[_.-]")
+_HEAD = re.compile(r"(?<![A-Za-z0-9_.-])(?P<q>[\"']?)(?P<dash>--?)?(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,127}+)"
+                   r"(?![A-Za-z0-9_.-])(?P=q)(?P<sep>[ \t]*+[:=][ \t]*+|[ \t]++)")
+_UNQUOTED = re.compile(r"[^\s\"']*+")
+_NEXT_NAME = re.compile(r"&[A-Za-z_][\w.-]*=")
+_QUOTED = {'"': re.compile(r'"(?:[^"\\\n]|\\.)*+(?:"|$)', re.M), "'": re.compile(r"'(?:[^'\\\n]|\\.)*+(?:'|$)", re.M)}
+_PLACEHOLDER = re.compile(r"(?:value|\.\.\.|…|<[A-Za-z_]*>|\{[A-Za-z_]*\})(?=[\s,;)\]]|$)")
+_ESCAPE = re.compile(r"(?:[abfnrtv0]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4})")  # what follows `\` in an escaped excerpt
+_CSI_TAIL = re.compile(r"[0-9;]*[A-Za-z]")  # the rest of a terminal sequence after `ESC[`
+# what may sit right before a bare token without being part of it: an escaped control character as an excerpt shows
+# it (`\n`, `\x1b`, `\u202e`) or a terminal sequence (`\x1b[31m`, raw or escaped)
 _ESCAPED = "".join([r"|(?<=\\[abfnrtv0'\"])|(?<=\\x[0-9a-fA-F]{2})|(?<=\\u[0-9a-fA-F]{4})|(?<=[\x00-\x1f\x7f])",
                     *(rf"|(?<=\x1b\[[0-9;]{{{k}}}[A-Za-z])|(?<=\\x1b\[[0-9;]{{{k}}}[A-Za-z])" for k in range(7))])
-_NB = rf"(?:(?<![A-Za-z0-9_.-]){_ESCAPED})"  # a name starts at a word edge
-_NE = r"(?![A-Za-z0-9_-])"  # and ends at one (a dot may follow: `password.` ends a sentence)
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # NAME: value (header, YAML, JSON with a quoted key): a quoted value to its quote, else to the end of the line
-    (re.compile(rf"(?im)((?:{_NB}[\"']?{_NAME_ANY}{_NE}[\"']?|{_GLUED}{_NE}[\"']?|{_NB}[\"']{_NAME_WEAK}[\"']"
-                rf"|(?:^|(?<=[{{,;(\[:])|(?<=[{{,;(\[:] )){_NAME_WEAK}{_NE})[ \t]*:[ \t]*)(?!{re.escape(MASK)})"
-                rf"({_QUOTED}|[^\n]+)"),
-     r"\1" + MASK),
-    # NAME=value, NAME = "value"
-    (re.compile(rf"(?i)((?:(?:(?:(?<![\w.-]){_ESCAPED})--?|{_NB}){_NAME_RE}|{_GLUED}){_NE}[\"']?[ \t]*=[ \t]*)"
-                rf"(?!{re.escape(MASK)}){_PLACEHOLDER}({_QUOTED}|[^\s\"']+?{_FIELD_END})"),
-     r"\1" + MASK),
-    # --secret-flag value (a command line)
-    (re.compile(rf"(?i)((?:(?<![\w-]){_ESCAPED})--?{_NAME_RE}{_NE}[ \t]+)(?!-)(?!{re.escape(MASK)})({_QUOTED}|\S+)"),
-     r"\1" + MASK),
     # an authorization scheme and its credentials
-    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]+)(?!\[redacted\])(?=[A-Za-z0-9._~+/=:-]*[0-9=._~+/-])"
-                r"[A-Za-z0-9._~+/=:-]{6,}"), r"\1\2" + MASK),
+    (re.compile(r"(?i)\b(bearer|basic|token|digest)([ \t]+)(?!\[redacted\])(?=[A-Za-z0-9._~+/=:-]*+(?<=[0-9=._~+/-]))"
+                r"[A-Za-z0-9._~+/=:-]{6,}+"), r"\1\2" + MASK),
     # bare token shapes
     (re.compile(rf"(?=sk-|hf_|gh[pousr]_|github_pat_|xox|AKIA|ASIA|eyJ)(?:(?<![A-Za-z0-9]){_ESCAPED})"
-                r"(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
-                r"|github_pat_[A-Za-z0-9_]{16,}|xox[bpaors]-[A-Za-z0-9-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{16}"
-                r"|eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*)"), MASK),
+                r"(?:sk-[A-Za-z0-9_-]{8,}+|hf_[A-Za-z0-9]{16,}+|gh[pousr]_[A-Za-z0-9]{16,}+"
+                r"|github_pat_[A-Za-z0-9_]{16,}+|xox[bpaors]-[A-Za-z0-9-]{8,}+|(?:AKIA|ASIA)[A-Z0-9]{16}"
+                r"|eyJ[A-Za-z0-9_-]{4,}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]*+)"), MASK),
     # user:password@ of a URL, to the last @ before the host
-    (re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^\s/?#]*@"), r"\1" + MASK + "@"),
+    (re.compile(rf"(?i)(?:(?<![a-z0-9+.-]){_ESCAPED})([a-z][a-z0-9+.-]{{0,31}}+://)(?:[^\s/?#@]{{0,256}}+@){{1,16}}+"),
+     r"\1" + MASK + "@"),
 )
 _QUICK = re.compile(r"(?i)key|token|secret|pass|pwd|credential|cookie|session|auth|bearer|basic|digest|sk-|hf_"
                     r"|gh[pousr]_|github_pat|xox|AKIA|ASIA|eyJ|://")
+
+
+def _kind(name: str) -> int:
+    """0: not a secret name; 1: an ordinary word that names a secret in context (WEAK); 2: a secret name."""
+    low = name.lower()
+    parts = _SPLIT.split(low)
+    if len(parts) == 1:
+        return 1 if low in WEAK else 2 if low in LAST or low.endswith(GLUED) else 0
+    if parts[-1] in LAST or not STRONG.isdisjoint(re.split(r"[_-]", low.rsplit(".", 1)[-1])):
+        return 2
+    return 2 if low.endswith(GLUED) else 0
+
+
+def _name_kind(text: str, start: int, name: str) -> tuple[int, bool]:
+    """The kind of the name at `start` and whether it is a flag (`--name`), reading past an escape or terminal
+    sequence glued before it (`\\ntoken`, `\\x1b[31mtoken`, `\\x1bHF_TOKEN`, `\\n--api-key`)."""
+    core = name
+    if (start and text[start - 1] == "\\" and (m := _ESCAPE.match(name))) or (start and text[start - 1] == "[" and (m := _CSI_TAIL.match(name))):
+        core = name[m.end():]
+    bare = core.lstrip("-")
+    kind = _kind(name)
+    if core != name and bare and (kind == 0 or core.startswith("-")):
+        kind = _kind(bare)
+    return kind, core.startswith("-") and bare != ""
+
+
+def _field_start(text: str, start: int) -> bool:
+    """Whether `start` begins a field: the text's or a line's start, or after `{ , ; ( [ :` and at most one blank."""
+    i = start - 1 if start and text[start - 1] in " \t" else start
+    return i == 0 or text[i - 1] in "\n{,;([:"
+
+
+def _value_end(text: str, pos: int, sep: str) -> int | None:
+    """Where the value after a separator ends (None: no value to mask): a quoted string to its closing quote; after
+    `:` the end of the line; after `=` the end of the field (a blank, a quote, `&` before the next name=); after a
+    flag's blank, the next word."""
+    if pos >= len(text) or text.startswith(MASK, pos) or _PLACEHOLDER.match(text, pos):
+        return None
+    if text[pos] in _QUOTED:
+        m = _QUOTED[text[pos]].match(text, pos)
+        return m.end() if m else None
+    if ":" in sep:
+        end = text.find("\n", pos)
+        return len(text) if end < 0 else end
+    if "=" in sep:
+        end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
+        amp = _NEXT_NAME.search(text, pos, end)
+        end = amp.start() if amp else end
+        return end if end > pos else None
+    if text[pos] == "-":  # a flag without a value before the next flag
+        return None
+    end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
+    return end if end > pos else None
+
+
+def _mask_names(text: str) -> str:
+    """Every value after a secret name (module docstring), in one linear scan."""
+    out: list[str] = []
+    last = pos = 0
+    while (m := _HEAD.search(text, pos)) is not None:
+        pos = m.end()
+        sep, quoted = m["sep"], bool(m["q"])
+        kind, glued_flag = _name_kind(text, m.start("name"), m["name"])
+        flag = bool(m["dash"]) or glued_flag
+        if not sep.strip() and not flag:  # a plain word followed by a blank: not an assignment
+            pos = m.start("sep") + 1
+            continue
+        if kind == 0 or (kind == 1 and ":" in sep and not quoted and not flag and not _field_start(text, m.start())):
+            pos = m.start("sep") + 1
+            continue
+        end = _value_end(text, m.end(), sep)
+        if end is None:
+            continue
+        out.append(text[last:m.end()])
+        out.append(MASK)
+        last = pos = end
+    out.append(text[last:])
+    return "".join(out)
 
 
 def register_secret(value: str | None) -> None:
@@ -98,7 +161,8 @@ def register_secret(value: str | None) -> None:
 def secret_name(name: str) -> bool:
     """Whether a variable, key, header or flag name looks like it holds a secret (`HF_TOKEN`, `OPENAI_API_KEY`,
     `api_key`, `X-Auth-Token`, `--api-key`, `Set-Cookie`; not `max_tokens`, `secret.toml` or `--api-key-env`)."""
-    return bool(_NAME_FULL.fullmatch(name.lstrip("-")))
+    bare = name.lstrip("-")
+    return len(bare) <= NAME_CHARS and bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", bare)) and _kind(bare) > 0
 
 
 def redact(text: str) -> str:
@@ -110,6 +174,7 @@ def redact(text: str) -> str:
             out = out.replace(secret, MASK)
     if not _QUICK.search(out):  # the common case: nothing that could be a credential
         return out
+    out = _mask_names(out)
     for pattern, repl in _PATTERNS:
         out = pattern.sub(repl, out)
     return out
@@ -169,7 +234,7 @@ def shown_command(argv: Iterable[str]) -> str:
 
 
 # a word whose next word is a secret: an authorization scheme or a header name
-_LEADS = re.compile(rf"(?i)(?:bearer|basic|token|digest|(?:.*[^\w-])?{_NAME_RE}:)")
+_LEADS = re.compile(r"(?i)bearer|basic|token|digest")
 
 
 def shown_args(argv: Iterable[str]) -> list[str]:
@@ -185,7 +250,8 @@ def shown_args(argv: Iterable[str]) -> list[str]:
         flag = word.startswith("-") and secret_name(name)
         out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
         bare = word.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
-        hide = ((flag and not eq) or bool(_LEADS.fullmatch(word))
+        header = word.endswith(":") and secret_name(word[:-1].rsplit(" ", 1)[-1].strip("\"'"))
+        hide = ((flag and not eq) or bool(_LEADS.fullmatch(word)) or header
                 or (bare != word.strip("\"'") and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
         prev = word.strip("\"'")
     return out
