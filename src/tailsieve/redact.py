@@ -88,9 +88,10 @@ def _kind(name: str) -> int:
 def _name_kind(text: str, start: int, name: str) -> tuple[int, bool]:
     """The kind of the name at `start` and whether it is a flag (`--name`), reading past an escape or terminal
     sequence glued before it (`\\ntoken`, `\\x1b[31mtoken`, `\\x1bHF_TOKEN`, `\\n--api-key`)."""
-    core = name
-    if (start and text[start - 1] == "\\" and (m := _ESCAPE.match(name))) or (start and text[start - 1] == "[" and (m := _CSI_TAIL.match(name))):
-        core = name[m.end():]
+    before = text[start - 1] if start else ""
+    glue = _ESCAPE if before == "\\" else _CSI_TAIL if before == "[" else None
+    m = glue.match(name) if glue is not None else None
+    core = name[m.end():] if m else name
     bare = core.lstrip("-")
     kind = _kind(name)
     if core != name and bare and (kind == 0 or core.startswith("-")):
