@@ -44,8 +44,12 @@ GLUED = ("authorization", "cookie", "password", "passwd", "secret", "credential"
          "api-key")
 NAME_CHARS = 128
 _SPLIT = re.compile(r"[_.-]")
-_HEAD = re.compile(r"(?<![A-Za-z0-9_.-])(?P<q>[\"']?)(?P<dash>--?)?(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,127}+)"
-                   r"(?![A-Za-z0-9_.-])(?P=q)(?P<sep>[ \t]*+[:=][ \t]*+|[ \t]++)")
+_SECRETISH = re.compile(r"(?i)key|token|secret|pass|pwd|credential|cookie|session|auth|bearer")
+_CANDIDATE = re.compile(r"[:=]|--")  # where a name's value may follow: NAME: NAME= --NAME
+_FLAG = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,127}+)(?![A-Za-z0-9_.-])(?P<sep>[ \t]++)")
+_BLANKS = re.compile(r"[ \t]*+")
+_NAME_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_AUTHORITY = re.compile(r"[^\s/?#]{0,4096}+")  # a URL's authority: to the path, query, fragment or a blank
 _UNQUOTED = re.compile(r"[^\s\"']*+")
 _NEXT_NAME = re.compile(r"&[A-Za-z_][\w.-]*=")
 _QUOTED = {'"': re.compile(r'"(?:[^"\\\n]|\\.)*+(?:"|$)', re.M), "'": re.compile(r"'(?:[^'\\\n]|\\.)*+(?:'|$)", re.M)}
@@ -66,12 +70,13 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"(?:sk-[A-Za-z0-9_-]{8,}+|hf_[A-Za-z0-9]{16,}+|gh[pousr]_[A-Za-z0-9]{16,}+"
                 r"|github_pat_[A-Za-z0-9_]{16,}+|xox[bpaors]-[A-Za-z0-9-]{8,}+|(?:AKIA|ASIA)[A-Z0-9]{16}"
                 r"|eyJ[A-Za-z0-9_-]{4,}+\.eyJ[A-Za-z0-9_-]{4,}+\.[A-Za-z0-9_-]*+)"), MASK),
-    # user:password@ of a URL, to the last @ before the host
-    (re.compile(rf"(?i)(?:(?<![a-z0-9+.-]){_ESCAPED})([a-z][a-z0-9+.-]{{0,31}}+://)(?:[^\s/?#@]{{0,256}}+@){{1,16}}+"),
-     r"\1" + MASK + "@"),
 )
-_QUICK = re.compile(r"(?i)key|token|secret|pass|pwd|credential|cookie|session|auth|bearer|basic|digest|sk-|hf_"
-                    r"|gh[pousr]_|github_pat|xox|AKIA|ASIA|eyJ|://")
+# cheap gates before each scan (most text holds none of these): a secret word not followed by a letter (`tokens`,
+# `keyboard`, `secrets` are never names: `_kind`), an authorization scheme and a blank, a bare token's prefix
+_NAME_WORDS = ("key", "token", "secret", "passwd", "password", "pwd", "credential", "credentials", "cookie", "session",
+               "auth", "authorization", "bearer", "apikey")
+_SCHEMES = ("bearer ", "basic ", "token ", "digest ", "bearer\t", "basic\t", "token\t", "digest\t")
+_PREFIXES = ("sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "akia", "asia", "eyj")
 
 
 def _kind(name: str) -> int:
@@ -128,29 +133,59 @@ def _value_end(text: str, pos: int, sep: str) -> int | None:
     return end if end > pos else None
 
 
+def _name_before(text: str, end: int) -> int:
+    """Where the name run ending at `end` starts (`end` itself when there is none, or it is longer than NAME_CHARS)."""
+    start = end
+    while start > 0 and text[start - 1] in _NAME_SET:
+        start -= 1
+        if end - start > NAME_CHARS:
+            return end
+    return start
+
+
 def _mask_names(text: str) -> str:
-    """Every value after a secret name (module docstring), in one linear scan."""
+    """Every value after a secret name (module docstring), in one linear scan from separator to separator: each `:`
+    or `=` reads the name before it, each `--` the flag after it (C finds the separators; Python looks at a few)."""
     out: list[str] = []
     last = pos = 0
-    while (m := _HEAD.search(text, pos)) is not None:
-        pos = m.end()
-        sep, quoted = m["sep"], bool(m["q"])
-        kind, glued_flag = _name_kind(text, m.start("name"), m["name"])
-        flag = bool(m["dash"]) or glued_flag
-        if not sep.strip() and not flag:  # a plain word followed by a blank: not an assignment
-            pos = m.start("sep") + 1
+    while (m := _CANDIDATE.search(text, pos)) is not None:
+        k = pos = m.end()
+        if m.group() == "--":  # --flag value (an `=` after the flag is the next candidate's)
+            f = _FLAG.match(text, k)
+            if f is None or (m.start() and text[m.start() - 1] in _NAME_SET and not _glued(text, m.start())):
+                continue
+            sep, head_end, quoted, flag, kind, start = f["sep"], f.end(), False, True, _kind(f["name"]), m.start()
+        else:
+            b = m.start()
+            while b > 0 and text[b - 1] in " \t":
+                b -= 1
+            quote = text[b - 1] if b > 0 and text[b - 1] in "\"'" else ""
+            start = _name_before(text, b - len(quote))
+            quoted = bool(quote) and start > 0 and text[start - 1] == quote
+            if start == b - len(quote) or (quote and not quoted):
+                continue
+            start -= quoted
+            name = text[start + quoted:b - len(quote)]
+            if not _SECRETISH.search(name):  # most names (JSON keys, words before a colon) hold no secret word
+                continue
+            kind, flag = _name_kind(text, start + quoted, name)
+            sep = m.group()
+            head_end = _BLANKS.match(text, k).end()  # type: ignore[union-attr]
+        if kind == 0 or (kind == 1 and sep == ":" and not quoted and not flag and not _field_start(text, start)):
             continue
-        if kind == 0 or (kind == 1 and ":" in sep and not quoted and not flag and not _field_start(text, m.start())):
-            pos = m.start("sep") + 1
-            continue
-        end = _value_end(text, m.end(), sep)
+        end = _value_end(text, head_end, sep)
         if end is None:
             continue
-        out.append(text[last:m.end()])
+        out.append(text[last:head_end])
         out.append(MASK)
         last = pos = end
     out.append(text[last:])
     return "".join(out)
+
+
+def _glued(text: str, i: int) -> bool:
+    """Whether the name characters before index `i` are an escape glued to it (`\\n--api-key`)."""
+    return i >= 2 and text[i - 2] == "\\" and text[i - 1] in "abfnrtv0"
 
 
 def register_secret(value: str | None) -> None:
@@ -173,12 +208,46 @@ def redact(text: str) -> str:
     for secret in sorted(_SECRETS, key=len, reverse=True):
         if secret in out:
             out = out.replace(secret, MASK)
-    if not _QUICK.search(out):  # the common case: nothing that could be a credential
-        return out
-    out = _mask_names(out)
-    for pattern, repl in _PATTERNS:
-        out = pattern.sub(repl, out)
-    return out
+    low = out.lower()
+    if _name_word(low):
+        out = _mask_names(out)
+    for (pattern, repl), words in zip(_PATTERNS, (_SCHEMES, _PREFIXES), strict=True):
+        if any(w in low for w in words):
+            out = pattern.sub(repl, out)
+    return _mask_userinfo(out) if "://" in out else out
+
+
+def _name_word(low: str) -> bool:
+    """Whether lowered text holds a secret word not followed by a letter (`tokens`, `keyboard` are never names), the
+    gate of `_mask_names` (str.find in C; a regex with IGNORECASE alternatives costs ten times more)."""
+    for w in _NAME_WORDS:
+        i = low.find(w)
+        while i >= 0:
+            j = i + len(w)
+            if j == len(low) or not "a" <= low[j] <= "z":
+                return True
+            i = low.find(w, j)
+    return False
+
+
+def _mask_userinfo(text: str) -> str:
+    """The userinfo of every URL (`scheme://USER:PASSWORD@host`) up to the last `@` before the host."""
+    out: list[str] = []
+    last = 0
+    i = text.find("://")
+    while i >= 0:
+        j = i
+        while j > 0 and i - j < 32 and (text[j - 1].isascii() and (text[j - 1].isalnum() or text[j - 1] in "+.-")):
+            j -= 1
+        m = _AUTHORITY.match(text, i + 3)
+        at = text.rfind("@", i + 3, m.end()) if m else -1  # type: ignore[union-attr]
+        if j < i and at > i + 3 and not text.startswith(MASK, i + 3):
+            out.append(text[last:i + 3])
+            out.append(MASK)
+            last = at
+        i = text.find("://", max(i + 3, at))
+    out.append(text[last:])
+    return "".join(out)
 
 
 def escape_controls(text: str) -> str:
@@ -225,7 +294,7 @@ def line(text: str, limit: int = LINE_CHARS, prefix: str = "") -> str:
     room = limit - len(prefix) - 24  # a cut line ends with `… (N characters)`
     if len(first) > 16 * limit:
         return clip(first[:4 * limit], room, total=len(first))
-    return first if len(first) <= room and first.isprintable() and not _QUICK.search(first) else clip(first, room)
+    return clip(first, room)
 
 
 def shown_command(argv: Iterable[str]) -> str:
