@@ -22,6 +22,7 @@ from tailsieve.cli.streams import ascii_safe, broken_pipe
 from tailsieve.errors import Interrupted, TailSieveError
 from tailsieve.redact import line as shown_line
 
+ERROR_LINE_CHARS = 1000  # the longest error line of a command's own (argparse's: `redact.LINE_CHARS`, 300)
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
 COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.curves_cmd",
@@ -217,5 +218,6 @@ def _error_line(command: str, exc: BaseException | str, *, internal: bool = Fals
     head = f"tailsieve {command}: error: "
     if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
         head += f"{'internal error: ' if internal else ''}{type(exc).__name__}: "
-    msg = shown_line(text, prefix=head) if text else type(exc).__name__
+    # our own messages quote user content as excerpts already; this guard only stops a runaway line
+    msg = shown_line(text, ERROR_LINE_CHARS, prefix=head) if text else type(exc).__name__
     print(f"{head}{msg}", file=sys.stderr)

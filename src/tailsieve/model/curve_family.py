@@ -76,8 +76,8 @@ def parse_family_seed(spec: str, what: str, error: type[TailSieveError]) -> int:
     """The SEED of 'family:SEED' (decimal, 0 <= SEED < 2**32); a one-line `error` naming `what` otherwise."""
     text = spec[len(FAMILY_PREFIX):] if spec.startswith(FAMILY_PREFIX) else spec
     if len(text) > 10 or not (text.isascii() and text.isdigit()) or int(text) >= FAMILY_SEED_LIMIT:
-        raise error(f"{what} {excerpt(spec)}: the generated family is addressed as family:SEED with SEED an integer "
-                    f"in 0..{FAMILY_SEED_LIMIT - 1} (e.g. family:3), got {excerpt(text)}")
+        raise error(f"{what} {excerpt(spec, 40)}: the generated family is addressed as family:SEED with SEED an "
+                    f"integer in 0..{FAMILY_SEED_LIMIT - 1} (e.g. family:3), got {excerpt(text, 40)}")
     return int(text)
 
 

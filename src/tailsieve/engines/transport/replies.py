@@ -323,13 +323,13 @@ def aligned(choices: tuple[Choice, ...], total: int | None = None) -> tuple[Choi
     for c in choices:
         if c.logprobs is not None and c.token_ids is not None and len(c.logprobs) != len(c.token_ids):
             raise ReplyError(f"choice {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
+        if c.top_p is not None and len(c.top_p.offsets) != c.tokens + 1:
+            raise ReplyError(f"choice {c.index}: {len(c.top_p.offsets)} top_p_token_offsets for {c.tokens} tokens "
+                             "(expected one per token and one more)")
     if total is not None and choices and all(c.logprobs is not None for c in choices):
         held = sum(len(c.logprobs or ()) for c in choices)
         if held != total:
             raise ReplyError(f"{held} logprobs for the {total} completion tokens the usage reports (one per token)")
-        if c.top_p is not None and len(c.top_p.offsets) != c.tokens + 1:
-            raise ReplyError(f"choice {c.index}: {len(c.top_p.offsets)} top_p_token_offsets for {c.tokens} tokens "
-                             "(expected one per token and one more)")
     return choices
 
 
