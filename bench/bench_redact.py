@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from bench_replies import reply
-
 from tailsieve.engines.transport.replies import loads, parse_full
 from tailsieve.redact import clip, line, redact
 
@@ -46,8 +45,9 @@ def error_body(i: int) -> str:
     """A vLLM-shaped 400 reply that echoes the request."""
     return json.dumps({"object": "error", "type": "BadRequestError", "code": 400, "param": None,
                        "message": f"This model's maximum context length is 4096 tokens. However, you requested "
-                                  f"{5000 + i} tokens (3000 in the messages, 2000 in the completion). Please reduce the "
-                                  f"length of the messages or completion. prompt: 'Solve: the sum of {i} and {i + 1}'"})
+                                  f"{5000 + i} tokens (3000 in the messages, 2000 in the completion). Please reduce "
+                                  f"the length of the messages or completion. prompt: 'Solve: the sum of {i} and "
+                                  f"{i + 1}'"})
 
 
 def error_message(body: str) -> str:

@@ -240,7 +240,7 @@ def _mask_userinfo(text: str) -> str:
         while j > 0 and i - j < 32 and (text[j - 1].isascii() and (text[j - 1].isalnum() or text[j - 1] in "+.-")):
             j -= 1
         m = _AUTHORITY.match(text, i + 3)
-        at = text.rfind("@", i + 3, m.end()) if m else -1  # type: ignore[union-attr]
+        at = text.rfind("@", i + 3, m.end()) if m else -1
         if j < i and at > i + 3 and not text.startswith(MASK, i + 3):
             out.append(text[last:i + 3])
             out.append(MASK)
