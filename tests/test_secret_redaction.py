@@ -195,6 +195,17 @@ class TestEveryPrintedLine:
             clean(key, log)
         launcher.stop()
 
+    @pytest.mark.parametrize("shape", list(CLI_SECRETS))
+    def test_a_replica_logs_error_line(self, shape: str, tmp_path: Path) -> None:
+        """The error a launch quotes from a replica's log (a server that echoes its own flags when it fails)."""
+        from tailsieve.engines.launch.process import server_error
+
+        text, secret = CLI_SECRETS[shape]
+        log = tmp_path / "replica-0.log"
+        log.write_text(f"INFO 05-01 10:00:00 [api_server.py:1] args: {text}\n"
+                       f"ValueError: bad flags: {text}\x1b[31m {'V' * 5000}\n")
+        clean(secret, server_error(log))
+
     @staticmethod
     def _command_file(tmp_path: Path) -> Path:
         """A launch config whose server command is `true` (the replica exits at once; its log keeps the header)."""
