@@ -51,7 +51,8 @@ def completion(**choice: Any) -> dict[str, Any]:
     """A vLLM `/v1/completions` reply to `PROMPT` (token ids returned), `choice` overriding its one choice."""
     ch = {"index": 0, "text": "abcd", "token_ids": [1, 2, 3, 4], "finish_reason": "length",
           "prompt_token_ids": PROMPT, "logprobs": {"token_logprobs": [-0.5, -1.0, -0.25, 0.0]}} | choice
-    return {"choices": [ch], "usage": {"prompt_tokens": 3, "completion_tokens": len(ch.get("token_ids") or [])}}
+    tokens = 4 if ch.get("token_ids") is None else len(ch["token_ids"])  # without ids: the text's 4 tokens
+    return {"choices": [ch], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}
 
 
 @dataclass

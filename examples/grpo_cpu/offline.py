@@ -6,8 +6,8 @@ vLLM), `grpo.reward` scores them, `GRPOTrainer` steps. Shows the task is learnab
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -19,6 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo import GRPOTrainer, Sample, make_initial_policy, make_prompts, reward, sample_group
+
+from tailsieve.cli import CliParser
 
 
 def offline_demo(steps: int = 20, *, seed: int = 0, groups: int = 8, group_size: int = 4, max_tokens: int = 128,
@@ -54,7 +56,7 @@ def offline_demo(steps: int = 20, *, seed: int = 0, groups: int = 8, group_size:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI for `offline_demo`."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = CliParser(prog="offline.py", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -62,6 +64,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this tiny model)")
     a = ap.parse_args(argv)
+    for name, hi in {"steps": 100_000, "max_tokens": 4096, "threads": 256}.items():  # before anything starts
+        if not 1 <= getattr(a, name) <= hi:
+            ap.error(f"--{name.replace('_', '-')} must be an integer in 1..{hi}, got {getattr(a, name)}")
+    if not 0 <= a.seed < 2**32:
+        ap.error(f"--seed must be an integer in 0..{2**32 - 1}, got {a.seed}")
+    if not (math.isfinite(a.lr) and 0 < a.lr <= 1):
+        ap.error(f"--lr must be a finite learning rate in (0, 1], got {a.lr}")
     torch.set_num_threads(a.threads)
     offline_demo(a.steps, seed=a.seed, lr=a.lr, max_tokens=a.max_tokens, workdir=a.workdir)
 

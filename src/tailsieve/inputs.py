@@ -20,6 +20,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import sys
 import tomllib
@@ -180,12 +181,31 @@ def check_numbers(obj: Any, where: str, error: ErrorType = ConfigError, *, allow
             raise error(f"{where}: {at} holds {excerpt(cur)}, not a finite number within ±{sys.float_info.max:.1e}")
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (`json` would keep the last value silently)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return out
+
+
 def loads_json(text: str, where: str, error: ErrorType = ConfigError, *, allow_nan: bool = False,
                line: bool = True) -> Any:
     """Parse one JSON document (or, with `line=False`, one JSONL line whose number `where` already names); `where`
     names the file in every error."""
     try:
-        obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
+        obj = (json.loads(text, object_pairs_hook=_unique_keys) if allow_nan
+               else json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys))
+    except DuplicateKey as exc:
+        raise error(f"{where}: key {excerpt(exc.key)} appears twice in one object") from None
     except json.JSONDecodeError as exc:
         at = f" at line {exc.lineno}" if line else ""
         raise error(f"{where}: invalid JSON{at} ({exc.msg})") from None
@@ -255,9 +275,9 @@ def int_list(text: str, flag: str, lo: int, hi: int, error: ErrorType = ConfigEr
         if not item:
             continue
         first, dots, last = item.partition("..")
-        try:
-            a = int(first)
-            b = int(last) if dots else a
+        try:  # ASCII digits, bounded before conversion (`ascii_int`)
+            a = ascii_int(first, flag)
+            b = ascii_int(last, flag) if dots else a
         except ValueError:
             raise error(f"{flag} must be comma-separated integers or ranges A..B, got {excerpt(item)}") from None
         for v in (a, b):
@@ -325,3 +345,34 @@ def check_tail_replicas(m: int | None, replicas: int, what: str = "m") -> None:
         return
     if isinstance(m, bool) or not isinstance(m, Integral) or not 0 <= m < max(replicas, 1):
         raise ConfigError(f"{what} must lie in 0..{max(replicas - 1, 0)} (R={replicas} replicas), got {what}={m}")
+
+
+MAX_INT_DIGITS = 18  # an integer written on the command line or in a spec: at most this many digits (< 2**63)
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?|[+-]?(?:inf|infinity|nan)",
+                          re.IGNORECASE)
+
+
+def ascii_int(text: str, what: str, *, lo: int | None = None, hi: int | None = None,
+              error: ErrorType = ConfigError) -> int:
+    """An integer written as ASCII digits (an optional sign, no `_`, no other script's digits: `mtp:٣` and `1_0` are
+    refused, where `int()` would take them), at most `MAX_INT_DIGITS` digits (checked before conversion), in
+    [lo, hi]; a one-line `error` naming `what` and quoting an excerpt of the text otherwise."""
+    body = str(text).strip()
+    if len(body) > MAX_INT_DIGITS + 1 or not _ASCII_INT.fullmatch(body):
+        rng = "" if lo is None and hi is None else f" in {'' if lo is None else lo}..{'' if hi is None else hi}"
+        raise error(f"{what} must be an integer{rng} written in ASCII digits, got {excerpt(text)}")
+    value = int(body)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in {lo}..{hi}"
+        raise error(f"{what} must be an integer {rng}, got {value}")
+    return value
+
+
+def ascii_float(text: str, what: str, error: ErrorType = ConfigError) -> float:
+    """A number written in ASCII (digits, sign, point, exponent; `inf`/`nan` spelled out, for the caller's range
+    check to refuse), at most 64 characters; a one-line `error` quoting an excerpt of the text otherwise."""
+    body = str(text).strip()
+    if len(body) > 64 or not _ASCII_FLOAT.fullmatch(body):
+        raise error(f"{what} must be a number written in ASCII, got {excerpt(text)}")
+    return float(body)

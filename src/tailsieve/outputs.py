@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from tailsieve.errors import TailSieveError
+from tailsieve.redact import clip
 
 LOCK_NAME = ".tailsieve.lock"
 _HOLDER_BYTES = 4096
@@ -160,8 +161,11 @@ class OutputLock:
     def _busy(self, fd: int) -> OutputError:
         try:
             doc = json.loads(os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8"))
-            holder = (f"tailsieve {doc['command']}, pid {int(doc['pid'])} on host {doc['host']} since "
-                      f"{doc['since']}")
+            pid = doc["pid"]
+            if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31:
+                raise TypeError("pid")
+            holder = (f"tailsieve {clip(str(doc['command']), 32)}, pid {pid} on host {clip(str(doc['host']), 48)} "
+                      f"since {clip(str(doc['since']), 32)}")
         except (OSError, ValueError, KeyError, TypeError):
             holder = "a process that has not yet said who it is"
         return OutputError(f"{self.target} is being written by another run ({holder}); wait for it to end or "

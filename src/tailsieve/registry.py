@@ -234,7 +234,7 @@ class Registry(dict[str, T], Generic[T]):
         """The one unknown-name error: `unknown KIND 'name' (valid: …)`, listing `valid` (default: `names()`) — a
         caller whose namespace holds more than this registry (`simulate`: the oracles, the peers) lists them all."""
         listed = self.names() if valid is None else valid
-        return self.error(f"unknown {self.kind} '{name}' (valid: {', '.join(listed)})")
+        return self.error(f"unknown {self.kind} {excerpt(name)} (valid: {', '.join(listed)})")
 
     def check(self, name: str, valid: Sequence[str] | None = None) -> str:
         """`name` once `resolve` finds it (the one known-name check of every caller)."""

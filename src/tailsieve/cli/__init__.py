@@ -7,20 +7,23 @@ commands from `SUMMARIES` and import none of them (no numpy, rich or aiohttp; be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from tailsieve import __version__
 from tailsieve.cli.streams import ascii_safe, broken_pipe
 from tailsieve.cli.width import say
 from tailsieve.errors import Interrupted, TailSieveError
-from tailsieve.redact import redact
+from tailsieve.redact import line as shown_line
 
+ERROR_LINE_CHARS = 1000  # the longest error line of a command's own (argparse's: `redact.LINE_CHARS`, 300)
 # One module per command; each exposes `register(subparsers)` that sets `func(args) -> int` on its parser.
 COMMANDS: tuple[str, ...] = (
     "tailsieve.cli.curves_cmd",
@@ -58,11 +61,37 @@ class CliParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--m` is never `--model`, `--q` never `--q0` (cli/flags.py)
         super().__init__(*args, **kwargs)
+        # `type=int` / `type=float` read ASCII digits only, bounded before conversion, and quote a bad value as an
+        # excerpt (argparse's own message would echo it whole: issue 49)
+        self.register("type", int, _flag_int)
+        self.register("type", float, _flag_float)
 
     def error(self, message: str) -> NoReturn:
-        """Print one line and exit 2."""
-        say(f"{self.prog}: error: {' '.join(message.split())}")
+        """Print one line (redacted, control characters escaped, at most `redact.LINE_CHARS` characters; wrapped
+        within 120 columns on a terminal) and exit 2."""
+        head = f"{self.prog}: error: "
+        say(head + shown_line(" ".join(str(message).split()), prefix=head))
         raise SystemExit(2)
+
+
+def _flag_int(text: str) -> int:
+    """argparse's `type=int`: ASCII digits only, bounded before conversion (`inputs.ascii_int`)."""
+    from tailsieve.inputs import ascii_int, excerpt
+
+    try:
+        return ascii_int(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {excerpt(text)}") from None
+
+
+def _flag_float(text: str) -> float:
+    """argparse's `type=float`: a number written in ASCII (`inputs.ascii_float`)."""
+    from tailsieve.inputs import ascii_float, excerpt
+
+    try:
+        return ascii_float(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {excerpt(text)}") from None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -83,11 +112,51 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Interrupted` (a KeyboardInterrupt naming the signal) from here on, so that every
+    command, from its first line, ends on them with one line and 128 + the signal's number (`main`); the previous
+    handlers come back at the end. Only in the main thread (the one place Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def interrupted_line(command: str, exc: KeyboardInterrupt) -> int:
+    """Print `tailsieve CMD: interrupted[ by SIG…][; note]` and return 128 + the signal's number."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
+    say(f"tailsieve{' ' + command if command else ''}: interrupted{how}{note}")
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; user errors print one line to stderr and return a non-zero exit code."""
-    ascii_safe()
+    """Run one command; user errors print one line to stderr and return a non-zero exit code; SIGTERM, SIGHUP and
+    Ctrl-C, from the first line on, one line and 128 + the signal's number."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=next((a for a in argv if not a.startswith("-")), ""))
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        with interrupt_signals():
+            return _main(argv, command)
+    except KeyboardInterrupt as exc:  # before the command ran (its own handler below says the rest)
+        return interrupted_line(command if command in SUMMARIES else "", exc)
+
+
+def _main(argv: list[str], command: str) -> int:
+    """`main` inside its signal handlers."""
+    ascii_safe()
+    parser = build_parser(only=command)
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser, so the line names the command
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -102,11 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return broken_pipe()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal turned into `Interrupted`: 128 + its number
-        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        how = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-        note = f"; {exc.note}" if isinstance(exc, Interrupted) and exc.note else ""
-        say(f"tailsieve {args.command}: interrupted{how}{note}")
-        return 128 + signum
+        return interrupted_line(args.command, exc)
     except SystemExit as exc:  # a plugin's exit() is its failure; the CLI's own exits (argparse) pass
         if (who := _blame(exc)) is None:
             raise
@@ -154,7 +219,9 @@ def _blame(exc: BaseException) -> str | None:
 def _error_line(command: str, exc: BaseException | str, *, internal: bool = False) -> None:
     """`tailsieve CMD: error: …`, the exception's first line (its type when it has no message)."""
     text = str(exc).strip()
-    msg = redact(text.splitlines()[0]) if text else type(exc).__name__
+    head = f"tailsieve {command}: error: "
     if internal or isinstance(exc, OverflowError | RecursionError | MemoryError | csv.Error):
-        msg = f"{'internal error: ' if internal else ''}{type(exc).__name__}: {msg}"
-    say(f"tailsieve {command}: error: {msg}")
+        head += f"{'internal error: ' if internal else ''}{type(exc).__name__}: "
+    # our own messages quote user content as excerpts already; this guard only stops a runaway line
+    msg = shown_line(text, ERROR_LINE_CHARS, prefix=head) if text else type(exc).__name__
+    say(f"{head}{msg}")

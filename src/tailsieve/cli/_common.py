@@ -18,16 +18,23 @@ from rich.console import Console
 from rich.table import Table
 
 from tailsieve.cli.progress import Mode, progress_mode
-from tailsieve.errors import TailSieveError
+from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.inputs import ascii_float, ascii_int, clip, excerpt
 from tailsieve.outputs import check_target
+
+
+def _number(text: str, kind: str, parse: Any) -> Any:
+    """`parse(text)` (`inputs.ascii_int` / `ascii_float`: ASCII only, bounded before conversion), or argparse's
+    one-line error `expected KIND, got EXCERPT`."""
+    try:
+        return parse(text, "value")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {excerpt(text)}") from None
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    value = int(_number(text, "a positive integer", ascii_int))
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -35,21 +42,15 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    value = float(_number(text, "a positive number", ascii_float))
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text.strip()}")
     return value
 
 
 def nonneg_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    value = int(_number(text, "a non-negative integer", ascii_int))
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return value
@@ -58,7 +59,7 @@ def nonneg_int(text: str) -> int:
 def column_name(text: str) -> str:
     """argparse type: a non-empty trace column name."""
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a column name, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a column name, got {excerpt(text)}")
     return text
 
 
@@ -208,12 +209,29 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+DEFAULT_API_KEY_ENV = "TAILSIEVE_API_KEY"
+
+
+def api_key_env(args: argparse.Namespace) -> str | None:
+    """The variable the API key is read from: `--api-key-env NAME` (an unset NAME is a one-line error: the user
+    asked for a key that would silently not be sent), '' for none, else TAILSIEVE_API_KEY when it is set."""
+    name = getattr(args, "api_key_env", None)
+    if name is None:
+        return DEFAULT_API_KEY_ENV
+    if not name:
+        return None
+    if name not in os.environ:
+        raise ConfigError(f"--api-key-env {excerpt(name)}: no such environment variable is set (export it, or leave "
+                          "the flag out to send no key)")
+    return str(name)
+
+
 def plot_path(text: str) -> Path:
     """Validate a --plot destination before any work is done (so a bad path never wastes a run)."""
     path = Path(text)
     if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise TailSieveError(f"--plot {text}: use a .png, .pdf or .svg file name")
+        raise TailSieveError(f"--plot {clip(text)}: use a .png, .pdf or .svg file name")
     if not path.parent.exists():
-        raise TailSieveError(f"--plot {text}: folder {path.parent} does not exist")
+        raise TailSieveError(f"--plot {clip(text)}: folder {clip(str(path.parent))} does not exist")
     check_target(path, "--plot")  # a new or regular file: never a link, FIFO or device (`tailsieve.outputs`)
     return path

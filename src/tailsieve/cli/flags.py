@@ -98,7 +98,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--kind": {"default": "vllm", "help": "server kind: a registered engine backend (openai, vllm, sglang, "
                                           "sglang-native), a plugin pkg.module:Class or an entry point of "
                                           "tailsieve.backends (default: %(default)s)"},
-    "--api-key-env": {"default": "TAILSIEVE_API_KEY", "help": "env var holding the API key (never printed)"},
+    "--api-key-env": {"default": None, "metavar": "NAME",
+                      "help": "env var holding the API key (never printed); an unset NAME is an error (default: "
+                              "TAILSIEVE_API_KEY when set, else no key)"},
     "--stall-timeout": {"type": float, "default": 60.0,
                         "help": "seconds without a new token that mark a request stalled and its replica down "
                                 "(keep-alive bytes do not count; default: %(default)s)"},

@@ -21,7 +21,7 @@ from tailsieve.engines.launch import LaunchError, ReplicaLauncher, launcher_for,
 from tailsieve.engines.launch.bounds import BOUNDS, MAX_CPU_MEMORY_GIB
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model, kind_named, launch_from_mapping
 from tailsieve.errors import ConfigError, Interrupted
-from tailsieve.inputs import excerpt, finite
+from tailsieve.inputs import ascii_int, excerpt, finite
 from tailsieve.model.spec_parse import load_config_file, parse_spec, read_config
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.outputs import OutputLock, check_target, write_atomic, write_json_atomic
@@ -135,7 +135,7 @@ def launch_config(args: argparse.Namespace) -> tuple[LaunchConfig, PoolSpec]:
         table["gpus"] = [g.strip() for g in args.gpus.split(";")]
     if args.ports is not None:
         try:
-            table["ports"] = [int(x) for x in args.ports.split(",") if x.strip()]
+            table["ports"] = [ascii_int(x, "--ports", lo=0, hi=65535) for x in args.ports.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--ports: expected comma-separated integers, got {excerpt(args.ports)}") from None
     if args.server_args is not None:

@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.cli._common import CliConsole, plot_path, print_json, print_table, progress_console, progress_enabled
+from tailsieve.cli._common import (
+    CliConsole,
+    api_key_env,
+    plot_path,
+    print_json,
+    print_table,
+    progress_console,
+    progress_enabled,
+)
 from tailsieve.cli.flags import add, add_served_model_name
 from tailsieve.cli.launch_cmd import sigterm_as_interrupt
 from tailsieve.cli.progress import heartbeat
@@ -131,7 +139,7 @@ def _options(args: argparse.Namespace) -> ClientOptions:
     if args.retries < 0:
         raise ConfigError(f"--retries must be >= 0, got {args.retries}")
     deadline = None if args.deadline is None else _seconds("--deadline", args.deadline)
-    return ClientOptions(stream=not args.no_stream, api_key_env=args.api_key_env or None,
+    return ClientOptions(stream=not args.no_stream, api_key_env=api_key_env(args),
                          stall_timeout_s=_seconds("--stall-timeout", args.stall_timeout), deadline_s=deadline)
 
 

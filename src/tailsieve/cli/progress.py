@@ -24,6 +24,7 @@ from enum import StrEnum
 
 from tailsieve.cli.width import say
 from tailsieve.errors import ConfigError
+from tailsieve.inputs import ascii_float, excerpt
 
 __all__ = ["ENV", "EVERY_S", "Heartbeat", "Mode", "heartbeat", "interval", "progress_mode"]
 
@@ -49,11 +50,11 @@ def interval() -> float | None:
     if text.lower() == "off":
         return None
     try:
-        value = float(text)
+        value = ascii_float(text, ENV)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{ENV} must be 'off' or a number of seconds >= 0, got {text!r}")
+        raise ConfigError(f"{ENV} must be 'off' or a number of seconds >= 0, got {excerpt(text)}")
     return value
 
 

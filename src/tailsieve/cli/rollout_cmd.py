@@ -22,6 +22,7 @@ from tailsieve.analysis.balancer import BALANCER, balancer_verdicts, sentence
 from tailsieve.analysis.report import batch_columns, fidelity_notes, summarize, summary_table
 from tailsieve.cli._common import (
     add_trace_columns,
+    api_key_env,
     console,
     print_json,
     progress_console,
@@ -211,7 +212,7 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
                              m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
-                             length_scale=args.length_scale, faults=faults, api_key_env=args.api_key_env or None,
+                             length_scale=args.length_scale, faults=faults, api_key_env=api_key_env(args),
                              model=args.model, bias_correction=getattr(args, "bias_correction", False),
                              logprobs=getattr(args, "logprobs", False))
             for n in names}

@@ -19,7 +19,7 @@ from tailsieve.cli._common import progress_console, trace_columns, warn_few_prom
 from tailsieve.cli.flags import add, controller_config, policy_names_given
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, finite, int_in
+from tailsieve.inputs import MAX_REPLICAS, MAX_STEP_REQUESTS, check_step_size, excerpt, finite, int_in
 from tailsieve.loop import PolicyRun
 from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve
@@ -220,7 +220,7 @@ def load_inputs(args: argparse.Namespace) -> Workload:
     except ValueError:
         mode = ReplayMode.SYNTHETIC
     if mode is ReplayMode.SYNTHETIC:
-        raise ConfigError(f"--replay must be recorded or resample, got '{args.replay}'")
+        raise ConfigError(f"--replay must be recorded or resample, got {excerpt(args.replay)}")
     workload = load_workload(args.workload, mode=mode, seed=args.seed, **trace_columns(args))
     warn_few_prompts(args, len(workload.prompts), f"workload {workload.name}")
     return workload

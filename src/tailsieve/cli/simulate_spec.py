@@ -15,7 +15,7 @@ from tailsieve.cli.sim_args import build_config, load_inputs, progress_bar
 from tailsieve.cli.spec_range_view import print_range
 from tailsieve.cli.suffix_view import print_suffix, run_suffix, suffix_brackets
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import check_replicas, int_list
+from tailsieve.inputs import check_replicas, excerpt, int_list
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_fit import context_for
@@ -56,7 +56,7 @@ def spec_template(text: str, context: SpecContext | None = None) -> SpecConfig:
     if spec.method is SpecMethod.NONE:
         raise ConfigError("--spec needs a speculative method (mtp, eagle3, dflash, ngram, suffix), got none")
     if any(p.strip().isdigit() for p in text.split(",")[0].split(":")[1:]):
-        raise ConfigError(f"--spec takes a method, not a depth (the table sweeps --spec-budgets), got {text!r}")
+        raise ConfigError(f"--spec takes a method, not a depth (the table sweeps --spec-budgets), got {excerpt(text)}")
     return spec
 
 

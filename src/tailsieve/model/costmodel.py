@@ -128,6 +128,8 @@ def load_cost_model(spec: str | Path | TpotCurve | CostModel) -> CostModel:
         return CostModel(spec)
     if isinstance(spec, str) and spec in builtin_curves():
         return CostModel(builtin_curves()[spec])
+    if isinstance(spec, str) and spec.startswith("family:"):  # a generated regime's curve, never a file name
+        return CostModel(load_curve(spec))
     path = Path(spec)
     if path.exists():
         text = read_text(path, "curve file", CurveError)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tailsieve.errors import ConfigError, TailSieveError
+from tailsieve.inputs import excerpt
 from tailsieve.model.curves import TpotCurve
 
 __all__ = ["CURVE_BATCHES", "FAMILY_PREFIX", "FAMILY_SEED_LIMIT", "FAMILY_TAG", "KneeShape", "draw_knee_shape",
@@ -74,9 +75,9 @@ def draw_knee_shape(rng: np.random.Generator) -> KneeShape:
 def parse_family_seed(spec: str, what: str, error: type[TailSieveError]) -> int:
     """The SEED of 'family:SEED' (decimal, 0 <= SEED < 2**32); a one-line `error` naming `what` otherwise."""
     text = spec[len(FAMILY_PREFIX):] if spec.startswith(FAMILY_PREFIX) else spec
-    if not (text.isascii() and text.isdigit()) or int(text) >= FAMILY_SEED_LIMIT:
-        raise error(f"{what} '{spec}': the generated family is addressed as family:SEED with SEED an integer in "
-                    f"0..{FAMILY_SEED_LIMIT - 1} (e.g. family:3), got {text!r}")
+    if len(text) > 10 or not (text.isascii() and text.isdigit()) or int(text) >= FAMILY_SEED_LIMIT:
+        raise error(f"{what} {excerpt(spec, 40)}: the generated family is addressed as family:SEED with SEED an "
+                    f"integer in 0..{FAMILY_SEED_LIMIT - 1} (e.g. family:3), got {excerpt(text, 40)}")
     return int(text)
 
 

@@ -235,4 +235,4 @@ def load_curve(spec: str | Path | TpotCurve) -> TpotCurve:
     if path.exists():  # a FIFO, device or folder is refused by the reader, not taken for a curve name
         return read_curve_file(path)
     names = ", ".join(sorted(curves))
-    raise CurveError(f"unknown curve '{spec}': not a built-in name ({names}) and no such file")
+    raise CurveError(f"unknown curve {excerpt(spec)}: not a built-in name ({names}) and no such file")

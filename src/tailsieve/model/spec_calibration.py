@@ -110,6 +110,9 @@ def bracket_alpha(method: SpecMethod, bracket: Bracket) -> float:
     """The minimum, median or maximum α of the method's published acceptances (every family: acceptance is the
     drafter's and the text's, not the verification cost's)."""
     alphas = sorted(point_alpha(m) for m in points(method, use=Use.ACCEPTANCE))
+    if not alphas:
+        raise ConfigError(f"data/spec_measurements.json holds no acceptance of {method.value} (the file is damaged: "
+                          "reinstall tailsieve)")
     pick = {Bracket.LOW: alphas[0], Bracket.CENTRAL: statistics.median(alphas), Bracket.HIGH: alphas[-1]}
     return float(pick[bracket])
 

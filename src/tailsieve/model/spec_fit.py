@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import load_document
+from tailsieve.inputs import excerpt, load_document
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_parse import SPEC_KEYS, SpecContext, spec_from_mapping
 from tailsieve.model.spec_records import family_of
@@ -128,11 +128,26 @@ def fit_concurrency_terms(points: Sequence[SpecPoint], plain: TpotCurve, base: S
     return ConcurrencyFit(spec, math.sqrt(float(np.mean(err**2))), math.sqrt(float(np.mean(acc_err**2))), len(points))
 
 
+def _fit_block(doc: Any, path: Path) -> dict[str, Any] | None:
+    """A model file's `speculative.concurrency_fit` table (None when absent); a `speculative` or `concurrency_fit`
+    that is not a table is a one-line ConfigError naming the key (the file's schema, checked at the boundary)."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"model file {path} must be a JSON object, got {type(doc).__name__}")
+    spec = doc.get("speculative")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"model file {path}: speculative must be a table, got {excerpt(spec)}")
+    block = spec.get("concurrency_fit")
+    if block is not None and not isinstance(block, dict):
+        raise ConfigError(f"model file {path}: speculative.concurrency_fit must be a table, got {excerpt(block)}")
+    return block
+
+
 def spec_from_profile_file(path: Path) -> SpecConfig:
     """The `speculative.concurrency_fit` block of a model file `tailsieve profile` wrote, as a `SpecConfig`."""
-    doc: Any = load_document(path, "model file", ConfigError)
-    block = (doc.get("speculative") or {}).get("concurrency_fit") if isinstance(doc, dict) else None
-    if not isinstance(block, dict):
+    block = _fit_block(load_document(path, "model file", ConfigError), path)
+    if block is None:
         raise ConfigError(f"model file {path} has no speculative.concurrency_fit block (tailsieve profile writes one "
                           "on a speculative server with --plain-curve and --method)")
     return spec_from_mapping({k: v for k, v in block.items() if k in SPEC_KEYS}, f"model file {path}")
@@ -142,9 +157,7 @@ def context_for(curve_arg: str | Path | None, curve: TpotCurve) -> SpecContext:
     """What a bare `mtp` / `dflash` means on this `--curve`: its model family, and the file's own concurrency fit
     when `--curve` is a `tailsieve profile` model file that has one (a user's own numbers first)."""
     fitted = None
-    if curve_arg is not None and str(curve_arg).lower().endswith(".json") and Path(curve_arg).is_file():
-        doc: Any = load_document(Path(curve_arg), "model file", ConfigError)
-        block = (doc.get("speculative") or {}).get("concurrency_fit") if isinstance(doc, dict) else None
-        if isinstance(block, dict):
-            fitted = spec_from_profile_file(Path(curve_arg))
+    if (curve_arg is not None and str(curve_arg).lower().endswith(".json") and Path(curve_arg).is_file()
+            and _fit_block(load_document(Path(curve_arg), "model file", ConfigError), Path(curve_arg)) is not None):
+        fitted = spec_from_profile_file(Path(curve_arg))
     return SpecContext(family_of(curve), fitted)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import excerpt, load_document
+from tailsieve.inputs import ascii_float, ascii_int, excerpt, load_document
 from tailsieve.model.spec_records import Bracket, Family
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod, method_names
 
@@ -76,18 +76,20 @@ def parse_spec(text: str, where: str, context: SpecContext | None = None) -> Spe
     base = _base(name, bracket, ctx, where)
     obj: dict[str, Any] = {"method": name if base is None else base.method.value}
     if tokens:
-        try:
-            obj["tokens"] = int(tokens[0])
-        except ValueError:
+        try:  # ASCII digits, bounded before conversion: `mtp:٣` and `mtp:1_0` are refused, not read as 3 and 10
+            obj["tokens"] = ascii_int(tokens[0], "tokens")
+        except ConfigError:
             raise ConfigError(f"{where}: tokens must be an integer, got {excerpt(tokens[0])} in "
                               f"{excerpt(text)}") from None
     for opt in opts:
         key, eq, value = opt.partition("=")
         if not eq or key.strip() not in SPEC_KEYS[2:]:
             raise ConfigError(f"{where}: expected key=value with key in {', '.join(SPEC_KEYS[2:])}, got {excerpt(opt)}")
+        if key.strip() in obj:
+            raise ConfigError(f"{where}: key {key.strip()} is given twice in {excerpt(text)}")
         try:
-            obj[key.strip()] = float(value)
-        except ValueError:
+            obj[key.strip()] = ascii_float(value, key.strip())
+        except ConfigError:
             raise ConfigError(f"{where}: {key.strip()} must be a number, got {excerpt(value.strip())}") from None
     try:
         spec = spec_from_mapping(obj, where)
@@ -121,7 +123,7 @@ def _base(name: str, bracket: str | None, ctx: SpecContext, where: str) -> SpecC
     if method is None or (family_text and family_text not in {f.value for f in Family}):
         if bracket not in (None, "default"):
             names = ", ".join(m.value for m in PROFILE_METHODS)
-            raise ConfigError(f"{where}: no published range for {name!r} (calibrated: {names}, -dense, -moe)")
+            raise ConfigError(f"{where}: no published range for {excerpt(name)} (calibrated: {names}, -dense, -moe)")
         return None
     if bracket == "default":
         return SpecConfig(method)

@@ -3,13 +3,15 @@ number, with its source, hardware, engine, model, family, method, depth, concurr
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from tailsieve.errors import ConfigError
+from tailsieve.inputs import excerpt, loads_json
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import SpecMethod
 
@@ -81,16 +83,46 @@ class Measurement:
         return self.metric is Metric.SPEEDUP and self.use in (Use.CENTRAL, Use.RANGE) and self.concurrency is not None
 
 
-def _measurement(raw: dict[str, Any]) -> Measurement:
-    return Measurement(**(raw | {"method": SpecMethod(raw["method"]), "family": Family(raw["family"]),
-                                 "use": Use(raw["use"]), "metric": Metric(raw["metric"])}))
+DATA_FILE = "data/spec_measurements.json"
+# the file's schema: each field's type (checked at the boundary, so a damaged install is one line, not a traceback)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,), "method": (str,), "family": (str,), "use": (str,), "metric": (str,), "concurrency": (int, type(None)),
+    "depth": (int, type(None)), "value": (int, float), "tolerance": (int, float), "source": (str,), "hardware": (str,),
+    "engine": (str,), "model": (str,), "task": (str,), "note": (str,)}
+_ENUMS: dict[str, Any] = {"method": SpecMethod, "family": Family, "use": Use, "metric": Metric}
+
+
+def _measurement(raw: Any, k: int) -> Measurement:
+    """Entry `k` of the file, each field of its schema type (an enum value, a finite number); ConfigError otherwise."""
+    where = f"{DATA_FILE}: measurements[{k}]"
+    if not isinstance(raw, dict) or set(raw) != set(_FIELDS):
+        missing = sorted(set(_FIELDS) - set(raw)) if isinstance(raw, dict) else []
+        raise ConfigError(f"{where} must be an object with keys {', '.join(_FIELDS)}"
+                          + (f" (missing {missing[0]})" if missing else f", got {excerpt(raw)}"))
+    kw: dict[str, Any] = {}
+    for key, types in _FIELDS.items():
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, types) or (isinstance(v, float) and not math.isfinite(v)):
+            raise ConfigError(f"{where}.{key} has the wrong type or value: {excerpt(v)}")
+        if key in _ENUMS:
+            try:
+                v = _ENUMS[key](v)
+            except ValueError:
+                raise ConfigError(f"{where}.{key}: unknown value {excerpt(v)}") from None
+        kw[key] = v
+    return Measurement(**kw)
 
 
 @lru_cache(maxsize=1)
 def measurements() -> tuple[Measurement, ...]:
-    """Every shipped measurement, in file order."""
-    text = resources.files("tailsieve").joinpath("data/spec_measurements.json").read_text(encoding="utf-8")
-    return tuple(_measurement(m) for m in json.loads(text)["measurements"])
+    """Every shipped measurement, in file order; a damaged file (not JSON, empty, an entry off its schema) is a
+    one-line ConfigError naming it."""
+    text = resources.files("tailsieve").joinpath(DATA_FILE).read_bytes().decode("utf-8", "replace")
+    doc = loads_json(text, f"{DATA_FILE} (reinstall tailsieve if it was changed)")
+    rows = doc.get("measurements") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"{DATA_FILE} holds no measurements list (the file is damaged: reinstall tailsieve)")
+    return tuple(_measurement(m, k) for k, m in enumerate(rows))
 
 
 def points(method: SpecMethod, family: Family | None = None, use: Use | None = None) -> tuple[Measurement, ...]:

@@ -293,7 +293,7 @@ def bundled_trace_names() -> tuple[str, ...]:
 def bundled_trace_path(name: str) -> Path:
     """Filesystem path of a trace shipped inside the package."""
     if name not in _BUNDLED:
-        raise TraceError(f"no bundled trace '{name}' (bundled: {', '.join(_BUNDLED)})")
+        raise TraceError(f"no bundled trace {excerpt(name)} (bundled: {', '.join(_BUNDLED)})")
     return Path(str(resources.files("tailsieve").joinpath(_BUNDLED[name])))
 
 
@@ -306,7 +306,7 @@ def load_trace(spec: str | Path | None = None, **kwargs: Any) -> Trace:
     p = Path(spec)
     if not p.exists():
         names = ", ".join(sorted(_BUNDLED))
-        raise TraceError(f"no such trace '{spec}': not a bundled name ({names}) and no such file")
+        raise TraceError(f"no such trace {excerpt(spec)}: not a bundled name ({names}) and no such file")
     if p.is_dir():
         raise TraceError(f"trace {p}: is a directory, expected a CSV, JSONL or Parquet file")
     return read_trace(p, **kwargs)

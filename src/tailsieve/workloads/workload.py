@@ -251,7 +251,7 @@ def synthetic_workload(
         return _generated(name, factory(seed), seed, desc)
     if config is None:
         if name not in _SYNTHETIC:
-            raise ConfigError(f"unknown synthetic workload '{name}' (known: {', '.join(generator_names())})")
+            raise ConfigError(f"unknown synthetic workload {excerpt(name)} (known: {', '.join(generator_names())})")
         config = SyntheticConfig(tail_ratio=_SYNTHETIC[name][0])
     model = SyntheticModel(config, seed=seed)
     return _generated(name, model, seed, _SYNTHETIC.get(name, (None, "synthetic workload"))[1])
@@ -283,7 +283,8 @@ def parse_mode(mode: ReplayMode | str) -> ReplayMode:
     try:
         return ReplayMode(mode)
     except ValueError:
-        raise ConfigError(f"unknown replay mode '{mode}' (choose {', '.join(m.value for m in ReplayMode)})") from None
+        choices = ", ".join(m.value for m in ReplayMode)
+        raise ConfigError(f"unknown replay mode {excerpt(mode)} (choose {choices})") from None
 
 
 def _family(spec: str, seed: int, length_column: str | None, prompt_column: str | None) -> Workload:
@@ -291,8 +292,8 @@ def _family(spec: str, seed: int, length_column: str | None, prompt_column: str 
     from tailsieve.workloads.family import family_workload, parse_family_seed  # family imports this module
 
     if length_column is not None or prompt_column is not None:
-        raise ConfigError(f"workload '{spec}' is generated, not read from a file: a length or prompt column applies "
-                          "to trace files only")
+        raise ConfigError(f"workload {excerpt(spec)} is generated, not read from a file: a length or prompt column "
+                          "applies to trace files only")
     return family_workload(parse_family_seed(spec, "workload", ConfigError), draw_seed=int(seed))
 
 
@@ -315,15 +316,15 @@ def load_workload(
         return _family(spec, seed, length_column, prompt_column)
     if isinstance(spec, str) and spec in generator_names():
         if length_column is not None or prompt_column is not None:
-            raise ConfigError(f"workload '{spec}' is generated, not read from a file: a length or prompt column "
+            raise ConfigError(f"workload {excerpt(spec)} is generated, not read from a file: a length or prompt column "
                               "applies to trace files only")
         return synthetic_workload(spec, seed=seed)
     if m is ReplayMode.SYNTHETIC:
         raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
-                          f"got '{spec}'")
+                          f"got {excerpt(spec)}")
     if isinstance(spec, str) and spec not in bundled_trace_names() and not Path(spec).exists():
-        raise TraceError(f"no such trace '{spec}': not a bundled workload ({', '.join(bundled_workloads())}) and no "
-                         "such file")
+        raise TraceError(f"no such trace {excerpt(spec)}: not a bundled workload "
+                         f"({', '.join(bundled_workloads())}) and no such file")
     trace = require_tokens(load_trace(spec, length_column=length_column, prompt_column=prompt_column))
     bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
     name = str(spec) if bundled else Path(spec).stem

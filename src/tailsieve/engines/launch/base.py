@@ -24,6 +24,7 @@ from tailsieve.errors import TailSieveError
 from tailsieve.inputs import excerpt
 from tailsieve.policy.router import pool_split
 from tailsieve.policy.step import Pool, StepPlan
+from tailsieve.redact import shown_args
 from tailsieve.registry import Registry
 
 DEFAULT_LAUNCHER = "local"
@@ -206,8 +207,8 @@ class ReplicaLauncher(abc.ABC):
         return {"launcher": self.name, "model": c.model, "device": c.device.value,
                 "replicas": [s.describe() for s in self.slots], "endpoints": self.endpoints,
                 "tail_replicas": self.m, "tail_ids": list(self.tail_replicas), "memory": c.memory,
-                "tail": {"speculative_config": c.tail.speculative_config(), "args": list(c.tail.args)},
-                "bulk": {"speculative_config": c.bulk.speculative_config(), "args": list(c.bulk.args)},
+                "tail": {"speculative_config": c.tail.speculative_config(), "args": shown_args(c.tail.args)},
+                "bulk": {"speculative_config": c.bulk.speculative_config(), "args": shown_args(c.bulk.args)},
                 "restart_free": c.restart_free}
 
     def __enter__(self) -> Self:

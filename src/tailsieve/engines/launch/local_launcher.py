@@ -17,7 +17,6 @@ tests). Thread-safe against a concurrent `stop()` (Ctrl-C during a restart): not
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -47,6 +46,7 @@ from tailsieve.engines.launch.process import (
 from tailsieve.engines.launch.restart import RestartPolicy
 from tailsieve.engines.launch.serving import Replica, Serving
 from tailsieve.policy.step import Pool
+from tailsieve.redact import shown_command
 
 __all__ = ["LocalLauncher", "LocalProcesses", "Replica"]
 
@@ -78,7 +78,7 @@ class LocalProcesses:
                 base = tempfile.gettempdir()
                 sv.tmp = Path(tempfile.mkdtemp(prefix="tailsieve-", dir=base if len(base) <= 40 else "/tmp"))
             with rep.log.open("ab") as log:
-                log.write(f"\n== tailsieve launch: {' '.join(sv.command(rep))}\n".encode())
+                log.write(f"\n== tailsieve launch: {shown_command(sv.command(rep))}\n".encode())
                 log.flush()
                 rep.proc = subprocess.Popen(sv.command(rep), env=sv.env(rep), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -152,7 +152,7 @@ class LocalLauncher(ReplicaLauncher):
         lines = []
         for rep in self.replicas:
             lines.append(f"# replica {rep.index} ({rep.pool.value}) {rep.url}  env: {self.serving.shown_env(rep)}")
-            lines.append(shlex.join(self.command(rep)))
+            lines.append(shown_command(self.command(rep)))
         return lines
 
     # ---- start / stop -------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from tailsieve.redact import clip
+
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))\b(:.*)?$")
 _FATAL_LINE = re.compile(r"^Fatal Python error: .*")  # a crash in C (an illegal instruction, a segfault)
 # vLLM's log prefixes: the process tag `(EngineCore_DP0 pid=12) `, then `ERROR 05-01 10:00:00 [core.py:12] `
@@ -73,6 +75,13 @@ def _bare(line: str) -> tuple[str, str | None]:
 
 
 def server_error(log: Path, chars: int = 300, *, last_line: bool = True) -> str:
+    """`_server_error`, redacted and clipped to `chars` with control characters escaped (a server's log may echo its
+    own flags, `--api-key` included: issue 49)."""
+    text = _server_error(log, chars * 4, last_line=last_line)
+    return clip(text, chars - 24) if len(text) > chars else clip(text, chars)
+
+
+def _server_error(log: Path, chars: int = 300, *, last_line: bool = True) -> str:
     """The server's own error from its log, since the launcher's last start header: a `Fatal Python error` line
     (a crash: the engine's own words), else the last exception line (plus a pydantic detail line), else the last
     ERROR/CRITICAL log message (vLLM's prefixes stripped: `EngineDeadError` logged by the API server), else the

@@ -32,6 +32,7 @@ from tailsieve.engines.launch.ray_server import ACTOR_GONE, RayActors, RayReplic
 from tailsieve.engines.launch.restart import RestartPolicy
 from tailsieve.engines.launch.serving import Replica, Serving
 from tailsieve.policy.step import Pool
+from tailsieve.redact import shown_command
 
 __all__ = ["ACTOR_GONE", "RayActors", "RayLauncher", "RayReplica", "bundle", "check_reachable", "ray_get",
            "tensor_parallel"]
@@ -124,7 +125,7 @@ class RayLauncher(ReplicaLauncher):
             lines.append(f"# replica {rep.index} ({rep.pool.value}) placement group bundle {b}"
                          + (f"  env: {env}" if env else ""))
             cmd = self.serving.command(rep, host=rep.host or "NODE_IP", port=str(rep.port) if rep.port else "FREE_PORT")
-            lines.append(" ".join(cmd))
+            lines.append(shown_command(cmd))
         return lines
 
     def request_stop(self) -> None:

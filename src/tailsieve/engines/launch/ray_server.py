@@ -27,6 +27,7 @@ from tailsieve.engines.launch.process import (
     wait_group_gone,
 )
 from tailsieve.engines.launch.serving import Replica
+from tailsieve.redact import shown_args
 
 if TYPE_CHECKING:
     from tailsieve.engines.launch.ray_launcher import RayLauncher
@@ -52,7 +53,7 @@ class RayReplica(Replica):
     def describe(self) -> dict[str, Any]:
         """JSON row for launch.json and tables."""
         return {"index": self.index, "url": self.url, "host": self.host, "port": self.port, "place": self.place,
-                "pool": self.pool.value, "flags": list(self.engine.flags()), "pid": self.pid,
+                "pool": self.pool.value, "flags": shown_args(self.engine.flags()), "pid": self.pid,
                 "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "log": str(self.log)}
 
 

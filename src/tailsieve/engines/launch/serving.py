@@ -24,7 +24,7 @@ from tailsieve.engines.kinds.kind import ServerLaunch
 from tailsieve.engines.launch.base import LaunchError, ReplicaSlot
 from tailsieve.engines.launch.config import Device, LaunchConfig
 from tailsieve.engines.launch.process import http_healthy, warm_up_error
-from tailsieve.redact import MASK, redact, secret_name
+from tailsieve.redact import MASK, redact, secret_name, shown_args
 
 if TYPE_CHECKING:
     from tailsieve.engines.launch.base import ReplicaLauncher
@@ -52,7 +52,7 @@ class Replica(ReplicaSlot):
     def describe(self) -> dict[str, Any]:
         """JSON row for launch.json and tables."""
         return {"index": self.index, "url": self.url, "port": self.port, "place": self.place, "pool": self.pool.value,
-                "flags": list(self.engine.flags()), "pid": self.proc.pid if self.proc else None,
+                "flags": shown_args(self.engine.flags()), "pid": self.proc.pid if self.proc else None,
                 "boot_s": round(self.boot_s, 3), "restarts": self.restarts, "state": self.state, "log": str(self.log)}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,15 @@ from numpy.typing import NDArray
 
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import excerpt, loads_json, read_text
+from tailsieve.hashing import batch_digest
+from tailsieve.inputs import excerpt, loads_json, read_bytes, read_text
 from tailsieve.loop import StepRecord
-from tailsieve.outputs import append_line, write_atomic
+from tailsieve.outputs import append_line, check_target, write_atomic
 from tailsieve.policy.decision import Decision
 from tailsieve.policy.router import Router
 
 STATE_FILE, STEPS_FILE, ASIDE = "state.json", "steps.jsonl", "uncommitted"
+SEAL = "batch"  # a step line's record of its batch file: {"bytes": N, "blake2b": HEX} (`batch_seal`)
 
 
 def batch_name(step: int) -> str:
@@ -196,16 +199,71 @@ def read_folder(folder: Path) -> ResumePoint:
         cut = "" if lines.unfinished is None else f"; {lines.unfinished[0]} is unfinished ({lines.unfinished[1]})"
         raise ConfigError(f"cannot resume: {saved} but {have} (the files do not belong together){cut}"[:400])
     for s in range(nxt):
-        if not (folder / batch_name(s)).is_file():
+        if not os.path.lexists(folder / batch_name(s)):
             raise ConfigError(f"cannot resume: {saved} but {folder / batch_name(s)} is missing")
     later = sorted(s for s in batch_steps(folder) if s > nxt)
     if later:
         raise ConfigError(f"cannot resume: {saved} but {folder / batch_name(later[0])} exists (the files are ahead "
                           "of the state)")
     steps = tuple(saved_step(where, row) for where, _, row in rows[:nxt])
+    for s, (_, _, row) in enumerate(rows[:nxt]):
+        check_batch(folder, s, row.get(SEAL), steps[s])
     if state is not None:
         _check_consumed(state, steps, state_path)
     return ResumePoint(state, steps, *_uncommitted(folder, nxt, lines))
+
+
+def batch_seal(data: bytes) -> dict[str, Any]:
+    """What a step line records of its batch file: its byte length and BLAKE2b digest (`check_batch`)."""
+    return {"bytes": len(data), "blake2b": batch_digest(data)}
+
+
+def check_batch(folder: Path, step: int, seal: Any, saved: SavedStep) -> None:
+    """A committed batch file against its step line, before a resume builds on it: a regular file (not a link), of
+    the recorded byte length and BLAKE2b digest; a step line without a record (an older folder) has each of the
+    file's rows read and their uids compared with the line's. A one-line ConfigError naming the file, the step and
+    what differs otherwise (a truncated, emptied, NUL-filled, swapped or replaced batch)."""
+    path = folder / batch_name(step)
+    head = f"cannot resume: {path} (step {step})"
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(f"{head}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{head} is not a regular file (a link, folder or device); a committed batch is a file "
+                          "the run wrote itself")
+    data = read_bytes(path, "batch file")
+    if seal is None:
+        _check_rows(head, data, step, saved)
+        return
+    if not (isinstance(seal, dict) and isinstance(seal.get("bytes"), int) and not isinstance(seal["bytes"], bool)
+            and isinstance(seal.get("blake2b"), str)):
+        raise ConfigError(f"{saved.where}: malformed step line ({SEAL} must be {{\"bytes\": N, \"blake2b\": HEX}}, "
+                          f"got {excerpt(seal)})")
+    if len(data) != seal["bytes"]:
+        raise ConfigError(f"{head}: {len(data):,} bytes where its step line ({saved.where}) records "
+                          f"{seal['bytes']:,}: the batch file was cut, extended or replaced")
+    if batch_digest(data) != seal["blake2b"]:
+        raise ConfigError(f"{head}: its BLAKE2b digest differs from the one its step line ({saved.where}) records "
+                          "(same length: the content was changed or swapped with another step's)")
+
+
+def _check_rows(head: str, data: bytes, step: int, saved: SavedStep) -> None:
+    """An unsealed batch file (an older folder): every line a batch row of this step, their uids the step line's."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{head}: not UTF-8 text") from None
+    uids: list[int] = []
+    for k, raw in enumerate(text.splitlines(), start=1):
+        row = loads_json(raw, f"{head}, line {k}", line=False) if raw.strip() else None
+        uid = row.get("uid") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or row.get("step") != step or isinstance(uid, bool) or not isinstance(uid, int):
+            raise ConfigError(f"{head}, line {k}: not a batch row of step {step}")
+        uids.append(uid)
+    if tuple(uids) != saved.uids:
+        raise ConfigError(f"{head}: its groups (uids {excerpt(uids)}) are not the ones its step line "
+                          f"({saved.where}) consumed (uids {excerpt(list(saved.uids))})")
 
 
 def _uncommitted(folder: Path, step: int, lines: StepLines) -> tuple[bool, str]:
@@ -219,6 +277,7 @@ def _uncommitted(folder: Path, step: int, lines: StepLines) -> tuple[bool, str]:
         found.append(batch_name(step))
     if not found:
         return False, ""
+    check_target(folder / ASIDE, "folder of uncommitted steps", folder=True)  # refused now, not mid-run
     return True, (f"{folder}: step {step} was not committed by the run that wrote it ({', '.join(found)}); moved "
                   f"to {folder / ASIDE}/ and run again")[:400]
 
@@ -293,11 +352,14 @@ def set_aside(folder: Path, step: int) -> Path | None:
     keep, late = _split_lines(steps, step) if steps.exists() else ("", "")
     if not late.strip() and not batch.exists():
         return None
+    check_target(folder / ASIDE, "folder of uncommitted steps", folder=True)  # never through a link
+    check_target(batch, "uncommitted batch file")
     dest = folder / ASIDE / f"step-{step:05d}"
     k = 1
-    while dest.exists():
+    while os.path.lexists(dest):
         dest, k = folder / ASIDE / f"step-{step:05d}-{k}", k + 1
-    dest.mkdir(parents=True)
+    (folder / ASIDE).mkdir(exist_ok=True)
+    dest.mkdir()
     if late.strip():
         write_atomic(dest / STEPS_FILE, late, "uncommitted step lines")
         write_atomic(steps, keep, "step log")

@@ -33,11 +33,13 @@ from tailsieve.analysis.report import report_json
 from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.resume import (
+    SEAL,
     STATE_FILE,
     STEPS_FILE,
     ResumePoint,
     SavedStep,
     batch_name,
+    batch_seal,
     check_steps,
     read_folder,
     set_aside,
@@ -135,8 +137,8 @@ class PolicyOutput:
         if self._aside or (self.dir / batch_name(batch.step)).exists():
             set_aside(self.dir, batch.step)
             self._aside = False
-        rows = batch_lines(batch)
-        write_atomic(self.dir / batch_name(batch.step), "".join(json.dumps(r) + "\n" for r in rows), "batch file")
+        data = "".join(json.dumps(r) + "\n" for r in batch_lines(batch)).encode("utf-8")
+        write_atomic(self.dir / batch_name(batch.step), data, "batch file")
         lengths = np.array([g.lengths for g in batch.groups], dtype=np.int64)
         uids = [g.uid for g in batch.groups]
         pids = tuple(g.prompt_id for g in batch.groups)
@@ -145,7 +147,7 @@ class PolicyOutput:
                                        "started_at": batch.started_at, "restart_s": batch.restart_s,
                                        "redraws": list(batch.redraws),
                                        "truncated": None if batch.truncated is None else
-                                       [list(t) for t in batch.truncated]}
+                                       [list(t) for t in batch.truncated], SEAL: batch_seal(data)}
         if batch.weights is not None:
             line["weights"] = list(batch.weights)
         fid = (list(batch.delays) or [0] * len(uids), list(batch.offpolicy) or [0] * len(uids), batch.dropped)

@@ -297,7 +297,7 @@ def parse_full(obj: Any, n: int, cap: int, latency_s: float,
         out.append(Choice(i, c.text or "", tokens, c.finish_reason, c.token_ids, c.logprobs, c.prompt_token_ids,
                           c.served_version, c.top_p))
     usage_matches_ids(usage.completion_tokens, out)
-    return Completion(aligned(tuple(out)), usage.prompt_tokens, latency_s, None)
+    return Completion(aligned(tuple(out), usage.completion_tokens), usage.prompt_tokens, latency_s, None)
 
 
 def ids_match_text(i: int, text: str | None, ids: tuple[int, ...] | list[int] | None) -> None:
@@ -315,15 +315,21 @@ def usage_matches_ids(reported: int | None, choices: list[Choice] | tuple[Choice
         raise ReplyError(f"usage.completion_tokens is {reported} but the choices carry {held} token ids")
 
 
-def aligned(choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
-    """Logprobs must describe the returned tokens one to one (a trainer pairs them), and top-p offsets have one
-    entry per token and one more."""
+def aligned(choices: tuple[Choice, ...], total: int | None = None) -> tuple[Choice, ...]:
+    """Logprobs must describe the returned tokens one to one (a trainer pairs them), whether or not token ids come:
+    against the ids when they do, else against `total`, the completion tokens the server's usage reports (the sum
+    over the choices that carry logprobs without ids; issue 49); and top-p offsets have one entry per token and one
+    more."""
     for c in choices:
         if c.logprobs is not None and c.token_ids is not None and len(c.logprobs) != len(c.token_ids):
             raise ReplyError(f"choice {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
         if c.top_p is not None and len(c.top_p.offsets) != c.tokens + 1:
             raise ReplyError(f"choice {c.index}: {len(c.top_p.offsets)} top_p_token_offsets for {c.tokens} tokens "
                              "(expected one per token and one more)")
+    if total is not None and choices and all(c.logprobs is not None for c in choices):
+        held = sum(len(c.logprobs or ()) for c in choices)
+        if held != total:
+            raise ReplyError(f"{held} logprobs for the {total} completion tokens the usage reports (one per token)")
     return choices
 
 

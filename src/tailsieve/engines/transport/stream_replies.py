@@ -50,12 +50,15 @@ class StreamAcc:
         self.accs = [_Acc() for _ in range(n)]
         self.prompt_tokens = 0
         self.final_tokens: int | None = None  # completion tokens of the usage-only event (all choices)
+        self.usage_tokens: int | None = None  # the latest usage's completion tokens (all choices so far)
 
     def add(self, chunk: Chunk) -> None:
         """Apply one chunk (token counts past max_tokens are a `ReplyError`)."""
         u = chunk.usage
         if u is not None:
             self.prompt_tokens = u.prompt_tokens or self.prompt_tokens
+            if u.completion_tokens is not None:
+                self.usage_tokens = u.completion_tokens
         single = self.n == 1 and u is not None and u.completion_tokens is not None
         for c in chunk.choices:
             a = self.accs[c.index]
@@ -106,7 +109,7 @@ class StreamAcc:
             if c.token_ids is not None and c.tokens != len(c.token_ids):
                 raise ReplyError(f"choice {c.index}: {c.tokens} tokens reported but {len(c.token_ids)} token ids")
         usage_matches_ids(self.final_tokens, out)
-        return Completion(aligned(out), self.prompt_tokens, latency_s, ttft_s)
+        return Completion(aligned(out, self.usage_tokens), self.prompt_tokens, latency_s, ttft_s)
 
 
 def raise_stream_error(url: str, err: Any) -> None:
