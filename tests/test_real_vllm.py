@@ -133,7 +133,12 @@ def test_profile_cli(pair: LocalLauncher, tmp_path: Path) -> None:
     curve = load_curve(str(out))
     assert curve.batch == (1, 4, 16) and all(0 < t < 1000 for t in curve.tpot_ms)
     doc = json.loads(out.read_text())
-    assert doc["points"][2]["tokens_per_s"] > 0 and "cost_model" not in doc
+    assert doc["points"][2]["tokens_per_s"] > 0
+    # a real server reports its KV cache: the engine keys go in the file's cost_model, with no fitted terms (one
+    # context), and the file still reads as the plain curve
+    terms = doc["cost_model"]
+    assert terms["kv_ms_per_1k"] == terms["prefill_ms_per_token"] == 0 and terms["kv_tokens"] > 0
+    assert "fit" not in doc and load_cost_model(str(out)).engine.kv_tokens == terms["kv_tokens"]
 
 
 def test_profile_cli_fits_the_cost_model(pair: LocalLauncher, tmp_path: Path) -> None:

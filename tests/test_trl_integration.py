@@ -60,7 +60,7 @@ def test_grpo_trainer_on_tailsieve_rollouts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "error"), [
-    (["--group-size", "1"], "--group-size must be >= 2, got 1"),
+    (["--group-size", "1"], "--group-size must be an integer in 2..64, got 1"),
     (["--m0", "2"], "--m0 must be 0 or 1 (tail replicas of the two), got 2"),
     (["--m0", "-1"], "--m0 must be 0 or 1 (tail replicas of the two), got -1"),
 ])

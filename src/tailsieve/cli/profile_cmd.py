@@ -172,27 +172,8 @@ def run(args: argparse.Namespace) -> int:
 
     engine: dict[str, Any] = {}  # the readout: the model's engine keys ("truth") and their provenance ("json")
 
-    async def go() -> tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]:
-        async with EngineClient(opts) as client:
-            readouts = [await read_engine_config(client, e) for e in fleet]
-            kv = {"kv_tokens": readouts[0].kv_tokens, "block_size": readouts[0].block_size}
-            if len(contexts) > 1:
-                model, pts, pre = await profile_model(
-                    client, endpoint, contexts=contexts, batches=batches, max_tokens=args.max_tokens,
-                    model=args.model, on_point=tick, temperature=args.temperature, retry=Retry(retries=args.retries),
-                    prefill=not args.no_stream, **kv)
-                out: tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]] = (
-                    model.curve, model, pts, pre)
-            else:
-                curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
-                                                    model=args.model, on_point=tick, temperature=args.temperature,
-                                                    retry=Retry(retries=args.retries), **kv)
-                out = (curve, None, pts, [])
-            name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
-            probe = await probe_tpot(client, fleet, name) if len(fleet) > 1 else None
-            speeds = None if probe is None else speeds_from_probe(probe[0], probe)
-            engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds, probe))
-            return out
+    def go() -> Coroutine[Any, Any, Measured]:
+        return _measure(args, opts, fleet, batches, contexts, tick, engine)
 
     with (OutputLock(out, "profile", folder=False), bar,  # one writer of --out (its .NAME.lock) from here on
           heartbeat("profile", "points", len(batches) * len(contexts), bar_shown=enabled) as beat):
@@ -203,6 +184,42 @@ def run(args: argparse.Namespace) -> int:
         doc, costs = _document(args, curve, filed, points, plain)
         doc["engine_readout"] = engine["json"]
         write_json_atomic(out, doc, "--out")
+    return _report(args, out, plot, endpoint.url, doc, costs, (curve, model, points, prefill), plain)
+
+
+Measured = tuple[TpotCurve, CostModel | None, list[ProfilePoint], list[PrefillPoint]]
+
+
+async def _measure(args: argparse.Namespace, opts: ClientOptions, fleet: list[Endpoint], batches: tuple[int, ...],
+                   contexts: tuple[int, ...], tick: Callable[[ProfilePoint], None], engine: dict[str, Any]) -> Measured:
+    """The measurement: each replica's engine readout, the points on the first replica (the curve, or the model when
+    several contexts are asked), and with several replicas the speed probe; `engine` gets the readout."""
+    endpoint = fleet[0]
+    async with EngineClient(opts) as client:
+        readouts = [await read_engine_config(client, e) for e in fleet]
+        kv = {"kv_tokens": readouts[0].kv_tokens, "block_size": readouts[0].block_size}
+        if len(contexts) > 1:
+            model, pts, pre = await profile_model(
+                client, endpoint, contexts=contexts, batches=batches, max_tokens=args.max_tokens,
+                model=args.model, on_point=tick, temperature=args.temperature, retry=Retry(retries=args.retries),
+                prefill=not args.no_stream, **kv)
+            out: Measured = (model.curve, model, pts, pre)
+        else:
+            curve, pts = await profile_endpoint(client, endpoint, batches=batches, max_tokens=args.max_tokens,
+                                                model=args.model, on_point=tick, temperature=args.temperature,
+                                                retry=Retry(retries=args.retries), **kv)
+            out = (curve, None, pts, [])
+        name = await served_model(client, endpoint, Retry(retries=args.retries), args.model)
+        probe = await probe_tpot(client, fleet, name) if len(fleet) > 1 else None
+        speeds = None if probe is None else speeds_from_probe(probe[0], probe)
+        engine.update(truth=readouts[0].truth(speeds or ()), json=readout_json(fleet, readouts, speeds, probe))
+        return out
+
+
+def _report(args: argparse.Namespace, out: Path, plot: Path | None, url: str, doc: dict[str, Any],
+            costs: CostFit | None, measured: Measured, plain: TpotCurve | None) -> int:
+    """After the file is written: the plot, then the JSON document or the tables and the closing line."""
+    curve, model, points, prefill = measured
     if plot is not None:
         if model is not None:
             save_fit_plot(model, points, prefill, plot)
@@ -211,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
         return 0
-    _print(args, endpoint.url, points, costs, model, plain)
+    _print(args, url, points, costs, model, plain)
     print_engine(doc)
     conc = (doc.get("speculative") or {}).get("concurrency_fit")
     if conc is not None:
