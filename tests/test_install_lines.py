@@ -23,8 +23,9 @@ CI = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 BREAKS = ("torchvision", "torchaudio", "torchcodec", "triton")
 # another program's words quoted in a doc (vLLM's own error for suffix decoding), not an instruction of ours
 QUOTED = {("docs/launch.md", "arctic-inference==0.1.1")}
-# a build the docs give as a manual step outside the project's venvs, which they say the project does not install and
-# CI does not run (docs/speculative.md: the `arctic-inference` sdist for vLLM's suffix method; its tests skip without it)
+# a build the docs give as a manual step outside the project's venvs, which they say the project does not install
+# and CI does not run (docs/speculative.md: the `arctic-inference` sdist for vLLM's suffix method; its tests skip
+# without it)
 MANUAL = {("docs/speculative.md", ("--no-build-isolation", "--no-deps", "arctic_inference-0.3.0.tar.gz"))}
 TOKEN = r"(?:--?[\w-]+|\.ci/[\w.-]+|'\.\[[\w,]+\]'|\.(?![\w/])|[A-Za-z][\w.\-=]*(?:\[[\w,]+\])?|'[\w.\-=]+\[[\w,]+\]')"
 PIP = re.compile(rf"pip install((?:[ \t]+{TOKEN})+)")
