@@ -4,6 +4,7 @@
 (`tailsieve: interrupted`) and exit status 130, never a traceback. This module imports nothing else."""
 
 import contextlib
+import os
 import sys
 
 
@@ -19,5 +20,22 @@ def run() -> int:
         return 130
 
 
+def exit_after(rc: int) -> None:
+    """Exit with `rc`. After an interrupt (rc > 128) the streams are flushed and the process ends at once: a Ctrl-C
+    handled while the first modules load could otherwise still end the process by SIGINT at the interpreter's exit
+    (status -2 instead of 130, `tests/test_hostile_streams.py`), and a second Ctrl-C there would print a traceback."""
+    if rc > 128:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(rc)
+    raise SystemExit(rc)
+
+
+def console() -> None:
+    """The `tailsieve` console script (pyproject.toml): `run`, then `exit_after` its status."""
+    exit_after(run())
+
+
 if __name__ == "__main__":
-    raise SystemExit(run())
+    console()
