@@ -25,30 +25,12 @@ from typing import Any
 
 import pytest
 
-from tailsieve.cli import main
+from cli_inprocess import run
 from tailsieve.engines.transport.replies import ReplyError, parse_chunk, parse_full
 from tailsieve.engines.transport.stream_replies import StreamAcc
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    old = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(argv)
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return rc, out.getvalue(), err.getvalue()
 
 
 def one_error_line(rc: int, err: str, *needles: str) -> None:

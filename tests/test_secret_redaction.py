@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import os
 import re
@@ -21,7 +20,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tailsieve.cli import main
+from cli_inprocess import run
 from tailsieve.outputs import OutputLock
 from tailsieve.redact import EXCERPT_CHARS, MASK, clip, excerpt, redact
 
@@ -78,25 +77,6 @@ class TestRedactor:
         out = excerpt("\x1b[31m" + text + "\x07" + "Z" * 100_000)
         assert secret not in out and "\x1b" not in out and "\x07" not in out and len(out) <= EXCERPT_CHARS + 40
 
-
-def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """One CLI command in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    old = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(argv)
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return rc, out.getvalue(), err.getvalue()
 
 
 def clean(secret: str, *texts: str) -> None:
