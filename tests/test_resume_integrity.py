@@ -9,8 +9,6 @@ refused before anything moves. A clean resume of either kind goes ahead and its 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -20,28 +18,13 @@ from pathlib import Path
 import pytest
 
 from engine_fake import FakeServer
-from tailsieve.cli import main
-
-POLICY = "static"
+from test_resume import POLICY, argv, cli  # the same rollout command line
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[FakeServer]]:
     with FakeServer() as a, FakeServer() as b:
         yield [a, b]
-
-
-def argv(servers: list[FakeServer], root: Path, steps: int, *extra: str) -> list[str]:
-    return ["rollout", "--endpoints", ",".join(s.url for s in servers), "--prompts", str(root / "p.jsonl"),
-            "--groups", "2", "--group-size", "2", "--rho", "0.5", "--max-tokens", "20", "--policy", POLICY, "--q", "1",
-            "--m", "1", "--steps", str(steps), "--out", str(root / "out"), "--give-up-after", "0", *extra]
-
-
-def cli(args: list[str]) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(args)
-    return rc, err.getvalue()
 
 
 @pytest.fixture(scope="module")
