@@ -5,7 +5,9 @@ TailSieve with suffix everywhere, each at its best depth, under the low, central
 stream per workload (ratios measured in one run).
 
 Targets (issue 52): under the central brackets TailSieve with tail-pool suffix ≥ 1.5× verl-lif and ≥ 1.10× uniform +
-suffix everywhere; the low bracket's figures beside.
+suffix everywhere; the low bracket's figures beside. The last column is the ceiling of any tail-pool drafter: the
+best of the controller and every static split (q ∈ {E, E/2, E/4}, m ≤ R/2) with the ideal drafter on the tail pool
+(every drafted token accepted at depth 32, drafting and verification free; `suffix_range.IDEAL_TAIL`).
 
 Run: `PYTHONPATH=src python bench/bench_suffix_range.py [--steps 16] [--out FILE]` (R = 8, N = 64, G = 8, ρ = 0.1,
 the default controller, seed 0; about a minute per workload on two cores). Prints markdown; `--out` writes JSON.
@@ -27,6 +29,7 @@ from tailsieve.simulation.suffix_range import (
     UNIFORM_TARGET,
     suffix_compare,
     table_json,
+    tail_ceiling,
     verdict_lines,
 )
 
@@ -39,8 +42,11 @@ def run(workload: str, steps: int) -> dict[str, Any]:
     args = build_parser(only="simulate").parse_args(
         ["simulate", "--workload", workload, "--curve", CURVE, "--steps", str(steps), "--seed", str(SEED)])
     model = load_cost_model(CURVE)
-    table = suffix_compare(load_inputs(args), model.curve, build_config(args, ["tailsieve"], model))
-    return table_json(table) | {"verdict_lines": verdict_lines(table.rows)}
+    inputs, config = load_inputs(args), build_config(args, ["tailsieve"], model)
+    table = suffix_compare(inputs, model.curve, config)
+    ceiling = tail_ceiling(inputs, model.curve, config, reference_s=table.reference_s)
+    return table_json(table) | {"verdict_lines": verdict_lines(table.rows),
+                                "ceiling": {"speedup": ceiling.speedup, "policy": ceiling.policy}}
 
 
 def main() -> None:
@@ -50,8 +56,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = ["| workload | bracket | tailsieve, no spec | uniform + suffix everywhere (best of verl-lif, uniform) | "
             "tailsieve, tail-pool suffix | tailsieve, suffix everywhere | tail-pool / uniform + suffix | "
-            f"targets (≥ {TAIL_TARGET:g}× verl-lif, ≥ {UNIFORM_TARGET:g}× uniform + suffix) |",
-            "|---|---|---|---|---|---|---|---|"]
+            f"targets (≥ {TAIL_TARGET:g}× verl-lif, ≥ {UNIFORM_TARGET:g}× uniform + suffix) | "
+            "ceiling: ideal tail drafter |",
+            "|---|---|---|---|---|---|---|---|---|"]
     doc: dict[str, Any] = {}
     t0 = time.perf_counter()
     for label, workload in WORKLOADS.items():
@@ -64,7 +71,8 @@ def main() -> None:
             rows.append(f"| {label} ({workload}) | {r['bracket']} | {r['tailsieve_no_spec']:.3f}× | "
                         f"{u['speedup']:.3f}× ({u['name'].split(' +')[0]}, d={u['depth']}) | "
                         f"{t['speedup']:.3f}× (d={t['depth']}) | {e['speedup']:.3f}× (d={e['depth']}) | "
-                        f"{r['tail_only_vs_uniform_suffix']:.3f}× | {ok} |")
+                        f"{r['tail_only_vs_uniform_suffix']:.3f}× | {ok} | "
+                        f"{d['ceiling']['speedup']:.3f}× ({d['ceiling']['policy']}) |")
     print("\n".join(rows))
     for label, d in doc.items():
         print(f"\n{label}:")

@@ -94,3 +94,29 @@ def test_plan_and_simulate_spec_suffix_cli(capsys: pytest.CaptureFixture[str]) -
     assert len(out["suffix"]["verdicts"]) == 6 and out["suffix"]["reference"] == "verl-lif"
     assert main(["simulate", "--workload", "synthetic-math", "--steps", "3", "--spec", "suffix:7"]) == 1
     assert "--spec suffix takes :low, :central, :high or :default" in capsys.readouterr().err
+
+
+def test_ideal_tail_decodes_depth_plus_one_tokens_per_iteration() -> None:
+    from tailsieve.model.speculative import MAX_TOKENS
+    from tailsieve.simulation.suffix_range import IDEAL_TAIL
+
+    tail = IDEAL_TAIL.curve(CURVE)
+    for b in (1, 2, 8, 64):
+        assert tail.tpot_s(b) == pytest.approx(CURVE.tpot_s(b) / (MAX_TOKENS + 1), rel=1e-12)
+
+
+def test_tail_ceiling_is_the_best_of_the_controller_and_the_static_grid() -> None:
+    from tailsieve.simulation.suffix_range import IDEAL_TAIL, static_grid, tail_ceiling
+
+    wl = fake_workload()
+    assert static_grid(CFG) == [(2, 1), (1, 1), (2, 2), (1, 2)]  # E = ⌈0.25·8⌉ = 2, m ≤ R/2 = 2
+    ref = run_policy("verl-lif", wl, CURVE, CFG).mean_step_s()
+    ideal = replace(CFG, spec=PoolSpec(tail=IDEAL_TAIL))
+    brute = {"tailsieve": ref / run_policy("tailsieve", wl, CURVE, ideal).mean_step_s()}
+    for q, m in static_grid(CFG):
+        brute[f"static q={q} m={m}"] = ref / run_policy("static", wl, CURVE, replace(ideal, q=q, m=m)).mean_step_s()
+    ceiling = tail_ceiling(wl, CURVE, CFG)
+    best = max(brute, key=lambda k: brute[k])
+    assert ceiling.speedup == pytest.approx(brute[best], rel=1e-12) and ceiling.policy == best
+    assert tail_ceiling(wl, CURVE, CFG, reference_s=ref) == ceiling
+    assert ceiling.speedup >= max(v for k, v in brute.items() if k.startswith("static"))

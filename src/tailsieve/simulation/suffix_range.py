@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_records import Bracket, Family
-from tailsieve.model.speculative import PoolSpec, SpecConfig
+from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod
 from tailsieve.model.suffix_model import DEFAULT_DEPTHS, DraftSource, PoolSources, colocated_share, pool_spec
 from tailsieve.policy.router import Dispatch
 from tailsieve.simulation.runs import SimConfig, run_policy
@@ -28,6 +28,11 @@ TAIL_TARGET, UNIFORM_TARGET = 1.5, 1.10  # issue 52's targets: ≥ 1.5× verl-li
 ROUTE_WIN = 0.01
 
 OnStep = Callable[[str, int], None]
+
+# The ideal tail drafter: every drafted token accepted, at the largest depth, drafting and verifying for free, so the
+# tail pool decodes d + 1 tokens per iteration at τ(b). No drafter on the tail pool alone can do better.
+IDEAL_TAIL = SpecConfig(method=SpecMethod.SUFFIX, tokens=MAX_TOKENS, acceptance=1.0, decay=1.0, draft_cost=0.0,
+                        verify_cost=0.0, draft_share=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,40 @@ def suffix_compare(workload: Workload, curve: TpotCurve, config: SimConfig, *, p
         best = {k: min(v, key=lambda a: (a.mean_step_s, a.depth)) for k, v in arms.items()}
         rows.append(SuffixRow(b, reference / no_spec, best["uniform"], best["tail"], best["everywhere"]))
     return SuffixTable(policy, reference, tuple(depths), tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The most a tail-pool drafter can give: the best split with the ideal drafter (`IDEAL_TAIL`) on the tail pool."""
+
+    speedup: float  # over verl-lif without speculation
+    policy: str  # the controller's name, or `static q=Q m=M`
+    q: int | None
+    m: int | None
+
+
+def static_grid(config: SimConfig) -> list[tuple[int, int]]:
+    """(q, m) of the ceiling's static splits: q ∈ {E, ⌈E/2⌉, ⌈E/4⌉} at every m in 1..⌊R/2⌋ (E = ⌈ρN⌉, §2.2)."""
+    e = max(config.router.extra, 1)
+    qs = sorted({e, -(-e // 2), -(-e // 4)}, reverse=True)
+    return [(q, m) for m in range(1, max(config.router.replicas // 2, 1) + 1) for q in qs]
+
+
+def tail_ceiling(workload: Workload, curve: TpotCurve, config: SimConfig, *, policy: str = "tailsieve",
+                 reference_s: float | None = None, on_step: OnStep | None = None) -> Ceiling:
+    """Upper bound of tail-pool speculation: `policy` and every static split of `static_grid` with `IDEAL_TAIL`."""
+    def run(name: str, cfg: SimConfig, label: str) -> float:
+        tick = None if on_step is None else (lambda _n, i: on_step(label, i))
+        return run_policy(name, workload, curve, cfg, on_step=tick).mean_step_s()
+
+    ideal = PoolSpec(tail=IDEAL_TAIL)
+    ref = run(BALANCER, config, f"{BALANCER} no spec") if reference_s is None else reference_s
+    best = Ceiling(ref / run(policy, replace(config, spec=ideal), f"{policy} ideal tail"), policy, None, None)
+    for q, m in static_grid(config):
+        t = run("static", replace(config, spec=ideal, q=q, m=m), f"static q={q} m={m} ideal tail")
+        if ref / t > best.speedup:
+            best = Ceiling(ref / t, f"static q={q} m={m}", q, m)
+    return best
 
 
 Test = Callable[[SuffixRow], bool]
