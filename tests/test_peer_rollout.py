@@ -119,13 +119,18 @@ def test_april_partial_resumes_cut_members_from_their_text_on_the_replicas(two: 
     resumed = [(b, g, o) for b in batches for g, o in zip(b.groups, b.offpolicy, strict=True) if o > 0]
     assert resumed  # some cut group was resumed and consumed
     bodies = [body for s in two for body in s.bodies]
+    rids = [next(v for k, v in h.items() if k.lower() == "x-request-id") for s in two for h in s.headers]
+    sent = [(rid.split("-"), x) for rid, x in zip(rids, [x for s in two for x in s.bodies], strict=True)]
     for b, g, off in resumed:
-        prompt = render_prompt(g.prompt_id)
+        prompt, n = render_prompt(g.prompt_id), lens[g.prompt_id]
         cont = [x for x in bodies if x["prompt"].startswith(prompt + "x") and set(x["prompt"][len(prompt):]) == {"x"}]
-        assert cont and all(x["prompt"] == prompt + "x" * (lens[g.prompt_id] - x["max_tokens"]) for x in cont)
-        if len(cont) <= 3:  # resumed once: its off-policy tokens = the resent members' prefixes + the finished ones
-            assert off == sum(lens[g.prompt_id] - x["max_tokens"] for x in cont) + (3 - len(cont)) * lens[g.prompt_id]
-        assert all(s.text == "x" * lens[g.prompt_id] for s in g.samples)
+        assert cont and all(x["prompt"] == prompt + "x" * (n - x["max_tokens"]) for x in cont)
+        # its off-policy tokens: all but those decoded in the step that consumed it (each of that step's requests for
+        # it ran to its max_tokens); a member that had finished, or was cut with its whole budget streamed, is not
+        # sent again (ts-{step}-{uid}-{member}-{attempt})
+        now = [x["max_tokens"] for rid, x in sent if rid[1:3] == [str(b.step), str(g.uid)]]
+        assert off == 3 * n - sum(now)
+        assert all(s.text == "x" * n for s in g.samples)
         assert b.record.wasted_tokens == 0
     assert sum(o for b in batches for o in b.offpolicy) == sum(o for _, _, o in resumed)
 

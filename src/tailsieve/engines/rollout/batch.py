@@ -1,14 +1,17 @@
 """What `Rollout.step` returns: `Batch` (N complete groups, the step record, fidelity numbers) of `GroupResult`s, and
 the trainer-ready view of it (`TrainerSample`: prompt and response token ids, per-token logprobs, finish reason,
-weight version, group id), the same for every engine backend."""
+weight version, group id), the same for every engine backend; the consumed groups' results from a step's samples
+(`group_results`) and which samples hit the length cap (`truncated`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tailsieve.engines.rollout.engine_executor import Sample
 from tailsieve.engines.rollout.prompts import Messages
+from tailsieve.engines.rollout.rollout_config import RolloutConfig
 from tailsieve.engines.rollout.weight_sync import disagrees
 from tailsieve.loop import StepRecord
 from tailsieve.policy.step import GroupOutcome, Pool
@@ -138,3 +141,29 @@ class Batch:
         return tuple(TrainerSample(g.uid, g.prompt_id, j, s.prompt_token_ids, s.token_ids, s.logprobs, s.text,
                                    s.finish_reason, s.weight_version, g.pool)
                      for g in self.groups for j, s in enumerate(g.samples))
+
+
+def group_results(consumed: Sequence[GroupOutcome], samples: Mapping[int, Sequence[Sample | None]],
+                  prompt: Callable[[str], str | Messages],
+                  weights: Sequence[float | None] | None = None) -> tuple[GroupResult, ...]:
+    """The consumed groups (in order) with their finished samples, prompt as sent and bias weight (None: off)."""
+    ws = weights if weights is not None else [None] * len(consumed)
+    return tuple(GroupResult(o.ref.uid, o.ref.prompt_id, prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
+                             tuple(s for s in samples[o.ref.uid] if s is not None), w)
+                 for o, w in zip(consumed, ws, strict=True))
+
+
+def truncated(groups: Sequence[GroupResult], config: RolloutConfig) -> tuple[tuple[bool, ...], ...] | None:
+    """Which samples hit the length cap: finish_reason "length" when every sample has one (exact), else tokens
+    >= max_tokens; with length replay (every request ends at its replayed max_tokens) tokens >= the workload's
+    cap × length_scale, None when the workload has no cap."""
+    if config.replay is not None:
+        w = config.replay
+        if w.max_length is None:
+            return None
+        cap = max(1, round(w.max_length * config.length_scale))
+        return tuple(tuple(s.tokens >= cap for s in g.samples) for g in groups)
+    if all(s.finish_reason is not None for g in groups for s in g.samples):
+        return tuple(tuple(s.finish_reason == "length" for s in g.samples) for g in groups)
+    cap = config.sampling.max_tokens
+    return tuple(tuple(s.tokens >= cap for s in g.samples) for g in groups)

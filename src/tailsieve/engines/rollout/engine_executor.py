@@ -18,9 +18,11 @@ server shutting down after SIGTERM keeps its streams open but stops serving /hea
 Partial rollout (`StepPlan.resume`, april-partial): with `partial` on, the executor keeps what every cut request had
 generated (its streamed text and token count); a later plan that resumes such a group keeps the members that had
 finished and sends each other member its prompt followed by its text so far, with max_tokens reduced by its tokens
-so far (completions API, one request per member). Any other resumed plan is refused with `PlanNotRunnable` before
-anything is sent. A resumed sample's text and tokens include its prefix; its token ids and logprobs are None (the
-prefix's are not kept).
+so far (completions API, one request per member). A member cut with its whole budget streamed (its last token had
+arrived, its stream had not ended) is not sent again: it finishes at its budget (finish "length") with the replica and
+weight version that generated it; a group left with nothing to send is complete at dispatch. Any other resumed plan
+is refused with `PlanNotRunnable` before anything is sent. A resumed sample's text and tokens include its prefix; its
+token ids and logprobs are None (the prefix's are not kept). The step's bookkeeping lives in `executor_step.py`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import cast
 
+from tailsieve.engines.rollout.executor_step import Job, RunningStep
 from tailsieve.engines.rollout.executor_types import (
     Carried,
     ExecutedStep,
@@ -54,104 +56,11 @@ from tailsieve.engines.transport.engine_client import (
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.engines.transport.types import Progress
 from tailsieve.inputs import excerpt
-from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan
+from tailsieve.policy.step import GroupRef, GroupStatus, Pool, StepPlan
 
 # the executor's values live in executor_types.py; importing them from here keeps working
 __all__ = ["Carried", "EngineExecutor", "ExecutedStep", "GroupSpec", "GroupSpecFn", "PlanNotRunnable", "RequestMode",
            "Sample"]
-
-
-@dataclass(slots=True)
-class _Job:
-    uid: int
-    pool: Pool
-    members: tuple[int, ...]
-    planned: int
-    replica: int = -1
-    attempt: int = 0
-    progress: list[int] = field(default_factory=list)
-    end: float = 0.0
-    version: int = 0  # the weight version its replica served when the job was sent
-    prefix_text: str = ""  # a resumed member (partial rollout): what it had generated when it was cut
-    prefix_tokens: int = 0
-
-
-class _Step:
-    """The mutable bookkeeping of one executing step (owned by one `EngineExecutor.execute` call)."""
-
-    def __init__(self, plan: StepPlan, specs: dict[int, GroupSpec], g: int, replicas: int) -> None:
-        self.plan = plan
-        self.specs = specs
-        self.pool_of = {r.uid: Pool.TAIL for r in plan.tail} | {r.uid: Pool.BULK for r in plan.bulk}
-        self.pool_reps = {Pool.TAIL: plan.tail_replicas, Pool.BULK: plan.bulk_replicas}
-        groups = (*plan.tail, *plan.bulk)
-        self.samples: dict[int, list[Sample | None]] = {r.uid: [None] * g for r in groups}
-        self.progress: dict[int, list[int]] = {r.uid: [0] * g for r in groups}
-        self.texts: dict[int, list[str]] = {r.uid: [""] * g for r in groups}  # partial text (`EngineExecutor.partial`)
-        self.done_at: dict[int, float] = {}
-        self.load = [0] * replicas
-        self.pending: dict[asyncio.Task[Completion], _Job] = {}
-        self.redispatched = 0
-        self.rule = Cutoff.of(plan)  # the step contract's cutoff rule
-        self.pinned = self.rule.pinned
-        self.cut = self.rule.need == 0
-        self.pin_left = set(self.pinned)
-        self.bulk_done: list[int] = []
-        self.bulk_s = 0.0
-        self.tail_left = {r.uid for r in plan.tail}
-        self.started_at = time.time()
-        self.t0 = time.perf_counter()
-        self.seen: dict[int, tuple[int, float]] = {}  # replica -> (its jobs' progress, when it last changed)
-
-    def quiet(self, now: float, after_s: float) -> list[int]:
-        """Replicas with requests in flight whose progress has not moved for `after_s` seconds."""
-        totals: dict[int, int] = {}
-        for job in self.pending.values():
-            totals[job.replica] = totals.get(job.replica, 0) + sum(job.progress) + 1
-        out = []
-        for rep, total in totals.items():
-            last = self.seen.get(rep)
-            if last is None or last[0] != total:
-                self.seen[rep] = (total, now)
-            elif now - last[1] >= after_s:
-                out.append(rep)
-        return out
-
-    def snapshot(self, job: _Job) -> None:
-        """Copy a job's streamed progress into its group's members."""
-        for k, j in enumerate(job.members):
-            if k < len(job.progress):
-                self.progress[job.uid][j] = job.prefix_tokens + job.progress[k]
-                if isinstance(job.progress, Progress):
-                    self.texts[job.uid][j] = job.prefix_text + "".join(job.progress.texts[k])
-
-    def release(self, task: asyncio.Task[Completion]) -> _Job:
-        """Forget a task (its replica's load drops by its members)."""
-        job = self.pending.pop(task)
-        self.load[job.replica] -= len(job.members)
-        return job
-
-    def busy(self) -> bool:
-        """Work left that the step waits for: tail groups, pinned bulk groups, or the bulk pool before its cutoff."""
-        return bool(self.pending) and bool(self.tail_left or self.pin_left or not self.cut)
-
-    def spared(self, job: _Job) -> bool:
-        """Whether a job runs to completion whatever the cutoff: a tail or a pinned bulk group's."""
-        return self.rule.spared(job.uid)
-
-    def outcomes(self, g: int) -> tuple[GroupOutcome, ...]:
-        """Every planned group's outcome, plan order: tail, pinned and kept bulk groups DONE, the rest ABORTED."""
-        kept = set(self.rule.kept_bulk(self.bulk_done)) | self.pinned
-        out: list[GroupOutcome] = []
-        for ref in (*self.plan.tail, *self.plan.bulk):
-            pool, got = self.pool_of[ref.uid], self.samples[ref.uid]
-            if pool is Pool.TAIL or ref.uid in kept:
-                lengths = tuple(s.tokens for s in got if s is not None)
-                out.append(GroupOutcome(ref, pool, GroupStatus.DONE, self.done_at[ref.uid], lengths, g))
-            else:
-                lengths = tuple(s.tokens if s is not None else self.progress[ref.uid][j] for j, s in enumerate(got))
-                out.append(GroupOutcome(ref, pool, GroupStatus.ABORTED, None, lengths, sum(s is not None for s in got)))
-        return tuple(out)
 
 
 class EngineExecutor:
@@ -173,15 +82,15 @@ class EngineExecutor:
         self.partial = False  # keep what cut requests generated, so that a plan may resume them (`StepPlan.resume`)
         self._carried: dict[int, tuple[Carried, ...]] = {}  # last step's cut groups, per member
 
-    def _jobs(self, ref: GroupRef, pool: Pool, placement: tuple[int, ...], spec: GroupSpec) -> list[_Job]:
+    def _jobs(self, ref: GroupRef, pool: Pool, placement: tuple[int, ...], spec: GroupSpec) -> list[Job]:
         if self.mode is RequestMode.SPLIT:
-            return [_Job(ref.uid, pool, (j,), rep) for j, rep in enumerate(placement)]
+            return [Job(ref.uid, pool, (j,), rep) for j, rep in enumerate(placement)]
         by_key: dict[tuple[int, int | None], list[int]] = {}
         for j, rep in enumerate(placement):
             by_key.setdefault((rep, spec.max_tokens[j]), []).append(j)
-        return [_Job(ref.uid, pool, tuple(ms), rep) for (rep, _), ms in by_key.items()]
+        return [Job(ref.uid, pool, tuple(ms), rep) for (rep, _), ms in by_key.items()]
 
-    def _request(self, job: _Job, spec: GroupSpec, step: int) -> Request:
+    def _request(self, job: Job, spec: GroupSpec, step: int) -> Request:
         j0 = job.members[0]
         rid = f"ts-{step}-{job.uid}-{j0}-{job.attempt}"
         if not job.prefix_tokens:
@@ -190,7 +99,7 @@ class EngineExecutor:
         return Request(rid, f"{spec.prompt}{job.prefix_text}", n=1, seed=spec.seeds[j0],
                        max_tokens=max(cap - job.prefix_tokens, 1))
 
-    async def _run(self, job: _Job, req: Request) -> Completion:
+    async def _run(self, job: Job, req: Request) -> Completion:
         wait = self.replicas.policy.backoff(job.attempt)
         if wait > 0:  # a first attempt goes out at once (no extra turn of the event loop)
             await asyncio.sleep(wait)
@@ -207,7 +116,7 @@ class EngineExecutor:
         if spec is None and self.spec is None:
             raise EngineError("EngineExecutor needs a spec function (constructor `spec=` or `execute(plan, spec)`)")
         fn = spec if spec is not None else (lambda ref: cast(GroupSpecFn, self.spec)(ref, plan))
-        st = _Step(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
+        st = RunningStep(plan, {r.uid: fn(r) for r in (*plan.tail, *plan.bulk)}, self.g, len(self.replicas))
         self._check_resume(st)
         try:
             for ref in (*plan.tail, *plan.bulk):
@@ -226,13 +135,13 @@ class EngineExecutor:
         tail_s = max((st.done_at[r.uid] for r in plan.tail), default=0.0)
         bulk_s = max([st.bulk_s, *(st.done_at[u] for u in st.pinned)])
         outcomes = st.outcomes(self.g)
-        self._carried = {o.ref.uid: tuple(Carried(st.texts[o.ref.uid][j], n, st.samples[o.ref.uid][j])
-                                          for j, n in enumerate(o.lengths))
+        self._carried = {o.ref.uid: tuple(Carried(st.texts[o.ref.uid][j], n, st.samples[o.ref.uid][j],
+                                                  *st.origin[o.ref.uid][j]) for j, n in enumerate(o.lengths))
                          for o in outcomes if o.status is GroupStatus.ABORTED} if self.partial else {}
         return ExecutedStep(plan.step, outcomes, tail_s, bulk_s, max(tail_s, bulk_s),
                             {u: tuple(s) for u, s in st.samples.items()}, st.redispatched, st.started_at)
 
-    def _check_resume(self, st: _Step) -> None:
+    def _check_resume(self, st: RunningStep) -> None:
         """PlanNotRunnable (before anything is sent) unless every resumed group is one this executor cut last step,
         with exactly the tokens the plan names, and its requests can carry a text prefix."""
         plan = st.plan
@@ -253,18 +162,23 @@ class EngineExecutor:
             raise PlanNotRunnable(f"step {plan.step}: the plan resumes {len(plan.resume)} cut group(s) from their "
                                   f"tokens, which this executor cannot run ({why}); nothing was sent")
 
-    def _resumed(self, st: _Step, ref: GroupRef) -> list[_Job]:
-        """A resumed group: members that had finished keep their samples; the others continue from their text."""
-        jobs = []
+    def _resumed(self, st: RunningStep, ref: GroupRef) -> list[Job]:
+        """A resumed group: members that had finished keep their samples, and so does a member cut at its budget (its
+        last token streamed, not its end): it finishes there ("length", under the weights that generated it), since
+        a resent request would decode past the budget; the others continue from their text. A group left with
+        nothing to send is complete at once."""
+        jobs, now, caps = [], time.perf_counter() - st.t0, st.specs[ref.uid].max_tokens
         for j, (c, rep) in enumerate(zip(self._carried[ref.uid], st.plan.placement[ref.uid], strict=True)):
-            if c.sample is not None:
-                st.samples[ref.uid][j] = c.sample
-                st.progress[ref.uid][j] = c.sample.tokens
+            got = c.sample if c.sample is not None or c.tokens < (caps[j] or self.params.max_tokens) else \
+                Sample(c.text, c.tokens, "length", None, c.replica, now, 1, weight_version=c.weight_version)
+            if got is not None:
+                st.samples[ref.uid][j], st.progress[ref.uid][j] = got, got.tokens
             else:
-                jobs.append(_Job(ref.uid, st.pool_of[ref.uid], (j,), rep, prefix_text=c.text, prefix_tokens=c.tokens))
+                jobs.append(Job(ref.uid, st.pool_of[ref.uid], (j,), rep, prefix_text=c.text, prefix_tokens=c.tokens))
+        st.complete(ref.uid, now)
         return jobs
 
-    async def _wait_all(self, st: _Step) -> None:
+    async def _wait_all(self, st: RunningStep) -> None:
         """Settle requests as they finish until the step's work is done, checking quiet replicas' health."""
         policy = self.replicas.policy
         quiet_s = min(policy.liveness_s, policy.stall_timeout_s / 2)
@@ -278,7 +192,7 @@ class EngineExecutor:
                 await self._check_quiet(st, quiet_s)
                 next_check = time.perf_counter() + quiet_s / 2
 
-    async def _check_quiet(self, st: _Step, quiet_s: float) -> None:
+    async def _check_quiet(self, st: RunningStep, quiet_s: float) -> None:
         """Ask the /health of replicas whose requests are quiet; one that fails is faulted (work re-dispatched)."""
         quiet = st.quiet(time.perf_counter(), quiet_s)
         if not quiet:
@@ -296,7 +210,7 @@ class EngineExecutor:
             await self._fail_over(st, job, ReplicaFault(url, FaultKind.DISCONNECT, f"/health fails while its "
                                                         f"requests made no progress for {quiet_s:g}s (shutting down?)"))
 
-    async def _launch(self, st: _Step, job: _Job) -> None:
+    async def _launch(self, st: RunningStep, job: Job) -> None:
         """Send a job to its planned replica, or a healthy one of its pool (same pool first), waiting a while when
         none is healthy."""
         target = self.replicas.pick(job.planned, st.pool_reps[job.pool], st.load)
@@ -312,7 +226,7 @@ class EngineExecutor:
         req = self._request(job, st.specs[job.uid], st.plan.step)
         st.pending[asyncio.get_running_loop().create_task(self._run(job, req))] = job
 
-    async def _settle(self, st: _Step, task: asyncio.Task[Completion]) -> None:
+    async def _settle(self, st: RunningStep, task: asyncio.Task[Completion]) -> None:
         """One finished request: a replica fault moves its replica's work, a completion records its samples."""
         job = st.release(task)
         if task.cancelled():
@@ -333,7 +247,7 @@ class EngineExecutor:
             await self._fail_over(st, job, ReplicaFault(url, FaultKind.STALE_VERSION, f"its samples carry weight "
                                                         f"version {excerpt(other)}, sent under {job.version}"))
 
-    async def _fail_over(self, st: _Step, job: _Job, exc: ReplicaFault) -> None:
+    async def _fail_over(self, st: RunningStep, job: Job, exc: ReplicaFault) -> None:
         """Mark the replica down (stale, when its samples carry another weight version: `WeightSync.refresh`
         updates it again) and re-dispatch its unfinished requests (the cut bulk pool's are dropped)."""
         st.snapshot(job)
@@ -354,10 +268,10 @@ class EngineExecutor:
             if m.attempt >= self.replicas.policy.retries:
                 raise EngineError(f"prompt group {m.uid} failed {m.attempt + 1} times; last: {exc}")
             st.redispatched += 1
-            await self._launch(st, _Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1,
+            await self._launch(st, Job(m.uid, m.pool, m.members, m.planned, attempt=m.attempt + 1,
                                         prefix_text=m.prefix_text, prefix_tokens=m.prefix_tokens))
 
-    def _record(self, st: _Step, job: _Job, comp: Completion) -> None:
+    def _record(self, st: RunningStep, job: Job, comp: Completion) -> None:
         """Store a completed request's samples; a group complete in the bulk pool may trigger the cutoff."""
         now = job.end - st.t0
         for k, j in enumerate(job.members):
@@ -371,18 +285,4 @@ class EngineExecutor:
                                             None if resumed else ch.logprobs, ch.prompt_token_ids, job.version,
                                             ch.served_version, None if resumed else ch.top_p)
             st.progress[job.uid][j] = job.prefix_tokens + ch.tokens
-        if job.uid in st.done_at or any(s is None for s in st.samples[job.uid]):
-            return
-        st.done_at[job.uid] = now
-        if job.pool is Pool.TAIL:
-            st.tail_left.discard(job.uid)
-        elif job.uid in st.pinned:
-            st.pin_left.discard(job.uid)
-        elif not st.cut:
-            st.bulk_done.append(job.uid)
-            if st.rule.bulk_cut(st.bulk_done):
-                st.cut, st.bulk_s = True, now
-                for other_task, other in st.pending.items():
-                    if not st.spared(other):
-                        st.snapshot(other)
-                        other_task.cancel()
+        st.complete(job.uid, now)

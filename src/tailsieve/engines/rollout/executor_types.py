@@ -56,11 +56,15 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class Carried:
-    """One member of a group cut last step: the text and tokens it had generated, its sample if it had finished."""
+    """One member of a group cut last step: the text and tokens it had generated, its sample if it had finished, and
+    the replica and weight version of the request that generated its text (a member cut with its whole budget
+    streamed finishes from them: `EngineExecutor._resumed`)."""
 
     text: str
     tokens: int
     sample: Sample | None
+    replica: int = -1  # -1: never sent
+    weight_version: int = 0
 
 
 GroupSpecFn = Callable[[GroupRef, StepPlan], GroupSpec]  # what to send for a group of a plan

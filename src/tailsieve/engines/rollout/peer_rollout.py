@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.batch import group_results
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, ExecutedStep
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.state import RolloutState
@@ -27,7 +28,6 @@ from tailsieve.errors import ConfigError
 from tailsieve.loop import PeerLoop
 from tailsieve.outputs import write_json_atomic
 from tailsieve.policy.peers import PeerState, make_peer
-from tailsieve.policy.step import StepPlan
 
 
 class PeerRollout(Rollout):
@@ -49,21 +49,6 @@ class PeerRollout(Rollout):
         ex = super().build_executor(replicas, model)
         ex.partial = self.peers.peer.resumes
         return ex
-
-    def _generations(self, plan: StepPlan) -> tuple[dict[int, int], dict[str, int]]:
-        """As `Rollout`'s, but a resumed group continues the generation it was cut in (same seeds and replayed
-        lengths), so it draws no new one."""
-        if self._drawn is None or self._drawn[0] != plan.step:
-            gen = dict(self.generation)
-            drawn: dict[int, int] = {}
-            for ref in plan.bulk:
-                if ref.uid in plan.resume:
-                    drawn[ref.uid] = max(gen.get(ref.prompt_id, 0) - 1, 0)
-                else:
-                    drawn[ref.uid] = gen.get(ref.prompt_id, 0)
-                    gen[ref.prompt_id] = drawn[ref.uid] + 1
-            self._drawn = (plan.step, drawn, gen)
-        return self._drawn[1], self._drawn[2]
 
     @property
     def steps_done(self) -> int:
@@ -88,20 +73,15 @@ class PeerRollout(Rollout):
         """Run one step of the peer and return its N complete groups; state advances only when the step succeeds."""
         if self.executor is None or self.replicas is None:
             raise ConfigError("Rollout is not open: use `async with Rollout(...) as r`")
-        if self.weights is not None:
-            await self.weights.refresh()
+        await self.versions.before_step(require_fresh=False)
         out = await self.peers.astep(self.pstate, self.executor, self._pool_move)
         ex, got = cast(ExecutedStep, out.result), out.observed
-        groups = tuple(
-            GroupResult(o.ref.uid, o.ref.prompt_id, self._prompt(o.ref.prompt_id), o.pool, float(o.finish_s or 0.0),
-                        tuple(s for s in ex.samples[o.ref.uid] if s is not None))
-            for o in got.consumed)
-        down = tuple(i for i, u in enumerate(self.replicas.up) if not u)
-        batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at, down,
-                      out.restart_s, tuple(o.ref.cuts for o in got.consumed), self.truncated(groups),
-                      self.weight_version, got.delays, got.offpolicy, got.dropped)
+        groups = group_results(got.consumed, ex.samples, self.specs.prompt)
+        batch = Batch(out.plan.step, groups, out.record, ex.outcomes, ex.redispatched, ex.started_at,
+                      self.engines.down(), out.restart_s, tuple(o.ref.cuts for o in got.consumed),
+                      self.truncated(groups), self.weight_version, got.delays, got.offpolicy, got.dropped)
         if not self.peers.peer.resumes:  # a resumed member's finished sample is older by design (off-policy)
             self.refuse_stale(batch)
         self.pstate = out.state
-        self.generation = self._generations(out.plan)[1]
+        self.specs.commit(out.plan)
         return batch
