@@ -16,7 +16,7 @@ from tailsieve.engines.measure.profile import ProfilePoint
 from tailsieve.engines.rollout.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 
 PROMPT_EXCERPTS = DATA / "prompts"  # first 5 records of each shared prompt set (tests/data/README.md)
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}

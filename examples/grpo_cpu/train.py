@@ -51,8 +51,9 @@ from tailsieve.cli._common import install_advice, missing_modules, plot_path
 from tailsieve.cli.width import say
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
-from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import RolloutConfig
 from tailsieve.engines.rollout.batch import Batch
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy

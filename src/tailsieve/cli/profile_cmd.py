@@ -54,7 +54,8 @@ from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, E
 from tailsieve.errors import ConfigError, Interrupted
 from tailsieve.inputs import MAX_TEMPERATURE, finite
 from tailsieve.model.costmodel import CostModel
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_fit import fit_concurrency_terms
 from tailsieve.model.speculative import METHOD_DEFAULTS, SpecConfig, SpecMethod
 from tailsieve.outputs import OutputLock, check_target, write_figure, write_json_atomic

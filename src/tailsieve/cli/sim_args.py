@@ -25,7 +25,8 @@ from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.engine import MAX_BLOCK, MAX_DRIFT, MAX_KV_TOKENS, MAX_SPREAD, EngineTruth, FleetSpeed
 from tailsieve.model.spec_fit import context_for
-from tailsieve.model.spec_parse import SpecContext, load_config_file, parse_spec
+from tailsieve.model.spec_keys import SpecContext
+from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of
