@@ -45,7 +45,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
+from tailsieve.analysis.balancer import against_balancer, balancer_json, sentence
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.cli import CliParser, interrupt_signals
 from tailsieve.cli._common import install_advice, missing_modules, plot_path
 from tailsieve.cli.width import say
@@ -205,7 +206,7 @@ def rollout_config(a: argparse.Namespace, replay: Workload | None) -> RolloutCon
 
 
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
-                work: Path) -> tuple[list[StepRow], BalancerVerdict | None]:
+                work: Path) -> tuple[list[StepRow], Verdict | None]:
     """The training loop: rollout step (+ the balancer's measurement step) → reward → GRPO update → save → reload
     into every replica; the rows and the verdict against the balancer (None with --against none)."""
     import torch
@@ -321,7 +322,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     plt.close(fig)
 
 
-def run(a: argparse.Namespace) -> tuple[list[StepRow], BalancerVerdict | None]:
+def run(a: argparse.Namespace) -> tuple[list[StepRow], Verdict | None]:
     """Build the model and initial policy, start two replicas on it, train, stop the replicas."""
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="grpo_cpu_"))
     work.mkdir(parents=True, exist_ok=True)
