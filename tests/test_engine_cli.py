@@ -11,7 +11,7 @@ import pytest
 from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.cli.profile_cmd import context_label, context_series
+from tailsieve.cli.profile_view import context_label, context_series
 from tailsieve.engines.measure.profile import ProfilePoint
 from tailsieve.engines.rollout.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
