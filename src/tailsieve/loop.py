@@ -42,7 +42,6 @@ class Executor(Protocol):
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Every planned group's outcome, T_tail, T_bulk (the cutoff) and the makespan."""
-        ...
 
 
 class AsyncExecutor(Protocol):
@@ -50,7 +49,6 @@ class AsyncExecutor(Protocol):
 
     def execute(self, plan: StepPlan) -> Awaitable[StepResult]:
         """As `Executor.execute`."""
-        ...
 
 
 PoolHook = Callable[[StepPlan], float]  # pools of the coming step in, restart seconds out
