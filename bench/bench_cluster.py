@@ -25,7 +25,8 @@ import time
 import numpy as np
 
 from tailsieve.model.baselines import GroupBatch, TopQBest, group_tail_rank, topq_lanes
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import marginal_tpot
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.capture import capture_rates

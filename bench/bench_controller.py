@@ -52,7 +52,7 @@ from fleet_section import fleet_section
 from tailsieve.analysis.metrics import summarize
 from tailsieve.errors import TailSieveError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy

@@ -28,7 +28,7 @@ import tailsieve.policy.predictor as predictor_mod
 from tailsieve.cli._common import positive_int
 from tailsieve.errors import TailSieveError
 from tailsieve.loop import StepLoop
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig

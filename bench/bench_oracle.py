@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.oracle import two_lane_oracle
 from tailsieve.workloads.traces import load_trace
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tailsieve.analysis.metrics import PolicySummary, summarize
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policies

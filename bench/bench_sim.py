@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.engine import FleetSpeed
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig

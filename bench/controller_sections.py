@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tailsieve.loop import SKIP_STEPS, PolicyRun, RunLog, StepLoop, make_controller
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.ranking import ranking
 from tailsieve.policy.router import Router, RouterConfig
 from tailsieve.policy.step import GroupOutcome, StepPlan

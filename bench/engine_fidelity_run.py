@@ -29,7 +29,8 @@ from numpy.typing import NDArray
 from tailsieve.engines.launch.config import LaunchConfig
 from tailsieve.engines.launch.tiny_vllm import tiny_launch_config
 from tailsieve.engines.measure.engine_readout import EngineCounters, probe_tpot, read_engine_counters
-from tailsieve.engines.rollout.api import Rollout, RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient
 from tailsieve.policy.step import StepPlan

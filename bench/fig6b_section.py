@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from controller_sections import grid_spec, pool_map, spaced
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy

@@ -13,7 +13,7 @@ from typing import Any
 
 from controller_sections import grid_spec, multi_turn, pool_map, spaced
 from tailsieve.loop import SKIP_STEPS
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload

@@ -26,7 +26,7 @@ POLICY, SEED, STEPS = "tailsieve", 0, 20
 def traces() -> dict[str, list[list[Any]]]:
     """Per case 'workload/curve': [step, q, m, reason of the decision taken after it] for every step."""
     sys.path.insert(0, str(ROOT / "src"))
-    from tailsieve.model.curves import load_curve
+    from tailsieve.model.curve_names import load_curve
     from tailsieve.simulation.runs import SimConfig, run_policy
     from tailsieve.workloads import load_workload
 

@@ -21,7 +21,7 @@ def history(*, n: int = 16, g: int = 4, seed: int = 0, tail: float = 8.0) -> np.
 
 def obs(*, q: int, m: int, tail_s: float, bulk_s: float, warmup: bool = False, n: int = 16, seed: int = 0
         ) -> StepObservation:
-    return StepObservation(step=1, q=q, m=m, warmup=warmup, candidates=2, tail_s=tail_s, bulk_s=bulk_s,
+    return StepObservation(step=1, q=q, m=m, warmup=warmup, tail_s=tail_s, bulk_s=bulk_s,
                            consumed_lengths=history(n=n, seed=seed))
 
 

@@ -25,7 +25,8 @@ from tailsieve.model.baselines import (
     lpt,
     verify_assignment,
 )
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 
 HAND = make_curve(batch=(1, 2, 3), tpot_ms=(1000.0, 1500.0, 2000.0))  # τ = 1, 1.5, 2, 2.5, … s
 

@@ -23,7 +23,7 @@ A = 0.3
 
 
 def observation(*, q: int, m: int, tail_s: float, bulk_s: float, warmup: bool = False) -> StepObservation:
-    return StepObservation(step=3, q=q, m=m, warmup=warmup, candidates=2, tail_s=tail_s, bulk_s=bulk_s,
+    return StepObservation(step=3, q=q, m=m, warmup=warmup, tail_s=tail_s, bulk_s=bulk_s,
                            consumed_lengths=np.ones((4, 2), np.int64))
 
 

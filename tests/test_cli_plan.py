@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tailsieve.analysis.balancer import BalancerVerdict, Standing
+from tailsieve.analysis.balancer import Standing
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.cli import main
 from tailsieve.cli.plan_cmd import answer, beats_uniform
 from test_headline import summary
@@ -51,9 +52,9 @@ def test_plan_verdict_follows_its_table_where_the_split_pays(tmp_path: Path,
     assert f"static q={best['q']} m={best['m']} best static split {best['mean_step_s']:.2f}" in out
 
 
-def _vs(name: str, standing: Standing, speedup: float) -> BalancerVerdict:
-    return BalancerVerdict(name, standing, speedup, 0.05, 10, 0 if standing is Standing.SAME else 9,
-                           f"{name} is {standing.value}")
+def _vs(name: str, standing: Standing, speedup: float) -> Verdict:
+    return Verdict(name, "verl-lif", standing, speedup, 0.05, 10, f"{name} is {standing.value}",
+                   tail_steps=0 if standing is Standing.SAME else 9)
 
 
 def test_answer_branches() -> None:

@@ -245,7 +245,7 @@ def test_uniform_steps_refresh_the_candidate_history() -> None:
     s = ControlState(q=0, m=0, history=(batch,), tail_history=(heavy, heavy))
     before = c.predictor(s).makespan(4, 1)
     for k in range(6):
-        step = StepObservation(step=k, q=0, m=0, warmup=False, candidates=0, tail_s=0.0, bulk_s=1.0,
+        step = StepObservation(step=k, q=0, m=0, warmup=False, tail_s=0.0, bulk_s=1.0,
                                consumed_lengths=history(n=16, seed=k + 1))
         s, _ = c.learn(s, step)
         assert s.tail_history[-1].tolist() == c.uniform_candidates(step.consumed_lengths).tolist()

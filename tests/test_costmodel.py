@@ -24,7 +24,8 @@ from tailsieve.model.costmodel import (
     fit_prefill,
     load_cost_model,
 )
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.lanes import lane_finish_times
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig, run_replica

@@ -12,7 +12,8 @@ import pytest
 from conftest import DATA, make_curve
 from tailsieve.errors import CurveError
 from tailsieve.model.costmodel import model_from_json
-from tailsieve.model.curves import MAX_CURVE_POINTS, builtin_curves, load_curve, read_curve_file
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import MAX_CURVE_POINTS, builtin_curves, read_curve_file
 
 
 def test_table_interpolates_and_extrapolates() -> None:

@@ -11,12 +11,12 @@ import pytest
 from conftest import DATA
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.cli.profile_cmd import context_label, context_series
+from tailsieve.cli.profile_view import context_label, context_series
 from tailsieve.engines.measure.profile import ProfilePoint
 from tailsieve.engines.rollout.prompts import Template, load_prompts, prompt_path, render
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 
 PROMPT_EXCERPTS = DATA / "prompts"  # first 5 records of each shared prompt set (tests/data/README.md)
 STEP_KEYS = {"step", "makespan_s", "tail_s", "bulk_s", "q", "m", "candidates", "wasted_tokens", "batch_mean_length"}

@@ -11,7 +11,7 @@ import pytest
 from tailsieve.analysis.length_stats import between_within_shares
 from tailsieve.errors import ConfigError, CurveError
 from tailsieve.model.curve_family import family_curve
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload

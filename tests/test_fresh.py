@@ -73,7 +73,7 @@ def test_the_controller_keeps_each_steps_fresh_sample_as_it_was_drawn() -> None:
     their lengths and every censored member is at least its progress. The state's JSON holds no pending record."""
     from tailsieve.engines.rollout.state import control_to_json
     from tailsieve.loop import StepLoop, make_controller
-    from tailsieve.model.curves import load_curve
+    from tailsieve.model.curve_names import load_curve
     from tailsieve.policy.router import Router, RouterConfig
     from tailsieve.simulation.executor import SimExecutor
     from tailsieve.workloads import load_workload

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tailsieve.analysis.fidelity import BatchFidelity, Verdict
+from tailsieve.analysis.fidelity import BatchFidelity, Standing, Verdict
 from tailsieve.analysis.headline import HEADLINE_NOTE, headline_rows, price
 from tailsieve.analysis.metrics import LengthBias, PolicySummary
 from tailsieve.cli import main
@@ -18,7 +18,9 @@ SMALL = ["--groups", "8", "--group-size", "4", "--replicas", "4", "--steps", "5"
 
 def summary(name: str, speedup: float | None = 1.0, *, batch: BatchFidelity | None = None, ratio: float = 1.0,
             oracle: bool = False, noise: bool = False) -> PolicySummary:
-    verdict = Verdict(within_noise=noise, left_uniform=True, speedup_2sigma=0.05, paired_steps=10, note="n")
+    x, band = 1.0 if speedup is None else speedup, 10.0 if noise else 0.05  # noise: a band wider than any speedup
+    standing = Standing.WITHIN_NOISE if abs(x - 1) <= band else Standing.PAYS if x > 1 else Standing.SLOWER
+    verdict = Verdict(name, "uniform", standing, x, speedup_2sigma=band, paired_steps=10, note="n")
     return PolicySummary(policy=name, mean_step_s=10.0, speedup=speedup, final_q=0, final_m=0, wasted_share=0.0,
                          bias=LengthBias(ratio, 0.0, 10, 10), step_s_std=0.0, step_s_min=10.0, step_s_max=10.0,
                          oracle=oracle, verdict=verdict, batch=batch)

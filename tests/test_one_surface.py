@@ -9,8 +9,8 @@ import importlib
 import pytest
 
 from tailsieve.cli import main
-from tailsieve.engines.rollout.api import Rollout, RolloutConfig, make_rollout
-from tailsieve.engines.rollout.peer_rollout import PeerRollout
+from tailsieve.engines.rollout.api import Rollout, RolloutConfig
+from tailsieve.engines.rollout.peer_rollout import PeerRollout, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.errors import ConfigError
 from tailsieve.policy.peers import PEERS

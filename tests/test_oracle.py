@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import tailsieve.model.oracle as oracle_mod
 from conftest import curves, make_curve
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import lane_makespans, makespan, marginal_tpot
 from tailsieve.model.oracle import (
     OracleBudgetError,

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import curves
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import finish_times
 from tailsieve.simulation.replica import ReplicaConfig, resume_replica, run_replica
 

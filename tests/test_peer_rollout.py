@@ -16,9 +16,9 @@ import pytest
 
 from engine_fake import FakeServer
 from tailsieve.cli import main
-from tailsieve.engines.rollout.api import Batch, RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import Batch, RolloutConfig
 from tailsieve.engines.rollout.engine_executor import PlanNotRunnable
-from tailsieve.engines.rollout.peer_rollout import PeerRollout
+from tailsieve.engines.rollout.peer_rollout import PeerRollout, make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.errors import ConfigError

@@ -8,7 +8,7 @@ import pytest
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.costmodel import CostModel
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.engine import EngineTruth, FleetSpeed
 from tailsieve.model.makespan import makespan
 from tailsieve.simulation.predict import predict_step

@@ -15,7 +15,7 @@ from engine_fake import FakeServer
 from tailsieve.cli import main
 from tailsieve.cli.profile_cmd import Estimate
 from tailsieve.engines.measure.profile import DEFAULT_BATCHES, DEFAULT_CONTEXTS
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 
 
 @pytest.fixture

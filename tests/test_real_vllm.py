@@ -20,7 +20,7 @@ from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
 from tailsieve.model.costmodel import load_cost_model
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.step import GroupStatus
 from tailsieve.workloads import load_workload

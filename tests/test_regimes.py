@@ -136,7 +136,7 @@ def test_rare_cap_step_makespan_jumps_two_to_three_times() -> None:
     """Uniform, N = 8 × G = 8 on R = 8 (h100-llama3-8b), 40 steps, against the same draws without runaways: a step
     is longer exactly when its batch holds a cap hit (closed form 1 − 0.99^64 = 47.4 % of steps, within 4σ), and
     then 2–3× as long (median)."""
-    from tailsieve.model.curves import load_curve
+    from tailsieve.model.curve_names import load_curve
     from tailsieve.policy.router import RouterConfig
     from tailsieve.simulation.runs import SimConfig, run_policy
     from tailsieve.workloads import synthetic_workload

@@ -23,7 +23,7 @@ from tailsieve.analysis.report import (
 from tailsieve.cli import main
 from tailsieve.engines.rollout.runner import report
 from tailsieve.loop import PolicyRun, StepRecord
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.runs import ORACLES, SimConfig, run_policies
 from tailsieve.workloads import ReplayMode, load_workload

@@ -210,7 +210,7 @@ def test_controller_that_prices_restarts_moves_less_and_finishes_sooner() -> Non
     """rare-cap (isolation pays, so the controller leaves uniform and moves m) with a 120 s restart per pool move:
     the controller that learns the price moves less and beats one that ignores it (a horizon so long that any gain
     repays any restart). Measured: 1 move against 4, 112.4 s against 121.1 s per step."""
-    from tailsieve.model.curves import load_curve
+    from tailsieve.model.curve_names import load_curve
     from tailsieve.policy.controller import ControllerConfig
     from tailsieve.policy.decision import Reason
 

@@ -13,7 +13,8 @@ from tailsieve.errors import ConfigError
 from tailsieve.integrations.slime.settings import SlimeIntegrationError, SlimeSettings
 from tailsieve.integrations.verl.session import TailSieveSettings
 from tailsieve.loop import build_loop
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.router import Dispatch, RouterConfig
 from tailsieve.policy.spec import FleetCost, PolicySpec

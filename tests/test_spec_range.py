@@ -15,10 +15,11 @@ import pytest
 from tailsieve.cli import main
 from tailsieve.cli.curves_spec import lines
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.spec_calibration import PROFILE_METHODS, profile
 from tailsieve.model.spec_fit import context_for
-from tailsieve.model.spec_parse import SpecContext, parse_spec, spec_range
+from tailsieve.model.spec_keys import SpecContext
+from tailsieve.model.spec_parse import parse_spec, spec_range
 from tailsieve.model.spec_records import Bracket, Family, Metric, family_of, measurements
 from tailsieve.model.spec_solve import box_lp, box_lstsq
 from tailsieve.model.speculative import SpecConfig, SpecMethod

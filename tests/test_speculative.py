@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from conftest import curves, make_curve
 from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import finish_times
 from tailsieve.model.speculative import (
     MAX_TOKENS,

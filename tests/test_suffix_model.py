@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.spec_records import Bracket
 from tailsieve.model.speculative import SpecConfig, SpecMethod, iteration_s
 from tailsieve.model.suffix_model import (

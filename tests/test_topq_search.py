@@ -25,7 +25,8 @@ from tailsieve.model.baselines import (
     lpt,
     topq_lanes,
 )
-from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve, builtin_curves
 from tailsieve.model.makespan import dealt_makespans, lane_makespans, lane_order
 from tailsieve.model.topq_search import replica_bound, replica_upper
 

@@ -13,7 +13,7 @@ import pytest
 from tailsieve.cli import main
 from tailsieve.errors import CurveError
 from tailsieve.model.costmodel import CostModel, load_cost_model, model_from_json
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.engine import EngineTruth, FleetSpeed
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import make_curve
 from tailsieve.loop import SKIP_STEPS, make_controller
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.control_state import ControlState
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_prefill, round_robin_lanes

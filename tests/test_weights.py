@@ -22,7 +22,7 @@ from tailsieve.analysis.weights import (
 )
 from tailsieve.cli import main
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import load_curve
+from tailsieve.model.curve_names import load_curve
 from tailsieve.policy.router import RouterConfig
 from tailsieve.policy.step import GroupOutcome, GroupRef, GroupStatus, Pool
 from tailsieve.simulation.runs import SimConfig, run_policies

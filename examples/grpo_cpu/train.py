@@ -45,14 +45,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tailsieve.analysis.balancer import BalancerVerdict, against_balancer, balancer_json, sentence
+from tailsieve.analysis.balancer import against_balancer, balancer_json, sentence
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.cli import CliParser, interrupt_signals
 from tailsieve.cli._common import install_advice, missing_modules, plot_path
 from tailsieve.cli.width import say
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model, tiny_launch_config
-from tailsieve.engines.rollout.api import RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import RolloutConfig
 from tailsieve.engines.rollout.batch import Batch
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.transport.engine_client import SamplingParams
 from tailsieve.engines.transport.health import FaultPolicy
@@ -204,7 +206,7 @@ def rollout_config(a: argparse.Namespace, replay: Workload | None) -> RolloutCon
 
 
 async def train(a: argparse.Namespace, endpoints: list[str], launcher: LocalLauncher, policy: Path,
-                work: Path) -> tuple[list[StepRow], BalancerVerdict | None]:
+                work: Path) -> tuple[list[StepRow], Verdict | None]:
     """The training loop: rollout step (+ the balancer's measurement step) → reward → GRPO update → save → reload
     into every replica; the rows and the verdict against the balancer (None with --against none)."""
     import torch
@@ -320,7 +322,7 @@ def plot(rows: Sequence[StepRow], path: Path, policy: str) -> None:
     plt.close(fig)
 
 
-def run(a: argparse.Namespace) -> tuple[list[StepRow], BalancerVerdict | None]:
+def run(a: argparse.Namespace) -> tuple[list[StepRow], Verdict | None]:
     """Build the model and initial policy, start two replicas on it, train, stop the replicas."""
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="grpo_cpu_"))
     work.mkdir(parents=True, exist_ok=True)

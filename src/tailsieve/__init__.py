@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 from tailsieve.errors import ConfigError, CurveError, TailSieveError, TraceError
 
 if TYPE_CHECKING:
-    from tailsieve.model.curves import TpotCurve, builtin_curves, load_curve
+    from tailsieve.model.curve_names import load_curve
+    from tailsieve.model.curves import TpotCurve, builtin_curves
     from tailsieve.model.makespan import finish_times, lane_makespans, makespan
 
 __version__ = "0.1.0"
 
 _LAZY = {"TpotCurve": "tailsieve.model.curves", "builtin_curves": "tailsieve.model.curves",
-         "load_curve": "tailsieve.model.curves", "finish_times": "tailsieve.model.makespan",
+         "load_curve": "tailsieve.model.curve_names", "finish_times": "tailsieve.model.makespan",
          "lane_makespans": "tailsieve.model.makespan", "makespan": "tailsieve.model.makespan"}
 
 

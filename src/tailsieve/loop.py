@@ -17,9 +17,10 @@ price of a pool move.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,7 +42,6 @@ class Executor(Protocol):
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Every planned group's outcome, T_tail, T_bulk (the cutoff) and the makespan."""
-        ...
 
 
 class AsyncExecutor(Protocol):
@@ -49,7 +49,6 @@ class AsyncExecutor(Protocol):
 
     def execute(self, plan: StepPlan) -> Awaitable[StepResult]:
         """As `Executor.execute`."""
-        ...
 
 
 PoolHook = Callable[[StepPlan], float]  # pools of the coming step in, restart seconds out
@@ -200,7 +199,36 @@ def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:
     return k
 
 
-class StepLoop:
+S = TypeVar("S")  # what a loop carries between steps (`LoopState`, `PeerState`)
+Out = TypeVar("Out")  # what one step gives back (`StepOutput`, `PeerOutput`)
+
+
+class Loop(abc.ABC, Generic[S, Out]):
+    """A step loop's step, written once for TailSieve's loop and the peers': plan → the pool hook (restart seconds)
+    → execute → complete; `astep` for awaitable executors and pool hooks (real engines, launchers)."""
+
+    @abc.abstractmethod
+    def plan(self, state: S) -> StepPlan:
+        """The next step's plan."""
+
+    @abc.abstractmethod
+    def complete(self, state: S, plan: StepPlan, result: StepResult, restart_s: float = 0.0) -> Out:
+        """Observe the executed plan, record it, and return the state after it."""
+
+    def step(self, state: S, executor: Executor, pools: PoolHook | None = None) -> Out:
+        """Plan, give the pool hook the plan's pools, execute, complete."""
+        plan = self.plan(state)
+        restart_s = 0.0 if pools is None else float(pools(plan))
+        return self.complete(state, plan, executor.execute(plan), restart_s)
+
+    async def astep(self, state: S, executor: AsyncExecutor, pools: AsyncPoolHook | None = None) -> Out:
+        """`step` for awaitable executors and pool hooks (real engines, launchers)."""
+        plan = self.plan(state)
+        restart_s = 0.0 if pools is None else float(await pools(plan))
+        return self.complete(state, plan, await executor.execute(plan), restart_s)
+
+
+class StepLoop(Loop[LoopState, StepOutput]):
     """One policy's step loop over a `Router` and a controller (see the module docstring)."""
 
     def __init__(self, router: Router, controller: Controller) -> None:
@@ -231,9 +259,9 @@ class StepLoop:
         batch = np.array([o.lengths for o in done], dtype=np.int64).reshape(len(done), self.router.config.group_size)
         wasted = sum(o.tokens for o in result.outcomes if o.status is GroupStatus.ABORTED)
         obs = StepObservation(
-            step=plan.step, q=plan.q, m=plan.m, warmup=plan.warmup, candidates=len(rstate.candidates),
-            tail_s=result.tail_s, bulk_s=result.bulk_s, consumed_lengths=batch, restart_s=restart_s,
-            pinned=_pinned_after_tail(plan, done), work=step_work(plan, result),
+            step=plan.step, q=plan.q, m=plan.m, warmup=plan.warmup, tail_s=result.tail_s, bulk_s=result.bulk_s,
+            consumed_lengths=batch, restart_s=restart_s, pinned=_pinned_after_tail(plan, done),
+            work=step_work(plan, result),
         )
         cstate = self._checked(self.controller.update(state.control, obs), "update")
         record = StepRecord(
@@ -247,17 +275,6 @@ class StepLoop:
         )
         return StepOutput(plan, result, LoopState(rstate, cstate), obs, record, done, restart_s)
 
-    def step(self, state: LoopState, executor: Executor, pools: PoolHook | None = None) -> StepOutput:
-        """Plan, give the pool hook the plan's pools, execute, complete."""
-        plan = self.plan(state)
-        restart_s = 0.0 if pools is None else float(pools(plan))
-        return self.complete(state, plan, executor.execute(plan), restart_s)
-
-    async def astep(self, state: LoopState, executor: AsyncExecutor, pools: AsyncPoolHook | None = None) -> StepOutput:
-        """`step` for awaitable executors and pool hooks (real engines, launchers)."""
-        plan = self.plan(state)
-        restart_s = 0.0 if pools is None else float(await pools(plan))
-        return self.complete(state, plan, await executor.execute(plan), restart_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +289,7 @@ class PeerOutput:
     restart_s: float = 0.0
 
 
-class PeerLoop:
+class PeerLoop(Loop[PeerState, PeerOutput]):
     """The step loop of a peer policy (`tailsieve.policy.peers`): plan → pool hook → execute → the peer's own
     observe (its step check, carry and token ledger) → record. The simulator and real rollouts both drive it."""
 
@@ -297,17 +314,9 @@ class PeerLoop:
                             prefix_hit_tokens=result.prefix_hit_tokens)
         return PeerOutput(plan, result, new, got, record, restart_s)
 
-    def step(self, state: PeerState, executor: Executor, pools: PoolHook | None = None) -> PeerOutput:
-        """Plan, give the pool hook the plan's pools, execute, complete."""
-        plan = self.peer.plan(state)
-        restart_s = 0.0 if pools is None else float(pools(plan))
-        return self.complete(state, plan, executor.execute(plan), restart_s)
-
-    async def astep(self, state: PeerState, executor: AsyncExecutor, pools: AsyncPoolHook | None = None) -> PeerOutput:
-        """`step` for awaitable executors and pool hooks (real engines, launchers)."""
-        plan = self.peer.plan(state)
-        restart_s = 0.0 if pools is None else float(await pools(plan))
-        return self.complete(state, plan, await executor.execute(plan), restart_s)
+    def plan(self, state: PeerState) -> StepPlan:
+        """The peer's plan for the next step (every replica bulk)."""
+        return self.peer.plan(state)
 
 
 class RunLog:

@@ -5,7 +5,8 @@ against uniform: "pays" means faster than the balancer beyond the noise band. Th
 paired rule with the balancer's run as the reference: the window's steps paired by step number (same prompt stream,
 and in the simulator the same draws), 2·SE of the speedup from the per-step differences.
 
-Standings (`Standing`), decided in this order:
+The result is `analysis.fidelity`'s `Verdict`, the one shape of every paired comparison. Standings (`Standing`),
+decided in this order:
 - SAME: the policy never placed a tail pool (q = m = 0 every steady step) and either dealt a group's requests over
   several replicas at some steady step (the uniform boundary's request dispatch, as the balancer deals) or took the
   balancer's step time at every paired step (to 1e-9 relative). It is verl's balancer then, and no speedup is
@@ -26,52 +27,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 
-from tailsieve.analysis.fidelity import paired_2sigma, window
+from tailsieve.analysis.fidelity import Standing, Verdict, left_uniform, paired_2sigma, tail_steps, window
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.policy.peers import PEERS
 
-__all__ = ["BALANCER", "BalancerVerdict", "Standing", "against_balancer", "balancer_json", "balancer_verdicts",
+__all__ = ["BALANCER", "Standing", "against_balancer", "balancer_json", "balancer_verdicts",
            "length_phrase", "length_ratio", "sentence", "steps_to_resolve"]
 
 BALANCER = "verl-lif"  # verl's request balancer (docs/peers.md)
 SAME_TIME = 1e-9  # relative: step times this close are the same step time (float summation order)
 RESOLVE_FLOOR = 0.02  # steps to resolve are counted for a difference of at least 2% (smaller decides nothing)
-
-
-class Standing(Enum):
-    """Where a policy stands against verl's balancer."""
-
-    PAYS = "pays"
-    SAME = "same"
-    WITHIN_NOISE = "within_noise"
-    SLOWER = "slower"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class BalancerVerdict:
-    """A policy against verl's balancer over the summary window."""
-
-    policy: str
-    standing: Standing
-    speedup: float  # the balancer's mean step time / the policy's
-    speedup_2sigma: float | None  # relative band (0.03 = ±3.0%); None with fewer than two paired steps
-    paired_steps: int
-    tail_steps: int  # steady steps with a tail pool (m > 0)
-    note: str  # the verdict as one clause, "tailsieve …"
-    length_ratio: float | None = None  # mean consumed response length / the balancer's (None: no lengths)
-    runs: int = 1  # independent runs pooled (`analysis.replications`)
-    steps_needed: int | None = None  # WITHIN_NOISE: paired steps that would resolve the difference seen
-
-    @property
-    def pays(self) -> bool:
-        """Faster than the balancer beyond noise."""
-        return self.standing is Standing.PAYS
 
 
 def _pm(band: float, n: int, runs: int = 1) -> str:
@@ -105,7 +73,7 @@ def steps_to_resolve(speedup: float, band: float | None, n: int) -> int | None:
     return math.ceil(n * (band / max(abs(speedup - 1.0), RESOLVE_FLOOR)) ** 2)
 
 
-def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_STEPS, runs: int = 1) -> BalancerVerdict:
+def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_STEPS, runs: int = 1) -> Verdict:
     """The standing of `run` against the balancer's run (module docstring), with its one-clause note."""
     ours = {s.step: s.makespan_s for s in window(run.steps, skip)}
     theirs = {s.step: s.makespan_s for s in window(balancer.steps, skip)}
@@ -113,7 +81,7 @@ def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_ST
     speedup = ref / mean if mean > 0 else math.inf
     band, n = paired_2sigma(run, balancer, skip=skip)
     steady = [s for s in run.steps if not s.warmup]
-    tail = sum(1 for s in steady if s.m > 0)
+    tail = tail_steps(run)
     same_times = ours.keys() == theirs.keys() and all(math.isclose(t, theirs[k], rel_tol=SAME_TIME)
                                                       for k, t in ours.items())
     never = tail == 0 and all(s.q == 0 for s in steady)
@@ -122,9 +90,9 @@ def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_ST
     if never and (same_times or any(s.dealt for s in steady)):
         how = ("took verl-lif's step time at every step" if same_times
                else "dealt requests over the replicas as verl-lif does")
-        return BalancerVerdict(name, Standing.SAME, speedup, band, n, tail, (
+        return Verdict(name, BALANCER, Standing.SAME, speedup, band, n, (
             f"{name} is the same as verl's balancer here: it never placed a tail pool (q = m = 0 every steady "
-            f"step) and {how} ({mean:.2f} s a step, verl-lif {ref:.2f} s)"), ratio, runs)
+            f"step) and {how} ({mean:.2f} s a step, verl-lif {ref:.2f} s)"), left_uniform(run), tail, ratio, runs)
     needed = None
     if band is None:
         standing, note = Standing.UNKNOWN, f"too few paired steps ({n}) to tell {name} from verl's balancer"
@@ -144,24 +112,24 @@ def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_ST
                                                  f"a {diff:.1f}% difference")
     if standing is not Standing.UNKNOWN and never:
         note += "; it never placed a tail pool"
-    return BalancerVerdict(name, standing, speedup, band, n, tail, note, ratio, runs, needed)
+    return Verdict(name, BALANCER, standing, speedup, band, n, note, left_uniform(run), tail, ratio, runs, needed)
 
 
-def balancer_json(v: BalancerVerdict) -> dict[str, object]:
+def balancer_json(v: Verdict) -> dict[str, object]:
     """The verdict as the `vs_balancer` entry of `simulate --json`, report.json and `plan --json`."""
-    return {"policy": v.policy, "balancer": BALANCER, "standing": v.standing.value, "pays": v.pays,
+    return {"policy": v.policy, "balancer": v.reference, "standing": v.standing.value, "pays": v.pays,
             "speedup": v.speedup, "speedup_2sigma": v.speedup_2sigma, "paired_steps": v.paired_steps,
             "tail_steps": v.tail_steps, "length_ratio": v.length_ratio, "runs": v.runs,
             "steps_needed": v.steps_needed, "note": v.note}
 
 
-def sentence(v: BalancerVerdict, uniform_speedup: float | None) -> str:
+def sentence(v: Verdict, uniform_speedup: float | None) -> str:
     """The verdict as a sentence, with the policy's speedup over uniform when uniform ran."""
     return v.note + ("." if uniform_speedup is None else f"; {uniform_speedup:.3f}× uniform.")
 
 
 def balancer_verdicts(runs: Mapping[str, PolicyRun], *, skip: int = SKIP_STEPS,
-                      oracles: Collection[str] = ()) -> dict[str, BalancerVerdict]:
+                      oracles: Collection[str] = ()) -> dict[str, Verdict]:
     """The verdict of every two-pool policy that ran a step (not uniform, a peer or an oracle) against verl's
     balancer; empty when the balancer has not run a step (a rollout's report mid-run)."""
     if BALANCER not in runs or not runs[BALANCER].steps:

@@ -5,7 +5,8 @@
   policy's against uniform's on the same prompt stream; the ratio is None (with a reason) when uniform truncated
   nothing or the cap is unknown.
 - `verdict`: whether the speedup is within noise of uniform (paired per-step rule below) and whether the controller
-  ever left the uniform boundary (a steady step with m > 0).
+  ever left the uniform boundary (a steady step with m > 0), as a `Verdict` (a `Standing`, the speedup and its band):
+  the one result shape of every paired comparison, against verl's balancer too (`analysis.balancer`).
 
 Noise rule: pair the window's steps of the policy and uniform by step number (same prompt stream, and in the
 simulator the same draws), d_i = T_uniform,i − T_policy,i. The speedup is mean(T_uniform) / mean(T_policy), so
@@ -28,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 import numpy as np
@@ -97,16 +99,56 @@ def truncation(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS) 
     return Truncation(share, ref, share / ref)
 
 
+class Standing(Enum):
+    """Where a policy stands against a reference run (uniform, verl's balancer), its steps paired by step number."""
+
+    PAYS = "pays"  # faster than the reference, outside the band
+    SAME = "same"  # routes as the reference does: no speedup is claimed whatever the noise says
+    WITHIN_NOISE = "within_noise"
+    SLOWER = "slower"  # slower than the reference, outside the band
+    UNKNOWN = "unknown"  # fewer than two paired steps
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Is the speedup distinguishable from uniform, and did the controller ever route differently from uniform (a
-    two-pool step, or a uniform step that dealt requests instead of whole groups: `StepRecord.dealt`)?"""
+    """A policy against a reference run over the summary window, paired by step (the noise rule above): where it
+    stands, the speedup with its paired band, and the verdict as one clause. Every verdict has this shape: against
+    uniform (`verdict`) and against verl's balancer (`analysis.balancer.against_balancer`, pooled over replications
+    by `analysis.replications`)."""
 
-    within_noise: bool
-    left_uniform: bool
+    policy: str
+    reference: str  # the reference run's policy ("uniform", "verl-lif")
+    standing: Standing
+    speedup: float  # the reference's mean step time / the policy's
     speedup_2sigma: float | None  # 2 standard errors of the speedup, relative (0.009 = ±0.9%); None: < 2 pairs
     paired_steps: int
-    note: str
+    note: str  # the verdict as one clause
+    left_uniform: bool = True  # routed other than uniform at some steady step (`left_uniform`)
+    tail_steps: int = 0  # steady steps with a tail pool (m > 0)
+    length_ratio: float | None = None  # mean consumed response length / the reference's (None: not compared)
+    runs: int = 1  # independent runs pooled (`analysis.replications`)
+    steps_needed: int | None = None  # WITHIN_NOISE: paired steps that would resolve the difference seen
+
+    @property
+    def within_noise(self) -> bool:
+        """|speedup − 1| within the band, or no band (fewer than two paired steps)."""
+        return self.speedup_2sigma is None or abs(self.speedup - 1.0) <= self.speedup_2sigma
+
+    @property
+    def pays(self) -> bool:
+        """Faster than the reference beyond noise."""
+        return self.standing is Standing.PAYS
+
+
+def left_uniform(run: PolicyRun) -> bool:
+    """Did the run ever route other than uniform: its own routing (a peer), or a steady step with a tail pool or a
+    group's requests dealt over several replicas (`StepRecord.dealt`)?"""
+    return run.own_routing or any(s.m > 0 or s.dealt for s in run.steps if not s.warmup)
+
+
+def tail_steps(run: PolicyRun) -> int:
+    """Steady steps with a tail pool (m > 0)."""
+    return sum(1 for s in run.steps if not s.warmup and s.m > 0)
 
 
 def paired_2sigma(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEPS) -> tuple[float | None, int]:
@@ -125,19 +167,19 @@ def paired_2sigma(run: PolicyRun, reference: PolicyRun, *, skip: int = SKIP_STEP
 def verdict(run: PolicyRun, reference: PolicyRun, speedup: float, *, skip: int = SKIP_STEPS) -> Verdict:
     """The noise rule (module docstring) and the uniform-boundary check, with the footnote that says why."""
     band, n = paired_2sigma(run, reference, skip=skip)
-    left = run.own_routing or any(s.m > 0 or s.dealt for s in run.steps if not s.warmup)
-    within = band is None or abs(speedup - 1.0) <= band
+    left = left_uniform(run)
     pm = "?" if band is None else f"±{100 * band:.1f}%"
     if band is None:
-        note = f"too few paired steps ({n}) to tell the speedup from noise"
+        standing, note = Standing.UNKNOWN, f"too few paired steps ({n}) to tell the speedup from noise"
     elif not left:
-        note = ("never left the uniform boundary (q = m = 0 every steady step) — uniform's routing, the difference "
-                f"is noise ({pm} at 2σ)")
-    elif within:
-        note = f"within noise of uniform ({pm} at 2σ over {n} paired steps)"
+        standing, note = Standing.SAME, ("never left the uniform boundary (q = m = 0 every steady step) — uniform's "
+                                         f"routing, the difference is noise ({pm} at 2σ)")
+    elif abs(speedup - 1.0) <= band:
+        standing, note = Standing.WITHIN_NOISE, f"within noise of uniform ({pm} at 2σ over {n} paired steps)"
     else:
+        standing = Standing.PAYS if speedup > 1 else Standing.SLOWER
         note = f"{speedup:.3f}× is outside noise ({pm} at 2σ over {n} paired steps)"
-    return Verdict(within, left, band, n, note)
+    return Verdict(run.policy, reference.policy, standing, speedup, band, n, note, left, tail_steps(run))
 
 
 def fidelity_of(run: PolicyRun, reference: PolicyRun | None, speedup: float | None, *, skip: int = SKIP_STEPS,

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
-from tailsieve.analysis.balancer import BalancerVerdict, Standing, against_balancer
+from tailsieve.analysis.balancer import against_balancer
+from tailsieve.analysis.fidelity import Standing, Verdict
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 
 __all__ = ["DEFAULT_RUNS", "FLOOR", "PER_STEP", "RESOLVE", "pool_runs", "replicate", "unpooled_fields"]
@@ -50,7 +51,7 @@ def pool_runs(runs: Sequence[PolicyRun], skip: int = SKIP_STEPS) -> PolicyRun:
     return replace(first, steps=tuple(steps), **pooled)
 
 
-def _settled(v: BalancerVerdict) -> bool:
+def _settled(v: Verdict) -> bool:
     band = v.speedup_2sigma
     if v.standing in (Standing.SAME, Standing.UNKNOWN) or band is None or band <= FLOOR:
         return True
@@ -58,7 +59,7 @@ def _settled(v: BalancerVerdict) -> bool:
 
 
 def replicate(first: PolicyRun, balancer: PolicyRun, more: Callable[[int], tuple[PolicyRun, PolicyRun]], *,
-              max_runs: int = DEFAULT_RUNS, skip: int = SKIP_STEPS) -> BalancerVerdict:
+              max_runs: int = DEFAULT_RUNS, skip: int = SKIP_STEPS) -> Verdict:
     """The verdict of `first` against `balancer`, adding runs `more(1)`, `more(2)`, ... ((policy, balancer) on the
     r-th independent stream) until it settles or `max_runs` runs are pooled (module docstring)."""
     mine, theirs = [first], [balancer]

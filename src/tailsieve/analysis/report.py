@@ -24,7 +24,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from tailsieve.analysis.balancer import BalancerVerdict, balancer_json, balancer_verdicts
+from tailsieve.analysis.balancer import balancer_json, balancer_verdicts
 from tailsieve.analysis.fidelity import BatchFidelity, Truncation, Verdict
 from tailsieve.analysis.metrics import LengthBias, PolicySummary, summarize
 from tailsieve.analysis.weights import Weighting
@@ -105,7 +105,7 @@ def policy_json(run: PolicyRun, s: PolicySummary, extra: Mapping[str, Any] | Non
 
 def report_json(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], *, skip: int = SKIP_STEPS,
                 oracles: Collection[str] = (), extra: Mapping[str, Mapping[str, Any]] | None = None,
-                verdicts: Mapping[str, BalancerVerdict] | None = None) -> dict[str, Any]:
+                verdicts: Mapping[str, Verdict] | None = None) -> dict[str, Any]:
     """`meta` + "window_skip" (kept where `meta` has it) + "policies": `policy_json` of every run with steps, +
     "vs_balancer" when verl's balancer ran: each two-pool policy against it (`analysis.balancer.balancer_json`;
     `verdicts` when given, e.g. pooled over replications, else from `runs`)."""

@@ -8,7 +8,8 @@ from typing import Any
 
 from tailsieve.cli._common import PIPE_WIDTH, print_json, print_table
 from tailsieve.cli.curves_spec import lines, profile_doc
-from tailsieve.model.curves import builtin_curves, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import builtin_curves
 
 
 def register(sub: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailsieve.model.curve_names import load_curve
 from tailsieve.model.spec_calibration import PROFILE_METHODS, crossing, point_depth, profile, speedup
 from tailsieve.model.spec_records import Bracket, Family, Metric, Use, points
 from tailsieve.model.speculative import SpecConfig
@@ -64,8 +65,6 @@ def _suffix_profiles() -> list[tuple[str, Bracket, SpecConfig]]:
 
 def suffix_doc() -> dict[str, Any]:
     """The suffix profiles' S(b) at SUFFIX_DEPTH on the dense reference curve, the sources' constants and points."""
-    from tailsieve.model.curves import load_curve
-
     curve = load_curve(profile(PROFILE_METHODS[0], Family.DENSE, Bracket.CENTRAL).reference_curve)
     profs = [{"name": label, "bracket": b.value, "spec": s.to_json(),
               "speedup": {str(n): speedup(s, curve, n) for n in SIZES}} for label, b, s in _suffix_profiles()]

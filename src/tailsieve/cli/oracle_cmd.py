@@ -30,7 +30,8 @@ from tailsieve.cli._common import (
 from tailsieve.cli._plots import legend_outside, policy_styles, pyplot, save_figure
 from tailsieve.cli.progress import heartbeat
 from tailsieve.errors import TailSieveError
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import lane_makespans
 from tailsieve.model.oracle import (
     DEFAULT_MAX_STATES,

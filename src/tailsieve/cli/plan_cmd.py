@@ -18,7 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_json, length_phrase
+from tailsieve.analysis.balancer import BALANCER, balancer_json, length_phrase
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.analysis.headline import headline_note, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary
 from tailsieve.analysis.report import policy_json, summarize
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verdicts(args: argparse.Namespace, runs: dict[str, PolicyRun], static: str, qm: tuple[int, int],
-              curve: TpotCurve, config: SimConfig, workload: Workload) -> dict[str, BalancerVerdict]:
+              curve: TpotCurve, config: SimConfig, workload: Workload) -> dict[str, Verdict]:
     """The controller and the best static split against verl's balancer, pooled over --replications runs."""
     with progress_bar(2 * config.steps * (replications(args, workload) - 1) * 2, enabled=progress_enabled(),
                       command="plan") as tick:
@@ -155,11 +156,10 @@ def _verdicts(args: argparse.Namespace, runs: dict[str, PolicyRun], static: str,
 
 def beats_uniform(s: PolicySummary) -> bool:
     """Faster than uniform beyond noise: speedup > 1, outside its ±2σ band, and off the uniform boundary."""
-    v = s.verdict
-    return bool(s.speedup is not None and s.speedup > 1 and v is not None and not v.within_noise and v.left_uniform)
+    return s.verdict is not None and s.verdict.pays
 
 
-def answer(summaries: dict[str, PolicySummary], static: str, vs: dict[str, BalancerVerdict]) -> str:
+def answer(summaries: dict[str, PolicySummary], static: str, vs: dict[str, Verdict]) -> str:
     """The verdict, from the rows of the table: the controller against verl's balancer (`analysis.balancer`) with its
     speedup over uniform; when it does not pay, the best static split if that pays against the balancer, else the
     advice to keep the balancer."""

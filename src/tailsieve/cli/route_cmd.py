@@ -30,7 +30,8 @@ from tailsieve.cli.progress import Heartbeat, heartbeat
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import MAX_REPLICAS, check_step_size, int_in
 from tailsieve.model.baselines import POLICIES, GroupBatch, Policy, TopQ, assign_checked, get_policy
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, load_trace, require_tokens
 
 DEFAULT_POLICIES = ("uniform", "uniform-oracle", "streamrl-oracle", "seer-oracle", "topq-best")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, sentence
+from tailsieve.analysis.balancer import BALANCER, sentence
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.analysis.replications import DEFAULT_RUNS, FLOOR, RESOLVE, replicate
 from tailsieve.cli._common import progress_console, trace_columns, warn_few_prompts
 from tailsieve.cli.flags import add, controller_config, policy_names_given
@@ -25,7 +26,8 @@ from tailsieve.model.costmodel import CostModel, load_cost_model
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.engine import MAX_BLOCK, MAX_DRIFT, MAX_KV_TOKENS, MAX_SPREAD, EngineTruth, FleetSpeed
 from tailsieve.model.spec_fit import context_for
-from tailsieve.model.spec_parse import SpecContext, load_config_file, parse_spec
+from tailsieve.model.spec_keys import SpecContext
+from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.peers import PeerConfig
 from tailsieve.policy.router import RouterConfig, dispatch_of
@@ -276,7 +278,7 @@ def replications(args: argparse.Namespace, workload: Workload) -> int:
 
 def replicated_verdict(args: argparse.Namespace, policy: PolicyRun, balancer: PolicyRun, curve: TpotCurve,
                        config: SimConfig, workload: Workload, *, name: str | None = None,
-                       on_step: Callable[[str, int], None] | None = None) -> BalancerVerdict:
+                       on_step: Callable[[str, int], None] | None = None) -> Verdict:
     """`policy` against verl's balancer pooled over up to --replications runs (`analysis.replications`); run r uses
     seed + r for the prompt order and the length draws, both policies on the same ones. `name`: the policy to run
     (default: `policy.policy`)."""
@@ -291,7 +293,7 @@ def replicated_verdict(args: argparse.Namespace, policy: PolicyRun, balancer: Po
     return replicate(policy, balancer, more, max_runs=replications(args, workload))
 
 
-def verdict_line(v: BalancerVerdict, uniform_speedup: float | None) -> str:
+def verdict_line(v: Verdict, uniform_speedup: float | None) -> str:
     """The verdict sentence; the speedup over uniform only when the verdict is the table's one run (pooled runs: the
     table's uniform column is from the first run alone)."""
     line = sentence(v, uniform_speedup if v.runs == 1 else None)

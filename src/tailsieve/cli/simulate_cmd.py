@@ -14,7 +14,8 @@ from typing import Any
 
 from rich.table import Table
 
-from tailsieve.analysis.balancer import BALANCER, BalancerVerdict, balancer_verdicts
+from tailsieve.analysis.balancer import BALANCER, balancer_verdicts
+from tailsieve.analysis.fidelity import Verdict
 from tailsieve.analysis.headline import headline_note, headline_rows, headline_table
 from tailsieve.analysis.metrics import PolicySummary, summarize
 from tailsieve.analysis.report import batch_columns, fidelity_notes, report_json, summary_table
@@ -185,7 +186,7 @@ def _capture_json(c: CaptureRate) -> dict[str, Any]:
 
 
 def print_tables(summaries: dict[str, PolicySummary], capture: tuple[CaptureRate, ...],
-                 verdicts: Mapping[str, BalancerVerdict], *, title: str, full: bool,
+                 verdicts: Mapping[str, Verdict], *, title: str, full: bool,
                  runs: Mapping[str, PolicyRun] | None = None) -> None:
     """Without --policy the short table of the deciding rows, its note and the summary sentence: tailsieve against
     verl's balancer (`analysis.headline`, `analysis.balancer`); with it the comparison table of the chosen policies,

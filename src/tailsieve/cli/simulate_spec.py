@@ -19,7 +19,8 @@ from tailsieve.inputs import check_replicas, excerpt, int_list
 from tailsieve.loop import SKIP_STEPS
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.spec_fit import context_for
-from tailsieve.model.spec_parse import SpecContext, parse_spec, spec_range
+from tailsieve.model.spec_keys import SpecContext
+from tailsieve.model.spec_parse import parse_spec, spec_range
 from tailsieve.model.speculative import MAX_TOKENS, SpecConfig, SpecMethod
 from tailsieve.outputs import write_figure
 from tailsieve.policy.controller import CONTROLLERS

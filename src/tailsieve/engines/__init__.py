@@ -1,8 +1,9 @@
 """Real engines: an async OpenAI-compatible client, the engine executor, health/faults, the `Rollout` API,
 profiling, prompt templates, state save/restore and local vLLM (CPU) servers. See docs/engines.md."""
 
-from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import Batch, GroupResult, Rollout, RolloutConfig
 from tailsieve.engines.rollout.engine_executor import EngineExecutor, RequestMode, Sample
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord, Template, load_prompts, paper_sampling, render
 from tailsieve.engines.rollout.state import RolloutState
 from tailsieve.engines.transport.backends import BACKENDS, EngineBackend, get_backend, register_backend

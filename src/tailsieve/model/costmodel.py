@@ -32,7 +32,8 @@ import numpy as np
 
 from tailsieve.errors import CurveError
 from tailsieve.inputs import excerpt, loads_json, read_text
-from tailsieve.model.curves import MAX_TPOT_MS, MIN_TPOT_MS, TpotCurve, builtin_curves, curve_from_points, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import MAX_TPOT_MS, MIN_TPOT_MS, TpotCurve, builtin_curves, curve_from_points
 from tailsieve.model.engine import EngineTruth, engine_from_json
 
 MODEL_FORMAT = "tailsieve-cost-model/1"

@@ -3,6 +3,8 @@
 A curve is a validated table of measured points; `TpotCurve.table(n)` precomputes τ(0..n) as a read-only
 array so every cost lookup downstream is an array index, never a per-token loop.
 
+`model/curve_names.py` resolves a name, file or `family:SEED` to a curve (`load_curve`).
+
 Between points τ is piecewise linear; below the first measured batch it is flat at the first value; past the
 last point it extends linearly along the last two points, never below the last value; τ(0) = 0.
 """
@@ -218,21 +220,3 @@ def builtin_curves() -> dict[str, TpotCurve]:
         )
     return out
 
-
-def load_curve(spec: str | Path | TpotCurve) -> TpotCurve:
-    """A curve by built-in name, file path (JSON or CSV) or 'family:SEED' (a generated regime's curve,
-    `model.curve_family`); the one entry point every command uses."""
-    if isinstance(spec, TpotCurve):
-        return spec
-    if isinstance(spec, str) and spec.startswith("family:"):
-        from tailsieve.model.curve_family import family_curve, parse_family_seed  # it imports this module
-
-        return family_curve(parse_family_seed(spec, "curve", CurveError))
-    curves = builtin_curves()
-    if isinstance(spec, str) and spec in curves:
-        return curves[spec]
-    path = Path(spec)
-    if path.exists():  # a FIFO, device or folder is refused by the reader, not taken for a curve name
-        return read_curve_file(path)
-    names = ", ".join(sorted(curves))
-    raise CurveError(f"unknown curve {excerpt(spec)}: not a built-in name ({names}) and no such file")

@@ -26,7 +26,8 @@ from functools import lru_cache
 import numpy as np
 
 from tailsieve.errors import ConfigError
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.spec_records import Bracket, Family, Measurement, Metric, Use, measurements, points
 from tailsieve.model.spec_solve import box_lp, box_lstsq
 from tailsieve.model.speculative import Drafter, SpecConfig, SpecMethod, iteration_s

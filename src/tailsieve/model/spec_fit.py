@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import excerpt, load_document
 from tailsieve.model.curves import TpotCurve
-from tailsieve.model.spec_parse import SPEC_KEYS, SpecContext, spec_from_mapping
+from tailsieve.model.spec_keys import SPEC_KEYS, SpecContext, spec_from_mapping
 from tailsieve.model.spec_records import family_of
 from tailsieve.model.speculative import Drafter, SpecConfig, iteration_s
 

@@ -1,60 +1,21 @@
 """Speculation settings from text and files (§3.4): `parse_spec` reads `METHOD[:TOKENS][,key=value…]` flags and
-built-in or fitted profiles, `spec_from_mapping` a config-file table, `load_config_file` a simulate config's
-`spec.tail` / `spec.bulk` tables; every error is one line naming where (`model/speculative.py` holds the model they
-build)."""
+built-in or fitted profiles, `load_config_file` a simulate config's `spec.tail` / `spec.bulk` tables (their keys and
+`spec_from_mapping`: `model/spec_keys.py`); every error is one line naming where (`model/speculative.py` holds the
+model they build)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import ascii_float, ascii_int, excerpt, load_document
+from tailsieve.model.spec_calibration import PROFILE_METHODS, profile, profile_names
+from tailsieve.model.spec_fit import spec_from_profile_file
+from tailsieve.model.spec_keys import SPEC_KEYS, SpecContext, spec_from_mapping
 from tailsieve.model.spec_records import Bracket, Family
-from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod, method_names
-
-SPEC_KEYS = ("method", "tokens", "acceptance", "decay", "draft_cost", "verify_cost", "draft_share", "token_cost",
-             "token_cost_slope", "acceptance_slope", "draft_cpu_s")
-
-
-def spec_from_mapping(obj: Any, where: str) -> SpecConfig:
-    """A `SpecConfig` from loosely typed keys (a config-file table), with one-line errors naming `where.key`."""
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where} must be a table with keys {', '.join(SPEC_KEYS)}, got {excerpt(obj)}")
-    unknown = sorted(set(obj) - set(SPEC_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key {where}.{unknown[0]} (valid: {', '.join(SPEC_KEYS)})")
-    raw = obj.get("method", "none")
-    try:
-        method = SpecMethod(str(raw).strip().lower())
-    except ValueError:
-        raise ConfigError(f"{where}.method must be one of {method_names()}, got {excerpt(raw)}") from None
-    kw: dict[str, Any] = {}
-    for key in SPEC_KEYS[1:]:
-        if key not in obj:
-            continue
-        v = obj[key]
-        if key == "tokens" and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ConfigError(f"{where}.tokens must be an integer in 0..{MAX_TOKENS}, got {excerpt(v)}")
-        if key != "tokens" and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise ConfigError(f"{where}.{key} must be a number, got {excerpt(v)}")
-        kw[key] = v
-    try:
-        return SpecConfig(method, **kw)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class SpecContext:
-    """What a bare `mtp` / `dflash` resolves against: the `--curve`'s model family, and the speculative server a
-    `tailsieve profile --method` fit measured (the `--curve` model file's `speculative.concurrency_fit`), which then
-    takes the central profile's place: a user's own numbers first."""
-
-    family: Family = Family.DENSE
-    fitted: SpecConfig | None = None
-
+from tailsieve.model.speculative import PoolSpec, SpecConfig
 
 BRACKET_WORDS = (*(b.value for b in Bracket), "default")  # default: the method's uncalibrated constants
 
@@ -96,8 +57,6 @@ def parse_spec(text: str, where: str, context: SpecContext | None = None) -> Spe
     except ConfigError as exc:
         if "method must be one of" not in str(exc):
             raise
-        from tailsieve.model.spec_calibration import profile_names
-
         raise ConfigError(f"{exc}, or a profile: {profile_names()}") from None
     if base is None:
         return spec
@@ -113,11 +72,7 @@ def _base(name: str, bracket: str | None, ctx: SpecContext, where: str) -> SpecC
     if name.lower().endswith(".json"):
         if bracket is not None:
             raise ConfigError(f"{where}: a model file's fit takes no bracket, got {bracket!r}")
-        from tailsieve.model.spec_fit import spec_from_profile_file
-
         return spec_from_profile_file(Path(name))
-    from tailsieve.model.spec_calibration import PROFILE_METHODS, profile
-
     method_text, _, family_text = name.lower().partition("-")
     method = next((m for m in PROFILE_METHODS if m.value == method_text), None)
     if method is None or (family_text and family_text not in {f.value for f in Family}):
@@ -170,8 +125,6 @@ def spec_range(text: str, context: SpecContext | None = None) -> tuple[tuple[str
     ctx = context or SpecContext()
     head, *opts = [p.strip() for p in text.split(",")]
     name, *parts = [p.strip().lower() for p in head.split(":")]
-    from tailsieve.model.spec_calibration import PROFILE_METHODS, profile
-
     method_text, _, family_text = name.partition("-")
     method = next((m for m in PROFILE_METHODS if m.value == method_text), None)
     if opts or method is None or "default" in parts or (family_text and family_text not in {f.value for f in Family}):

@@ -78,7 +78,6 @@ class StepObservation:
     q: int
     m: int
     warmup: bool
-    candidates: int
     tail_s: float
     bulk_s: float
     consumed_lengths: NDArray[np.int64]  # (N, G) lengths of the consumed groups, the q tail groups first

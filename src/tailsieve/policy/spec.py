@@ -21,7 +21,8 @@ from typing import Any
 from tailsieve.errors import ConfigError
 from tailsieve.inputs import check_replicas, check_tail_replicas
 from tailsieve.model.costmodel import CostModel, load_cost_model
-from tailsieve.model.curves import TpotCurve, load_curve
+from tailsieve.model.curve_names import load_curve
+from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS

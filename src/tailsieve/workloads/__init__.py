@@ -1,11 +1,13 @@
 """Workloads (§2.3, App. A.5, App. B): which prompts come and how long each generation of them is.
 
-`workload.py` (replay modes, `load_workload`), `traces.py` (trace files), `synthetic.py` (the calibrated generator),
-`regimes.py` (video/VLM RL, multi-turn agentic search, drifting low-prompt-share math, rare prompt-independent
-cap hits), `family.py` (the generated regime family `family:SEED`, issue 40).
+`workload.py` (replay modes), `names.py` (`load_workload`: a bundled name, trace path or `family:SEED`), `traces.py`
+(trace files), `synthetic.py` (the calibrated generator), `regimes.py` (video/VLM RL, multi-turn agentic search,
+drifting low-prompt-share math, rare prompt-independent cap hits), `family.py` (the generated regime family
+`family:SEED`, issue 40).
 """
 
 from tailsieve.workloads.family import FamilyRegime, Split, family_regime, family_workload
+from tailsieve.workloads.names import load_workload
 from tailsieve.workloads.workload import (
     GeneratorSource,
     LengthSource,
@@ -16,7 +18,6 @@ from tailsieve.workloads.workload import (
     Workload,
     bundled_workloads,
     generator_names,
-    load_workload,
     parse_mode,
     synthetic_workload,
     trace_workload,

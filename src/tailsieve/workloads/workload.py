@@ -9,7 +9,6 @@ importing any trace loader.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,7 +23,7 @@ from tailsieve.inputs import excerpt
 from tailsieve.model.tailstrength import STRONG_TAIL_RATIO, WEAK_TAIL_RATIO
 from tailsieve.workloads.regimes import REGIMES
 from tailsieve.workloads.synthetic import SyntheticConfig, SyntheticModel
-from tailsieve.workloads.traces import DEFAULT_TRACE, Trace, bundled_trace_names, load_trace, require_tokens
+from tailsieve.workloads.traces import Trace, bundled_trace_names, load_trace, require_tokens
 
 _TAG_RESAMPLE = 21
 
@@ -287,41 +286,10 @@ def parse_mode(mode: ReplayMode | str) -> ReplayMode:
         raise ConfigError(f"unknown replay mode {excerpt(mode)} (choose {choices})") from None
 
 
-def _family(spec: str, seed: int, length_column: str | None, prompt_column: str | None) -> Workload:
-    """A regime of the generated family ('family:SEED', `workloads.family`), its lengths drawn with `seed`."""
-    from tailsieve.workloads.family import family_workload, parse_family_seed  # family imports this module
-
-    if length_column is not None or prompt_column is not None:
-        raise ConfigError(f"workload {excerpt(spec)} is generated, not read from a file: a length or prompt column "
-                          "applies to trace files only")
-    return family_workload(parse_family_seed(spec, "workload", ConfigError), draw_seed=int(seed))
-
-
-def load_workload(
-    spec: str | Path | None = None,
-    *,
-    mode: ReplayMode | str = "recorded",
-    seed: int = 0,
-    length_column: str | None = None,
-    prompt_column: str | None = None,
-) -> Workload:
-    """A workload by bundled name, trace path or 'family:SEED' (a generated regime, `workloads.family`; None:
-    kodcode-r1); generated names ignore `mode` and refuse columns."""
-    m = parse_mode(mode)
-    if seed < 0 or seed != math.floor(seed):
-        raise ConfigError(f"seed must be a non-negative integer, got {seed}")
-    if spec is None:
-        spec = "synthetic-math" if m is ReplayMode.SYNTHETIC else DEFAULT_TRACE
-    if isinstance(spec, str) and spec.startswith("family:"):
-        return _family(spec, seed, length_column, prompt_column)
-    if isinstance(spec, str) and spec in generator_names():
-        if length_column is not None or prompt_column is not None:
-            raise ConfigError(f"workload {excerpt(spec)} is generated, not read from a file: a length or prompt column "
-                              "applies to trace files only")
-        return synthetic_workload(spec, seed=seed)
-    if m is ReplayMode.SYNTHETIC:
-        raise ConfigError(f"mode 'synthetic' needs a synthetic workload name ({', '.join(generator_names())}), "
-                          f"got {excerpt(spec)}")
+def named_trace_workload(spec: str | Path, *, mode: ReplayMode, seed: int, length_column: str | None = None,
+                         prompt_column: str | None = None) -> Workload:
+    """A trace-backed workload by bundled trace name or trace path (`workloads/names.py`'s `load_workload` resolves
+    every other kind of name first)."""
     if isinstance(spec, str) and spec not in bundled_trace_names() and not Path(spec).exists():
         raise TraceError(f"no such trace {excerpt(spec)}: not a bundled workload "
                          f"({', '.join(bundled_workloads())}) and no such file")
@@ -329,5 +297,5 @@ def load_workload(
     bundled = isinstance(spec, str) and spec in _TRACE_DESCRIPTIONS
     name = str(spec) if bundled else Path(spec).stem
     cap = _TRACE_MAX_LENGTH.get(str(spec)) if bundled else None
-    return trace_workload(trace, name=name, mode=m, seed=seed, max_length=cap,
+    return trace_workload(trace, name=name, mode=mode, seed=seed, max_length=cap,
                           description=_TRACE_DESCRIPTIONS.get(str(spec), "") if bundled else str(spec))

@@ -28,7 +28,6 @@ from typing import Any, Self
 
 from tailsieve.engines.launch.base import (
     LaunchError,
-    ReplicaLauncher,
     initial_pools,
     register_launcher,
 )
@@ -44,7 +43,7 @@ from tailsieve.engines.launch.process import (
     wait_port,
 )
 from tailsieve.engines.launch.restart import RestartPolicy
-from tailsieve.engines.launch.serving import Replica, Serving
+from tailsieve.engines.launch.serving import Replica, ServedLauncher, Serving
 from tailsieve.policy.step import Pool
 from tailsieve.redact import shown_command
 
@@ -101,7 +100,7 @@ class LocalProcesses:
 
 
 @register_launcher("local")
-class LocalLauncher(ReplicaLauncher):
+class LocalLauncher(ServedLauncher[Replica]):
     """Owns R local replica process groups (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
@@ -124,28 +123,6 @@ class LocalLauncher(ReplicaLauncher):
     @property
     def _stopping(self) -> bool:
         return self.serving.stopping
-
-    @property
-    def slots(self) -> Sequence[Replica]:
-        """The replicas, replica 0 first."""
-        return self.replicas
-
-    @property
-    def endpoints(self) -> list[str]:
-        """Base URLs, replica 0 first (the order `rollout --endpoints` takes)."""
-        return [rep.url for rep in self.replicas]
-
-    def healthy(self, i: int) -> bool:
-        """Replica i's health path (the engine kind's, `/health`) answers 200."""
-        return self.serving.healthy(self.replicas[i])
-
-    def command(self, rep: Replica) -> list[str]:
-        """The server command line of a replica in its current pool."""
-        return self.serving.command(rep)
-
-    def env(self, rep: Replica) -> dict[str, str]:
-        """Environment: the kind's placement, memory share and caches, scratch, offline for a local model folder."""
-        return self.serving.env(rep)
 
     def dry_run(self) -> list[str]:
         """Each replica's placement environment and command line."""

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from tailsieve.engines.launch.base import LaunchError, ReplicaLauncher, initial_pools, register_launcher
+from tailsieve.engines.launch.base import LaunchError, initial_pools, register_launcher
 from tailsieve.engines.launch.config import Device, LaunchConfig, check_model
 from tailsieve.engines.launch.ray_server import ACTOR_GONE, RayActors, RayReplica, ReplicaServer
 from tailsieve.engines.launch.restart import RestartPolicy
-from tailsieve.engines.launch.serving import Replica, Serving
+from tailsieve.engines.launch.serving import Replica, ServedLauncher, Serving
 from tailsieve.policy.step import Pool
 from tailsieve.redact import shown_command
 
@@ -70,7 +70,7 @@ def bundle(config: LaunchConfig, i: int) -> dict[str, float]:
 
 
 @register_launcher("ray")
-class RayLauncher(ReplicaLauncher):
+class RayLauncher(ServedLauncher[RayReplica]):
     """R replicas as Ray actors in their own placement groups (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, log_dir: Path) -> None:
@@ -93,28 +93,10 @@ class RayLauncher(ReplicaLauncher):
     def _tmp(self) -> Path | None:
         return self.serving.tmp
 
-    @property
-    def slots(self) -> Sequence[RayReplica]:
-        """The replicas, replica 0 first."""
-        return self.replicas
-
-    @property
-    def endpoints(self) -> list[str]:
-        """Base URLs on the replicas' nodes, replica 0 first."""
-        return [rep.url for rep in self.replicas]
-
-    def healthy(self, i: int) -> bool:
-        """Replica i's health path answers 200."""
-        return self.serving.healthy(self.replicas[i])
-
     def command(self, rep: Replica) -> list[str]:
         """The local launcher's command line (`Serving.command`), bound to the replica's node IP."""
         host = rep.host if isinstance(rep, RayReplica) and rep.host else None
         return self.serving.command(rep, host=host)
-
-    def env(self, rep: Replica) -> dict[str, str]:
-        """The replica's environment on the driver (`Serving.env`); its actor sends the part the driver lacks."""
-        return self.serving.env(rep)
 
     def dry_run(self) -> list[str]:
         """The cluster, each replica's bundle and command line (host and port are chosen on the node)."""

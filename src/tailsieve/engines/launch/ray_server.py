@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tailsieve.engines.launch.base import LaunchError
 from tailsieve.engines.launch.process import (
@@ -26,11 +26,8 @@ from tailsieve.engines.launch.process import (
     terminate,
     wait_group_gone,
 )
-from tailsieve.engines.launch.serving import Replica
+from tailsieve.engines.launch.serving import Replica, ServedLauncher
 from tailsieve.redact import shown_args
-
-if TYPE_CHECKING:
-    from tailsieve.engines.launch.ray_launcher import RayLauncher
 
 ACTOR_GONE = -1000  # `poll` of a replica whose actor died
 
@@ -125,7 +122,7 @@ class ReplicaServer:
 class RayActors:
     """The `ServerSite` of Ray replicas: each server spawned, polled and read by its replica's actor."""
 
-    def __init__(self, launcher: RayLauncher) -> None:
+    def __init__(self, launcher: ServedLauncher[RayReplica]) -> None:
         self.launcher = launcher
 
     def spawn(self, rep: Replica) -> None:

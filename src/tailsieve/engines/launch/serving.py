@@ -5,7 +5,8 @@ actor per replica): each replica's command line and environment, built by its en
 naming the replica and the server's own error), status events, and the stop flag.
 
 Where a server runs is a `ServerSite`: it spawns, polls and reads the log of a replica's server, and says where
-it serves and how it ended. A launcher owns a `Serving` and a site; neither inherits the other."""
+it serves and how it ended. A launcher owns a `Serving` and a site; neither inherits the other. `ServedLauncher` is
+what both launchers share on top: their replicas, URLs, health, command lines and environments, written once."""
 
 from __future__ import annotations
 
@@ -18,16 +19,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from tailsieve.engines.kinds.kind import ServerLaunch
-from tailsieve.engines.launch.base import LaunchError, ReplicaSlot
+from tailsieve.engines.launch.base import LaunchError, ReplicaLauncher, ReplicaSlot
 from tailsieve.engines.launch.config import Device, LaunchConfig
 from tailsieve.engines.launch.process import http_healthy, warm_up_error
 from tailsieve.redact import MASK, redact, secret_name, shown_args
-
-if TYPE_CHECKING:
-    from tailsieve.engines.launch.base import ReplicaLauncher
 
 
 @dataclass(slots=True, kw_only=True)
@@ -192,3 +190,37 @@ class Serving:
         with self.lock:
             out, self.events = self.events, []
         return out
+
+
+R = TypeVar("R", bound=Replica)
+
+
+class ServedLauncher(ReplicaLauncher, Generic[R]):
+    """A launcher whose replicas' servers a `Serving` runs (`LocalLauncher`: local process groups; `RayLauncher`:
+    Ray actors): the replica list and what is read off it, once for both."""
+
+    serving: Serving
+    replicas: list[R]
+
+    @property
+    def slots(self) -> Sequence[R]:
+        """The replicas, replica 0 first."""
+        return self.replicas
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Base URLs, replica 0 first (the order `rollout --endpoints` takes)."""
+        return [rep.url for rep in self.replicas]
+
+    def healthy(self, i: int) -> bool:
+        """Replica i's health path (the engine kind's, `/health`) answers 200."""
+        return self.serving.healthy(self.replicas[i])
+
+    def command(self, rep: Replica) -> list[str]:
+        """The server command line of a replica in its current pool."""
+        return self.serving.command(rep)
+
+    def env(self, rep: Replica) -> dict[str, str]:
+        """Environment: the kind's placement, memory share and caches, scratch, offline for a local model folder (on
+        Ray: the driver's view; the replica's actor sends the part the driver lacks)."""
+        return self.serving.env(rep)

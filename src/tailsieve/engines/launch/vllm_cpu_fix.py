@@ -12,6 +12,7 @@ CPU spawns its engine and worker processes, so `apply` is also a vLLM general pl
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 
@@ -37,8 +38,6 @@ def apply() -> bool:
         return False
     if HAS_TRITON or not current_platform.is_cpu() or not hasattr(cpu_tl, "_expand_kernel_impl"):
         return False
-    import inspect
-
     params = list(inspect.signature(cpu_tl._expand_kernel_impl).parameters)
     if params[:5] != ["output", "input_val", "cu_num_tokens", "replace_from", "replace_to"]:
         return False  # another contract than the one `expand_into` implements: leave vLLM's own

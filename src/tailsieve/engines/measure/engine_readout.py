@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tailsieve.engines.measure.profile import measure_batch
 from tailsieve.engines.transport.engine_client import Endpoint, EngineClient, parse_metrics
 from tailsieve.engines.transport.replies import loads
 from tailsieve.engines.transport.reply_bounds import read_body
@@ -241,8 +242,6 @@ async def probe_tpot(client: EngineClient, endpoints: Sequence[Endpoint], model:
                      ) -> tuple[float, ...]:
     """Each replica's realized decode time per token (ms) at one point, `SPEED_PROBE` (`profile.measure_batch`:
     the median over the batch's requests), measured one replica at a time, `rounds` times in turn, the median."""
-    from tailsieve.engines.measure.profile import measure_batch  # profile imports this module
-
     batch, tokens = SPEED_PROBE
     times: list[list[float]] = [[] for _ in endpoints]
     for _ in range(rounds):

@@ -6,8 +6,9 @@ Each step plans with the same `Router` and controller as the simulator, executes
 Per-pool speculation (§3.4): the controller gets the tail pool's curve (`tail_curve`, or `spec` derived from
 `curve`). The step itself is the shared step loop (`tailsieve.loop.StepLoop.astep`) with `EngineExecutor`.
 `Rollout(..., pools=launcher.pool_hook)` gives a replica launcher each plan's pools before the step runs; the
-restart seconds it returns are added to the step's makespan (docs/launch.md). `make_rollout` builds the rollout a
-config names: a `Rollout`, or a `PeerRollout` for a peer policy (verl-lif, rollpacker, …).
+restart seconds it returns are added to the step's makespan (docs/launch.md). `make_rollout`
+(`engines/rollout/peer_rollout.py`) builds the rollout a config names: a `Rollout`, or a `PeerRollout` for a peer
+policy (verl-lif, rollpacker, …).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import RouterState
 from tailsieve.policy.step import StepPlan
 
-__all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate", "make_rollout"]
+__all__ = ["Batch", "GroupResult", "Rollout", "RolloutConfig", "TrainerSample", "WeightUpdate"]
 
 def freeze_startup_heap() -> None:
     """Once per process: move every object alive now (imported modules, configs, the prompt set) out of the cyclic
@@ -222,13 +223,3 @@ class Rollout:
         """Which samples hit the length cap (`batch.truncated`)."""
         return truncated(groups, self.config)
 
-
-def make_rollout(endpoints: Sequence[str | Endpoint], config: RolloutConfig,
-                 prompts: Sequence[PromptRecord] | str | Path, **kw: Any) -> Rollout:
-    """The rollout `config.policy` names: a `PeerRollout` for a peer policy (`tailsieve.policy.peers.PEERS`), else a
-    `Rollout`; keywords as `Rollout`'s (`state`, `pools`, `reload`)."""
-    if config.policy in PEERS:
-        from tailsieve.engines.rollout.peer_rollout import PeerRollout
-
-        return PeerRollout(endpoints, config, prompts, **kw)
-    return Rollout(endpoints, config, prompts, **kw)

@@ -1,5 +1,6 @@
 """`PeerRollout`: a peer policy (`tailsieve.policy.peers`: verl-lif, rollpacker, april-drop, openrlhf-group …) on
-real replicas. `make_rollout(endpoints, RolloutConfig(policy="verl-lif"), prompts)` gives one.
+real replicas. `make_rollout(endpoints, RolloutConfig(policy="verl-lif"), prompts)` gives one: `make_rollout` (here,
+one floor above both rollouts) builds the rollout a config names, a `Rollout` or a `PeerRollout`.
 
 Everything but the policy is `Rollout`'s: the same endpoints, `EngineExecutor`, prompts, per-request seeds and
 generation counters, pool hook, weight sync and batches. Each step runs the peer's loop (`tailsieve.loop.PeerLoop`:
@@ -27,7 +28,7 @@ from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
 from tailsieve.loop import PeerLoop
 from tailsieve.outputs import write_json_atomic
-from tailsieve.policy.peers import PeerState, make_peer
+from tailsieve.policy.peers import PEERS, PeerState, make_peer
 
 
 class PeerRollout(Rollout):
@@ -85,3 +86,12 @@ class PeerRollout(Rollout):
         self.pstate = out.state
         self.specs.commit(out.plan)
         return batch
+
+
+def make_rollout(endpoints: Sequence[str | Endpoint], config: RolloutConfig,
+                 prompts: Sequence[PromptRecord] | str | Path, **kw: Any) -> Rollout:
+    """The rollout `config.policy` names: a `PeerRollout` for a peer policy (`tailsieve.policy.peers.PEERS`), else a
+    `Rollout`; keywords as `Rollout`'s (`state`, `pools`, `reload`)."""
+    if config.policy in PEERS:
+        return PeerRollout(endpoints, config, prompts, **kw)
+    return Rollout(endpoints, config, prompts, **kw)

@@ -30,7 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.analysis.report import report_json
-from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import Batch, Rollout, RolloutConfig
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.resume import (
     SEAL,

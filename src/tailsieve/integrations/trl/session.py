@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tailsieve.engines.rollout.api import Batch, RolloutConfig, make_rollout
+from tailsieve.engines.rollout.api import Batch, RolloutConfig
+from tailsieve.engines.rollout.peer_rollout import make_rollout
 from tailsieve.engines.rollout.prompts import PromptRecord
 from tailsieve.engines.rollout.weight_sync import WeightUpdate
 from tailsieve.engines.transport.engine_client import ClientOptions, Endpoint, EngineClient, Request, SamplingParams
