@@ -15,6 +15,7 @@ from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_finish_times
+from tailsieve.policy.paper_config import PaperConfig
 from tailsieve.policy.predictor import Predictor
 from tailsieve.policy.router import RouterConfig
 
@@ -108,7 +109,7 @@ def test_static_and_config_validation() -> None:
     with pytest.raises(ConfigError, match="q0 must be >= 0"):
         ControllerConfig(q0=-1)
     with pytest.raises(ConfigError, match=r"^gain must lie in \[0, 1\], got 1.5$"):
-        ControllerConfig(gain=1.5)
+        PaperConfig(gain=1.5)
     with pytest.raises(ConfigError, match=r"^horizon must be >= 1, got 0$"):
         ControllerConfig(horizon=0)
     with pytest.raises(ConfigError, match=r"^history_steps must be >= 1, got 0$"):

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.policy.control_state import ControllerConfig
-from tailsieve.policy.controller_knobs import Knob, controller_from_mapping, knobs, renamed
+from tailsieve.policy.controller_knobs import Knob, controller_from_mapping, knobs, renamed, with_knobs
 from tailsieve.policy.ranking import DEFAULT_RANKING
 from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
 
@@ -155,7 +154,7 @@ class _Knob(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         try:
-            replace(ControllerConfig(), **{self.dest: values})
+            with_knobs(ControllerConfig(), {self.dest: values})
         except ConfigError as exc:
             parser.error(renamed(str(exc), controller_flag))
         setattr(namespace, self.dest, values)

@@ -1,6 +1,8 @@
 """The base of every controller (§3.2): the registry `CONTROLLERS` and `Controller`, which holds what the adaptive
-policies share (learning from a step, pricing an option). The policies themselves: `controller.py` (uniform,
-static) and one file each for `tailsieve-paper`, `tailsieve` and `tailsieve-fixed`."""
+policies share (learning from a step, pricing an option). The policies themselves, one file each, each extending
+`Controller` directly: `uniform.py`, `static.py`, `paper.py` (`tailsieve-paper`), `tailsieve_rule.py` (`tailsieve`)
+and `fixed.py` (`tailsieve-fixed`), the last two over the rule of `paired_rule.py`; `controller.py` declares the
+registry's order."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class Controller(ABC):
 
     name: ClassVar[str] = ""
     min_replicas: ClassVar[int] = 2  # replicas a run needs: a tail and a bulk pool (uniform: 1)
+    state_type: ClassVar[type[ControlState]] = ControlState  # a controller with state of its own: its class
 
     def __init__(
         self,
@@ -76,10 +79,11 @@ class Controller(ABC):
         self.fixed_q, self.fixed_m = q, m
 
     def initial(self) -> ControlState:
-        """State before the first step: (q0, `start_m`), the uniform boundary placing whole groups."""
+        """State before the first step (a `state_type`): m = `start_m` clipped to R − 1, q = max(q0, 1) at a split
+        and 0 at the uniform boundary, which places whole groups."""
         m0 = min(self.start_m(), max(self.router.replicas - 1, 0))
         q0 = max(self.config.q0, 1) if m0 > 0 else 0
-        return ControlState(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
+        return self.state_type(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
 
     def start_m(self) -> int:
         """The first step's tail-pool size: `m0` (None: R // 2)."""
