@@ -17,7 +17,7 @@ from tailsieve.policy.controller import CONTROLLERS, ControlState
 from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.decision import Reason
 from tailsieve.policy.paper import paper_state
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 from tailsieve.policy.router import RouterConfig
 
 CURVE = make_curve()
@@ -40,12 +40,13 @@ def test_return_step_runs_the_waiting_candidates_with_the_fresh_groups() -> None
     steady uniform runs 4 × 10."""
     t = CURVE.tpot_s
     for dealt in (False, True):
-        p = Predictor(flat(n=8), candidates=flat(n=8, length=50), groups=4, extra=2, replicas=2, curve=CURVE,
-                      resamples=3, uniform_by_request=dealt)
+        facts = PredictorFacts(groups=4, extra=2, replicas=2, curve=CURVE, resamples=3, uniform_by_request=dealt)
+        p = Predictor(flat(n=8), facts, candidates=flat(n=8, length=50))
         np.testing.assert_allclose(p.uniform_return_times(), 10 * t(4) + 40 * t(2))
         np.testing.assert_allclose(p.uniform_times(), 10 * t(4))
     # candidates no longer than the fresh groups: nothing to repay
-    same = Predictor(flat(n=8), candidates=flat(n=8), groups=4, extra=2, replicas=2, curve=CURVE, resamples=3)
+    same = Predictor(flat(n=8), PredictorFacts(groups=4, extra=2, replicas=2, curve=CURVE, resamples=3),
+                     candidates=flat(n=8))
     np.testing.assert_allclose(same.uniform_return_times(), same.uniform_times())
 
 

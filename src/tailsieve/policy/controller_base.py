@@ -20,7 +20,7 @@ from tailsieve.policy.control_state import ControllerConfig, ControlState, StepO
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.fresh import fresh_sample
 from tailsieve.policy.observed import observed_times
-from tailsieve.policy.predictor import FloatArray, Predictor, split_half_candidates
+from tailsieve.policy.predictor import FloatArray, Predictor, PredictorFacts, split_half_candidates
 from tailsieve.policy.router import RouterConfig
 from tailsieve.registry import Registry
 
@@ -143,26 +143,21 @@ class Controller(ABC):
         return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
 
     # pricing options ---------------------------------------------------------------------------------------------
+    def facts(self, state: ControlState) -> PredictorFacts:
+        """What the predictor prices on besides the history: the router's shape, placement and pinning, the pools'
+        curves and cost terms, and the state's placement at the uniform boundary."""
+        return PredictorFacts(
+            groups=self.router.groups, extra=self.router.extra, replicas=self.router.replicas, curve=self.curve,
+            tail_curve=self.tail_curve, by_request=self.router.dispatch.value == "request",
+            uniform_by_request=state.uniform_dispatch == "request", pinned_candidates=self.router.pins_candidates,
+            kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s, kv_tokens=self.kv_tokens,
+            prompt_tokens=self.prompt_tokens)
+
     def predictor(self, state: ControlState) -> Predictor:
         """The forecast model over the current history, pool k drawn within history step k mod H."""
-        return Predictor(
-            np.concatenate(state.history),
-            candidates=np.concatenate(state.tail_history) if state.tail_history else None,
-            groups=self.router.groups,
-            extra=self.router.extra,
-            replicas=self.router.replicas,
-            curve=self.curve,
-            by_request=self.router.dispatch.value == "request",
-            tail_curve=self.tail_curve,
-            kv_s_per_token=self.kv_s_per_token,
-            pinned_candidates=self.router.max_redraws <= 1,
-            candidate_steps=state.tail_history,
-            prefill_s=self.prefill_s,
-            kv_tokens=self.kv_tokens,
-            prompt_tokens=self.prompt_tokens,
-            uniform_by_request=state.uniform_dispatch == "request",
-            blocks=tuple(h.shape[0] for h in state.history),
-        )
+        return Predictor(np.concatenate(state.history), self.facts(state),
+                         candidates=np.concatenate(state.tail_history) if state.tail_history else None,
+                         candidate_steps=state.tail_history, blocks=tuple(h.shape[0] for h in state.history))
 
     def times(self, state: ControlState, pred: Predictor, q: int, m: int, dispatch: str | None = None) -> FloatArray:
         """(K,) calibrated step seconds per bootstrap pool: max(c_tail·T_tail, c_bulk·T_bulk) for a split (§3.2),
@@ -195,7 +190,7 @@ class Controller(ABC):
         the stand-in candidates of uniform steps know the selector only from half-groups and rate a pinned one too
         short, and the mean field cannot see a pinned group hold the cutoff from its own replica; the best static
         split in hindsight isolates every candidate in 29 of the first 30 tuning regimes of the family."""
-        qs = [self.q_limit()] if pred.pinned else self.q_grid(around)
+        qs = [self.q_limit()] if self.router.pins_candidates else self.q_grid(around)
         pred.prefetch(qs, m)
         scored = min((float(np.mean(self.times(state, pred, q, m))), q) for q in qs)
         return scored[1], scored[0]

@@ -35,7 +35,7 @@ def initial(ctl: Controller, state: ControlState) -> ControlState:
     """`Controller.initial`'s state, but a split at the pinned redraw limit isolates every candidate from the start
     (the rule's q there, `Controller.best_q`); the uniform boundary deals requests unless a prompt prefill makes
     that costly."""
-    if state.m > 0 and ctl.router.max_redraws <= 1:
+    if state.m > 0 and ctl.router.pins_candidates:
         state = replace(state, q=ctl.q_limit(), decision=Decision(ctl.q_limit(), state.m, Reason.START))
     return replace(state, uniform_dispatch="request" if ctl.prefill_s <= 0 else "group")
 

@@ -84,6 +84,12 @@ class RouterConfig:
         return ref.cuts >= self.max_redraws
 
     @property
+    def pins_candidates(self) -> bool:
+        """Whether every candidate is pinned (the redraw limit is 1: a candidate was cut once, so its next attempt
+        must complete, isolated or not)."""
+        return self.max_redraws <= 1
+
+    @property
     def extra(self) -> int:
         """E = ⌈ρN⌉ over-provisioned groups (§3.1); at least 1 when ρ > 0."""
         return math.ceil(self.rho * self.groups - 1e-9)
