@@ -208,9 +208,8 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     knobs = router_values(args) | {"dispatch": dispatch_of(args.dispatch)}  # rho, dispatch, max_redraws, ranking
     return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, **knobs, policy=n, curve=args.curve,
-                             kv_ms_per_1k=args.kv_ms_per_1k,
-                             tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
-                             m=args.m, sampling=sampling, template=template, api=api,
+                             kv_ms_per_1k=args.kv_ms_per_1k, tail_curve=args.tail_curve, spec=spec or pool_spec(args),
+                             controller=ctl, q=args.q, m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
                              length_scale=args.length_scale, faults=faults, api_key_env=api_key_env(args),
