@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -257,3 +257,17 @@ def test_uniform_steps_refresh_the_candidate_history() -> None:
         assert s.tail_history[-1].tolist() == c.uniform_candidates(step.consumed_lengths).tolist()
     assert len(s.tail_history) == 8 and c.predictor(s).makespan(4, 1) < 0.85 * before  # 2 of 8 steps heavy
 
+
+
+def test_the_registry_order_is_declared_and_every_policy_extends_controller_directly() -> None:
+    """Controllers side by side (issue 51): the built-in names in `BUILT_IN`'s order, each class one floor above
+    `Controller`; state of a policy's own is its own subclass of `ControlState` (the paper's C.1 fields)."""
+    from tailsieve.policy.control_state import STATE_KINDS
+    from tailsieve.policy.controller import BUILT_IN, Controller, PaperState
+
+    names = ["uniform", "static", "tailsieve-paper", "tailsieve", "tailsieve-fixed"]
+    assert [n for n, _ in BUILT_IN] == names == list(CONTROLLERS)[:5]
+    assert all(cls.__bases__ == (Controller,) for _, cls in BUILT_IN)
+    assert {"control": ControlState, "tailsieve-paper": PaperState} == STATE_KINDS
+    assert not {"hold", "velocity", "rate_tail", "rate_bulk"} & {f.name for f in fields(ControlState)}
+    assert type(make("tailsieve-paper").initial()) is PaperState and type(make("tailsieve").initial()) is ControlState
