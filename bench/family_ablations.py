@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
+import tailsieve.policy.paired_rule as paired_rule
 import tailsieve.policy.predictor as predictor
 import tailsieve.policy.tailsieve_rule as rule
 from tailsieve.policy.control_state import ControlState
@@ -78,7 +79,7 @@ def _uncalibrated_learn() -> Callable[..., tuple[ControlState, object]]:
 
 ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
     "unpaired": ("options priced with independent errors (no common random numbers in the error)",
-                 lambda: _apply([(rule, "paired_gain", _unpaired)])),
+                 lambda: _apply([(paired_rule, "paired_gain", _unpaired)])),
     "free-return": ("a return to the uniform boundary costs nothing (no waiting-candidate step)",
                     lambda: _apply([(rule.TailSieveController, "cost", _no_return_cost)])),
     "one-placement": ("the uniform boundary always deals requests (no choice of whole groups)",
@@ -86,7 +87,7 @@ ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
     "no-calibration": ("no model error: every forecast class at factor 1",
                        lambda: _apply([(Controller, "learn", _uncalibrated_learn())])),
     "with-replacement": ("pools drawn from their step with replacement",
-                         lambda: _apply([(predictor, "_draw_rows", _with_replacement)])),
+                         lambda: _apply([(predictor, "draw_rows", _with_replacement)])),
     "q-search": ("q searched over 1..E at every split instead of q = E at the pinned redraw limit",
                  lambda: _apply([(Controller, "best_q", _q_search)])),
     "no-kv-term": ("the KV-pressure floor off although the model file holds the KV capacity (issue 48)",

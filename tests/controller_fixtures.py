@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from conftest import make_curve
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, StepObservation
+from tailsieve.policy.controller import CONTROLLERS, StepObservation
+from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.router import RouterConfig
 
 CURVE = make_curve()
@@ -27,4 +28,4 @@ def obs(*, q: int, m: int, tail_s: float, bulk_s: float, warmup: bool = False, n
 
 def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25, **cfg: object):  # type: ignore[no-untyped-def]
     rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho)
-    return CONTROLLERS[name](rc, CURVE, ControllerConfig(**cfg))  # type: ignore[arg-type]
+    return CONTROLLERS[name](rc, CURVE, controller_from_mapping(cfg, "make"))  # type: ignore[arg-type]

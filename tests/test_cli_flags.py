@@ -20,6 +20,7 @@ from tailsieve.cli.rollout_cmd import build_configs
 from tailsieve.cli.sim_args import build_config
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller_knobs import Knob, knobs
+from tailsieve.policy.paper_config import PaperConfig
 from tailsieve.policy.ranking import RANKINGS
 
 
@@ -94,7 +95,9 @@ def parsed(cmd: str, *argv: str) -> argparse.Namespace:
 @pytest.mark.parametrize("cmd", ["simulate", "plan", "rollout"])
 def test_every_controller_field_is_a_flag_with_its_type_and_help(cmd: str) -> None:
     parser = sub_parsers()[cmd]
-    for f in fields(ControllerConfig):
+    every = [(f, "") for f in fields(ControllerConfig) if f.name != "paper"]
+    every += [(f, "paper") for f in fields(PaperConfig)]
+    for f, _ in every:  # the paper's own knobs (`ControllerConfig.paper`) by their flat names
         a = option(parser, "--" + f.name.replace("_", "-"))
         assert a is not None, f"{cmd} has no flag for ControllerConfig.{f.name}"
         assert a.dest == f.name and a.default == argparse.SUPPRESS and a.help is not None
@@ -102,7 +105,7 @@ def test_every_controller_field_is_a_flag_with_its_type_and_help(cmd: str) -> No
         value = {"int": "3", "float": "0.5", "int | None": "2"}[str(f.type)]
         assert type(a.type(value)) is {"int": int, "float": float, "int | None": int}[str(f.type)]  # type: ignore[misc]
     assert option(parser, "--m0").type("none") is None  # type: ignore[union-attr,misc]
-    assert {k.name for k in knobs()} == {f.name for f in fields(ControllerConfig)}
+    assert [(k.name, k.section) for k in knobs()] == [(f.name, s) for f, s in every]
 
 
 @pytest.mark.parametrize(("cmd", "argv", "message"), [
@@ -130,10 +133,11 @@ def test_controller_flags_reach_the_config() -> None:
                                                                                         z=1.5)
     assert build_config(parsed("simulate"), ["uniform"]).controller == ControllerConfig()  # unset: the defaults
     args = parsed("plan", "--horizon", "3", "--momentum", "0.25")
-    assert build_config(args, ["static", "tailsieve"]).controller == ControllerConfig(horizon=3, momentum=0.25)
+    assert build_config(args, ["static", "tailsieve"]).controller == ControllerConfig(horizon=3,
+                                                                                         paper=PaperConfig(momentum=0.25))
     args = parsed("rollout", "--prompts", "p", "--out", "o", "--policy", "tailsieve,uniform", "--gain", "0.1",
                   "--max-q-step", "4", "--m-radius", "1", "--ema", "0.5", "--move-cost-s", "12")
-    want = ControllerConfig(gain=0.1, max_q_step=4, m_radius=1, ema=0.5, move_cost_s=12.0)
+    want = ControllerConfig(paper=PaperConfig(gain=0.1, max_q_step=4, m_radius=1), ema=0.5, move_cost_s=12.0)
     assert {n: c.controller for n, c in build_configs(args).items()} == {"tailsieve": want, "uniform": want}
     assert controller_config(args, ControllerConfig(q0=5)) == replace(want, q0=5)  # over another base
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -15,7 +15,8 @@ from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_finish_times
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.paper_config import PaperConfig
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 from tailsieve.policy.router import RouterConfig
 
 
@@ -95,7 +96,7 @@ def test_a_refused_q_move_keeps_the_damped_velocity() -> None:
 
 def test_predictor_uniform_equals_closed_form() -> None:
     h = np.full((4, 2), 10, dtype=np.int64)
-    p = Predictor(h, groups=4, extra=1, replicas=2, curve=CURVE, resamples=2)
+    p = Predictor(h, PredictorFacts(groups=4, extra=1, replicas=2, curve=CURVE, resamples=2))
     # 8 requests of 10 tokens over 2 replicas by request: 4 per replica
     assert p.makespan(0, 0) == pytest.approx(10 * CURVE.tpot_s(4))
 
@@ -108,7 +109,7 @@ def test_static_and_config_validation() -> None:
     with pytest.raises(ConfigError, match="q0 must be >= 0"):
         ControllerConfig(q0=-1)
     with pytest.raises(ConfigError, match=r"^gain must lie in \[0, 1\], got 1.5$"):
-        ControllerConfig(gain=1.5)
+        PaperConfig(gain=1.5)
     with pytest.raises(ConfigError, match=r"^horizon must be >= 1, got 0$"):
         ControllerConfig(horizon=0)
     with pytest.raises(ConfigError, match=r"^history_steps must be >= 1, got 0$"):
@@ -144,7 +145,8 @@ def test_pinned_candidates_cannot_be_cut_in_the_bulk_forecast() -> None:
     last completion and the (N − E)-th fresh completion; without pinning it is the (N − q)-th of all."""
     h = history(n=16, g=4)
     kw = {"groups": 16, "extra": 4, "replicas": 4, "curve": CURVE, "resamples": 3}
-    free, pin = Predictor(h, **kw), Predictor(h, pinned_candidates=True, **kw)  # type: ignore[arg-type]
+    facts = PredictorFacts(**kw)  # type: ignore[arg-type]
+    free, pin = Predictor(h, facts), Predictor(h, replace(facts, pinned_candidates=True))
     for q in (1, 2, 3):
         raw = pin._bulk_raw(q, 1)  # candidates q..E−1 first, then the 16 fresh groups
         pins = 4 - q
@@ -154,9 +156,11 @@ def test_pinned_candidates_cannot_be_cut_in_the_bulk_forecast() -> None:
     # every candidate isolated (q = E): nothing pinned in the bulk, the two models agree; uniform is unaffected
     np.testing.assert_allclose(pin.bulk_times(4, 1), free.bulk_times(4, 1))
     assert pin.makespan(0, 0) == free.makespan(0, 0)
-    assert make("tailsieve").predictor(ControlState(q=1, m=1, history=(h,))).pinned  # max_redraws 1 (default)
+    pinning = make("tailsieve")  # max_redraws 1 (default): the router's fact reaches the predictor's facts
+    assert pinning.router.pins_candidates and pinning.facts(ControlState(q=1, m=1)).pinned_candidates
     rc = RouterConfig(groups=16, group_size=4, replicas=8, rho=0.25, max_redraws=2)
-    assert not CONTROLLERS["tailsieve"](rc, CURVE).predictor(ControlState(q=1, m=1, history=(h,))).pinned
+    free_ctl = CONTROLLERS["tailsieve"](rc, CURVE)
+    assert not free_ctl.predictor(ControlState(q=1, m=1, history=(h,))).facts.pinned_candidates
 
 
 def _learnt(c, state: ControlState, step: StepObservation):  # type: ignore[no-untyped-def]
@@ -202,15 +206,17 @@ def test_candidates_are_bootstrapped_by_selector_rank_from_whole_steps() -> None
     h = history(n=16, g=4)
     kw = {"groups": 16, "extra": 3, "replicas": 4, "curve": CURVE, "resamples": 6}
     steps = tuple(np.array([[900 + i] * 4, [100 + i] * 4, [500 + i] * 4], dtype=np.int64) for i in range(3))
-    p = Predictor(h, candidate_steps=steps, **kw)  # type: ignore[arg-type]
+    p = Predictor(h, PredictorFacts(**kw), candidate_steps=steps)  # type: ignore[arg-type]
     assert p.cand.shape == (6, 3, 4)
     for r, base in enumerate((900, 100, 500)):  # rank order kept, even where rank 1 is shorter than rank 2
         assert set(np.unique(p.cand[:, r])) <= {base, base + 1, base + 2}
-    one = Predictor(h, candidate_steps=steps[:1], candidates=np.concatenate(steps[:1]), **kw)  # type: ignore[arg-type]
+    one = Predictor(h, PredictorFacts(**kw), candidate_steps=steps[:1],  # type: ignore[arg-type]
+                    candidates=np.concatenate(steps[:1]))
     assert np.all(np.diff(one.cand.max(axis=2), axis=1) <= 0)  # too few whole steps: the sorted draws as before
     partial = tuple(s[:2] for s in steps)  # only q = 2 of E = 3 seen (a higher redraw limit): as before
-    assert np.all(np.diff(Predictor(h, candidate_steps=partial, candidates=np.concatenate(partial),  # type: ignore[arg-type]
-                                    **kw).cand.max(axis=2), axis=1) <= 0)
+    ranked = Predictor(h, PredictorFacts(**kw), candidate_steps=partial,  # type: ignore[arg-type]
+                       candidates=np.concatenate(partial))
+    assert np.all(np.diff(ranked.cand.max(axis=2), axis=1) <= 0)
 
 
 def test_pinned_candidates_join_the_tail_history() -> None:
@@ -251,3 +257,17 @@ def test_uniform_steps_refresh_the_candidate_history() -> None:
         assert s.tail_history[-1].tolist() == c.uniform_candidates(step.consumed_lengths).tolist()
     assert len(s.tail_history) == 8 and c.predictor(s).makespan(4, 1) < 0.85 * before  # 2 of 8 steps heavy
 
+
+
+def test_the_registry_order_is_declared_and_every_policy_extends_controller_directly() -> None:
+    """Controllers side by side (issue 51): the built-in names in `BUILT_IN`'s order, each class one floor above
+    `Controller`; state of a policy's own is its own subclass of `ControlState` (the paper's C.1 fields)."""
+    from tailsieve.policy.control_state import STATE_KINDS
+    from tailsieve.policy.controller import BUILT_IN, Controller, PaperState
+
+    names = ["uniform", "static", "tailsieve-paper", "tailsieve", "tailsieve-fixed"]
+    assert [n for n, _ in BUILT_IN] == names == list(CONTROLLERS)[:5]
+    assert all(cls.__bases__ == (Controller,) for _, cls in BUILT_IN)
+    assert {"control": ControlState, "tailsieve-paper": PaperState} == STATE_KINDS
+    assert not {"hold", "velocity", "rate_tail", "rate_bulk"} & {f.name for f in fields(ControlState)}
+    assert type(make("tailsieve-paper").initial()) is PaperState and type(make("tailsieve").initial()) is ControlState

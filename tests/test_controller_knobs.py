@@ -19,12 +19,15 @@ from tailsieve.integrations.trl.session import TrlIntegrationError, TrlSession
 from tailsieve.integrations.verl.session import TailSieveSettings
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller_knobs import controller_from_mapping, knobs
+from tailsieve.policy.paper_config import PaperConfig
 
 VALID = "q0, m0, history_steps, z, horizon, move_cost_s, ema, momentum, max_q_step, gain, m_radius"
 
 
 def test_the_knobs_are_the_fields() -> None:
-    assert [k.name for k in knobs()] == [f.name for f in fields(ControllerConfig)] == VALID.split(", ")
+    own = [f.name for f in fields(ControllerConfig) if f.name != "paper"]  # the paper's knobs keep their flat names
+    assert [k.name for k in knobs()] == own + [f.name for f in fields(PaperConfig)] == VALID.split(", ")
+    assert {k.name for k in knobs() if k.section == "paper"} == {f.name for f in fields(PaperConfig)}
     assert {k.name: (k.kind, k.optional) for k in knobs()}["m0"] == (int, True)
     assert all(k.help for k in knobs())
 
@@ -97,7 +100,8 @@ def test_slime_passes_any_controller_field(monkeypatch: pytest.MonkeyPatch) -> N
     s = SlimeSettings.from_args(slime_args(tailsieve_controller={"m0": 1, "z": 1.5}))
     assert s.spec(3).controller == ControllerConfig(m0=1, z=1.5)
     monkeypatch.setenv("TAILSIEVE_CONTROLLER", json.dumps({"history_steps": 4, "gain": 0.1}))
-    assert SlimeSettings.from_args(slime_args()).spec(3).controller == ControllerConfig(history_steps=4, gain=0.1)
+    want = ControllerConfig(history_steps=4, paper=PaperConfig(gain=0.1))
+    assert SlimeSettings.from_args(slime_args()).spec(3).controller == want
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -20,7 +20,7 @@ from tailsieve.engines.rollout.state import RolloutState, control_from_json, con
 from tailsieve.engines.transport.engine_client import Api, SamplingParams
 from tailsieve.engines.transport.health import Replicas
 from tailsieve.errors import ConfigError
-from tailsieve.policy.controller import ControllerConfig, ControlState
+from tailsieve.policy.controller import ControllerConfig, ControlState, PaperState
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.step import GroupRef, GroupStatus, Pool, StepPlan
 from tailsieve.workloads import load_workload
@@ -137,31 +137,37 @@ def test_save_restore_neither_loses_nor_repeats(servers: list[FakeServer], tmp_p
     assert state.control.decision is not None and loaded.control.note == state.control.note  # derived, not saved
     unpaid = Decision(2, 1, Reason.UNPAID, (3, 2), 0.5, 0.25, 120.0)
     learnt = replace(state.control, calib_tail=1.25, calib_bulk=0.8, calib_uniform=1.1, uniform_dispatch="request",
-                     hold=2, velocity=-0.75, decision=unpaid)
+                     decision=unpaid)
     back = control_from_json(json.loads(json.dumps(control_to_json(learnt))))
     assert (back.calib_tail, back.calib_bulk, back.calib_uniform) == (1.25, 0.8, 1.1)
-    assert (back.uniform_dispatch, back.hold, back.velocity, back.decision) == ("request", 2, -0.75, unpaid)
+    assert (back.uniform_dispatch, back.decision) == ("request", unpaid)
     assert back.note == unpaid.note == "unpaid; (3, 2): +0.50 s/step ± 0.25, cost 120.0 s"
-    # a state saved by an older controller (before issue 40; `last_fresh`: the pending record of cut groups of the
-    # one-step-later completion, since deleted): its retired fields are read and dropped, the rest kept
+    # `tailsieve-paper`'s own state is restored as itself, its C.1 fields with it
+    paper = PaperState(**{f.name: getattr(learnt, f.name) for f in fields(ControlState)}, hold=2, velocity=-0.75,
+                       rate_tail=0.5)
+    doc = json.loads(json.dumps(control_to_json(paper)))
+    assert (doc["format"], doc["state"]) == (2, "tailsieve-paper") and control_to_json(learnt)["state"] == "control"
+    again = control_from_json(doc)
+    assert type(again) is PaperState and (again.hold, again.velocity, again.rate_tail) == (2, -0.75, 0.5)
+    assert math.isnan(again.rate_bulk) and again.decision == unpaid
+    # a state saved by an older version (no format; the fields of the controller before issue 40 among them, e.g.
+    # `last_fresh`) is refused in one line, never read in part
     assert "last_fresh" not in control_to_json(state.control)
-    record = [[[5, 0, 1, 10, 500, 20, 30], [6, 1, 4, 7, 8, 9, 10]]]  # rows [uid, consumed, finished, G = 4 counts]
-    for last_fresh in ([], record):
-        older = control_to_json(state.control) | {
-            "bias_tail": 0.05, "bias_step": 0.07, "reversals": 3, "move_dir": -1, "returns": 2, "dwell": 4,
-            "leave_streak": 1, "note": "m 1->0", "last_fresh": last_fresh}
-        read = control_from_json(json.loads(json.dumps(older)))
-        assert (read.q, read.m, read.decision, read.note) == (state.control.q, state.control.m,
-                                                              state.control.decision, state.control.note)
-        assert [t.tolist() for t in read.history] == [t.tolist() for t in state.control.history]
-        assert not any(hasattr(read, k) for k in ("bias_tail", "reversals", "returns", "dwell", "leave_streak",
-                                                  "last_fresh"))
-        assert control_to_json(read) == control_to_json(state.control)  # dropped: not written back
-        doc = json.loads(path.read_text())
-        doc["control"]["last_fresh"] = last_fresh
-        older_file = tmp_path / "older-state.json"
-        older_file.write_text(json.dumps(doc))
-        assert control_to_json(RolloutState.load(older_file).control) == control_to_json(state.control)
+    older = {k: v for k, v in control_to_json(state.control).items() if k not in ("format", "state")} | {
+        "bias_tail": 0.05, "last_fresh": []}
+    for old, saved in ((older, "by an older TailSieve (no format)"), (older | {"format": 1}, "in format 1"),
+                       (older | {"format": 3, "state": "control"}, "in format 3")):
+        with pytest.raises(ConfigError) as err:
+            control_from_json(json.loads(json.dumps(old)))
+        assert str(err.value) == (f"control: saved {saved}; this version restores format 2 only: start a fresh run, "
+                                  "or resume with the version that saved it")
+    with pytest.raises(ConfigError, match=r"^control.state must name the controller state it holds \(control, "
+                                          r"tailsieve-paper\), got 'paper'$"):
+        control_from_json(control_to_json(state.control) | {"state": "paper"})
+    with pytest.raises(ConfigError, match=r"^control: unknown key 'hold'$"):  # C.1's fields are the paper's alone
+        control_from_json(control_to_json(state.control) | {"hold": 1})
+    with pytest.raises(ConfigError, match=r"^control.velocity must be"):
+        control_from_json(doc | {"velocity": "x"})
     assert all(np.array_equal(a, b) for a, b in zip(loaded.control.history, state.control.history, strict=True))
     second, final = asyncio.run(steps(urls, cfg, 3, state=loaded))
     assert second[0].step == 3

@@ -4,6 +4,7 @@ span, the loop share, the splits, and the `load_workload` / `load_curve` hooks w
 from __future__ import annotations
 
 import math
+from dataclasses import MISSING, fields
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from tailsieve.workloads.family import (
     MAX_AGENT_REQUESTS,
     MAX_REQUESTS,
     FamilyRegime,
+    RouterShape,
     Split,
     family_generator,
     family_regime,
@@ -57,7 +59,7 @@ def test_every_parameter_inside_its_documented_range(regimes: list[FamilyRegime]
     for r in regimes:
         sh = r.router
         assert r.split is split_of(r.seed) and r.name == f"family:{r.seed}"
-        assert sh.group_size in GROUP_SIZES and (sh.rho, sh.max_redraws) == (0.1, 1)
+        assert sh.group_size in GROUP_SIZES and sh.rho == 0.1 and RouterConfig(**sh.kwargs()).max_redraws == 1
         assert 0.7 <= r.engine_scale <= 1.5 and 0.1 <= r.prompt_share <= 0.9
         assert 2048 <= r.cap <= 32768 and r.cap % 1024 == 0
         assert 5.0 <= r.curve.tpot_ms[0] <= 35.0 and r.curve.is_monotone and r.curve.batch[-1] == 512
@@ -177,3 +179,13 @@ def test_a_regime_runs_in_the_simulator() -> None:
     run = run_policy("uniform", family_workload(seed, draw_seed=seed), r.curve, cfg)
     assert len(run.steps) == 3 and all(s.makespan_s > 0 for s in run.steps)
     assert all(b.shape == (r.router.groups, r.router.group_size) for b in run.batch_lengths)
+
+
+def test_the_router_shape_is_router_config_fields_with_their_defaults() -> None:
+    """`RouterShape` (the workloads layer may not import the policy layer) declares no router knob of its own: its
+    fields are `RouterConfig`'s, with RouterConfig's defaults, and the redraw limit is RouterConfig's default."""
+    want = {f.name: f.default for f in fields(RouterConfig)}
+    assert {f.name for f in fields(RouterShape)} <= set(want)
+    assert all(f.default == want[f.name] for f in fields(RouterShape) if f.default is not MISSING)
+    shape = RouterShape(groups=16, group_size=4, replicas=8)
+    assert RouterConfig(**shape.kwargs()) == RouterConfig(groups=16, group_size=4, replicas=8)

@@ -4,6 +4,8 @@ modelled cost where the paged truth (prefix caching) makes one placement at leas
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from tailsieve.model.engine import EngineTruth
 from tailsieve.policy.control_state import ControlState
 from tailsieve.policy.decision import Reason
 from tailsieve.policy.lanes import round_robin_lanes
-from tailsieve.policy.predictor import Predictor, kv_floor
+from tailsieve.policy.predictor import Predictor, PredictorFacts, kv_floor
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.predict import predict_step
 
@@ -39,7 +41,8 @@ def test_a_known_kv_capacity_prices_the_bulk_pool_that_overflows() -> None:
     rng = np.random.default_rng(0)
     hist = rng.integers(200, 4000, size=(64, 8)).astype(np.int64)
     kw = {"groups": 32, "extra": 4, "replicas": 8, "curve": STEEP, "resamples": 8}
-    plain, tight = Predictor(hist, **kw), Predictor(hist, kv_tokens=5_000, prompt_tokens=500.0, **kw)
+    facts = PredictorFacts(**kw)  # type: ignore[arg-type]
+    plain, tight = Predictor(hist, facts), Predictor(hist, replace(facts, kv_tokens=5_000, prompt_tokens=500.0))
     for m in (1, 2, 4):
         assert (tight.split_times(4, m) >= plain.split_times(4, m) - 1e-12).all()
     assert (tight.uniform_times(True) >= plain.uniform_times(True)).all()

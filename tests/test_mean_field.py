@@ -10,7 +10,7 @@ from conftest import make_curve
 from tailsieve.policy import predictor as predictor_mod
 from tailsieve.policy.lanes import group_completions
 from tailsieve.policy.mean_field import GRID_POINTS, MeanFieldPools, uniform_makespan
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 
 CURVE = make_curve()
 
@@ -80,14 +80,14 @@ def history(n: int, g: int, seed: int = 0) -> np.ndarray:
 
 
 def test_predictor_switches_to_mean_field_only_for_large_request_dispatched_pools() -> None:
-    small = Predictor(history(64, 8), groups=64, extra=7, replicas=8, curve=CURVE)
+    small = Predictor(history(64, 8), PredictorFacts(groups=64, extra=7, replicas=8, curve=CURVE))
     assert not small.large and not small.use_mean_field
     kw = dict(groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
-    big = Predictor(history(2048, 16), **kw)  # type: ignore[arg-type]
+    big = Predictor(history(2048, 16), PredictorFacts(**kw))  # type: ignore[arg-type]
     assert big.large and big.use_mean_field
-    grouped = Predictor(history(2048, 16), by_request=False, **kw)  # type: ignore[arg-type]
+    grouped = Predictor(history(2048, 16), PredictorFacts(by_request=False, **kw))  # type: ignore[arg-type]
     assert grouped.large and not grouped.use_mean_field
-    forced = Predictor(history(64, 8), groups=64, extra=7, replicas=8, curve=CURVE, mean_field=True)
+    forced = Predictor(history(64, 8), PredictorFacts(groups=64, extra=7, replicas=8, curve=CURVE, mean_field=True))
     assert forced.use_mean_field
     assert predictor_mod.MEAN_FIELD_REQUESTS < 2 * (2048 + 205) * 16
 
@@ -95,8 +95,8 @@ def test_predictor_switches_to_mean_field_only_for_large_request_dispatched_pool
 def test_mean_field_forecast_tracks_the_exact_one_at_scale() -> None:
     h = history(2048, 16, seed=4)
     kw = dict(groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
-    mf = Predictor(h, **kw)  # type: ignore[arg-type]
-    ex = Predictor(h, mean_field=False, **kw)  # type: ignore[arg-type]
+    mf = Predictor(h, PredictorFacts(**kw))  # type: ignore[arg-type]
+    ex = Predictor(h, PredictorFacts(mean_field=False, **kw))  # type: ignore[arg-type]
     assert mf.use_mean_field and not ex.use_mean_field
     assert mf.makespan(0, 0) == pytest.approx(ex.makespan(0, 0), rel=1e-12)  # uniform stays exact
     for q, m in [(1, 1), (20, 2), (50, 4), (205, 8)]:
@@ -108,7 +108,7 @@ def test_mean_field_forecast_tracks_the_exact_one_at_scale() -> None:
 def test_tail_capacity_bisection_matches_the_scan() -> None:
     h = history(2048, 16, seed=5)
     kw = dict(groups=2048, extra=205, replicas=256, curve=CURVE)
-    big = Predictor(h, **kw)  # type: ignore[arg-type]
+    big = Predictor(h, PredictorFacts(**kw))  # type: ignore[arg-type]
     for m, deadline in [(2, 200.0), (4, 60.0), (8, 1e9), (3, 0.0)]:
         scan = 0
         for q in range(1, 220):
@@ -121,21 +121,21 @@ def test_tail_capacity_bisection_matches_the_scan() -> None:
 def test_prefetch_gives_the_same_forecasts_as_one_at_a_time() -> None:
     h = history(2048, 16, seed=6)
     kw = dict(groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
-    one, many = Predictor(h, **kw), Predictor(h, **kw)  # type: ignore[arg-type]
+    one, many = Predictor(h, PredictorFacts(**kw)), Predictor(h, PredictorFacts(**kw))  # type: ignore[arg-type]
     qs = [1, 7, 50, 120, 205]
     many.prefetch(qs, 3)
     assert all((q, 3) in many._bulk_f for q in qs)  # the bulk pool's F, batched; the tail is exact per q
     for q in qs:
         assert many.tail_times(q, 3) == pytest.approx(one.tail_times(q, 3), rel=1e-12)
         assert many.bulk_times(q, 3) == pytest.approx(one.bulk_times(q, 3), rel=1e-12)
-    small = Predictor(history(64, 8), groups=64, extra=7, replicas=8, curve=CURVE)
+    small = Predictor(history(64, 8), PredictorFacts(groups=64, extra=7, replicas=8, curve=CURVE))
     small.prefetch(qs, 3)  # exact forecasts: nothing to batch
     assert not small._tail and not small._bulk_f and not small._bulk_t
 
 
 def test_cached_counts_and_grid_lookups_equal_the_completions_they_replace() -> None:
     h = history(2048, 16, seed=7)
-    p = Predictor(h, groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True)
+    p = Predictor(h, PredictorFacts(groups=2048, extra=205, replicas=256, curve=CURVE, pinned_candidates=True))
     mf = p.mean_field
     for q in [0, 1, 50, 205, 300, 450, 37]:  # past the width W = 205 the candidates cycle; then a q below a cached one
         assert (mf.prefix_counts(q) == mf.cand_counts([p._cand_idx(0, q)])[0]).all()
@@ -158,6 +158,6 @@ def test_the_uniform_forecast_is_the_exact_last_completion_for_either_placement(
     """Uniform (0, 0) from per-lane sums (dealt by request: one-member groups dealt round-robin) equals the
     all-admit model's last finish time, prefill per distinct prompt per lane included."""
     h = np.random.default_rng(4).integers(1, 900, size=(50, 6))
-    p = Predictor(h, groups=37, extra=4, replicas=5, curve=CURVE, kv_s_per_token=kv, prefill_s=prefill)
+    p = Predictor(h, PredictorFacts(groups=37, extra=4, replicas=5, curve=CURVE, kv_s_per_token=kv, prefill_s=prefill))
     exact = group_completions(p.fresh, 5, CURVE, by_request, kv, prefill).max(axis=1)
     assert p.uniform_times(by_request) == pytest.approx(exact, rel=1e-12)

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import fixed_forecast
 from controller_fixtures import history, make, obs
-from tailsieve.policy.controller import ControlState
 from tailsieve.policy.decision import Decision, Reason
+from tailsieve.policy.paper import PaperState
 
 COST = {0: 30.0, 1: 25.0, 2: 20.0, 3: 15.0, 4: 12.0, 5: 5.0, 6: 1.0, 7: 1.0}  # T̂ by m; m = 5..7 outside the radius
 
@@ -36,7 +36,7 @@ def test_c2_prices_the_radius_at_the_current_q_and_moves_one_replica() -> None:
     far faster m = 5..7; the best, m = 4, is approached by one replica, and the move resets C.1 (a settle hold,
     no velocity, rates relearnt at the new split)."""
     c, priced = recording(COST, gain=0.0)
-    s = ControlState(q=3, m=2, velocity=1.5, rate_tail=0.5, rate_bulk=2.0, history=(history(),))
+    s = PaperState(q=3, m=2, velocity=1.5, rate_tail=0.5, rate_bulk=2.0, history=(history(),))
     out = c.outer(s, c.predictor(s))
     assert sorted(set(priced)) == [(0, 0), (3, 1), (3, 2), (3, 3), (3, 4)]
     assert (out.q, out.m, out.hold, out.velocity) == (3, 3, 1, 0.0)
@@ -52,11 +52,11 @@ def test_c2_leaves_and_returns_to_uniform_one_replica_at_a_time() -> None:
     """The uniform boundary is one more point in the radius: from m = 0 the best split (m = 2) is approached by one
     replica at q = max(q, 1); from m = 1 a faster uniform boundary is a return to (0, 0)."""
     c, _ = recording(COST, gain=0.0)
-    s = ControlState(q=0, m=0, history=(history(),))
+    s = PaperState(q=0, m=0, history=(history(),))
     out = c.outer(s, c.predictor(s))
     assert (out.q, out.m, out.decision) == (1, 1, Decision(1, 1, Reason.LEAVE, (1, 2), 10.0))
     back, _ = recording({**COST, 0: 5.0}, gain=0.0)
-    s = ControlState(q=2, m=1, history=(history(),))
+    s = PaperState(q=2, m=1, history=(history(),))
     out = back.outer(s, back.predictor(s))
     assert (out.q, out.m, out.decision) == (0, 0, Decision(0, 0, Reason.RETURN, (0, 0), 20.0))
 
@@ -65,7 +65,7 @@ def test_c2_needs_a_fractional_gain_above_the_threshold() -> None:
     """m = 3 forecast 5% faster than m = 2: a 6% threshold stays (naming the option and its gain), 4% moves; a
     radius where nothing is faster stays with no option."""
     cost = {0: 40.0, 1: 30.0, 2: 20.0, 3: 19.0, 4: 30.0}
-    s = ControlState(q=2, m=2, history=(history(),))
+    s = PaperState(q=2, m=2, history=(history(),))
     for gain, want in ((0.06, Decision(2, 2, Reason.STAY, (2, 3), 1.0)), (0.04, Decision(2, 3, Reason.MOVE_M,
                                                                                          (2, 3), 1.0))):
         c, _ = recording(cost, gain=gain)
@@ -85,7 +85,7 @@ def test_c2_refuses_an_infeasible_move_between_splits_only() -> None:
             return False
 
     c = Never(make("tailsieve-paper").router, make("tailsieve-paper").curve, make("tailsieve-paper", gain=0.0).config)
-    s = ControlState(q=3, m=2, history=(history(),))
+    s = PaperState(q=3, m=2, history=(history(),))
     assert c.outer(s, c.predictor(s)).decision == Decision(3, 2, Reason.INFEASIBLE, (3, 4), 8.0) and asked == [4]
     asked.clear()
     assert c.outer(replace(s, q=0, m=0), c.predictor(s)).m == 1 and asked == []
@@ -101,7 +101,7 @@ def test_feasibility_rejects_transfers_the_gaining_pool_cannot_absorb() -> None:
     tail pool drops."""
     c = make("tailsieve-paper")  # N = 16, E = 4, R = 8
     n = 16
-    s = ControlState(q=1, m=1, history=(history(),), tail_history=(history()[:2],))
+    s = PaperState(q=1, m=1, history=(history(),), tail_history=(history()[:2],))
     pred = c.predictor(s)
     assert c.feasible(s, pred, 2, 1e9)  # an unbounded deadline: nothing dropped
     assert not c.feasible(s, pred, 2, 0.0)  # no time at all: the bulk pool drops everything it must finish

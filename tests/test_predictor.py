@@ -7,23 +7,24 @@ import numpy as np
 import pytest
 
 from conftest import make_curve
-from tailsieve.policy.predictor import Predictor, _draw_rows
+from tailsieve.policy.pools import draw_rows
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 
 FLAT = make_curve(batch=(1,), tpot_ms=(1.0,), name="flat")
 
 
 def test_pools_drawn_by_step_take_every_row_from_one_step_in_turn() -> None:
     """Blocks of 3, 5 and 2 rows: pool k draws only rows of step k mod 3, and K = 4 rounds up to 6 (two rounds)."""
-    rows = _draw_rows(10, (3, 5, 2), 4, 50, np.random.default_rng(0))
+    rows = draw_rows(10, (3, 5, 2), 4, 50, np.random.default_rng(0))
     assert rows.shape == (6, 50)
     spans = [(0, 3), (3, 8), (8, 10)]
     for k, row in enumerate(rows):
         lo, hi = spans[k % 3]
         assert row.min() >= lo and row.max() < hi
         assert set(row.tolist()) == set(range(lo, hi))  # 50 draws reach every row of a block this small
-    pooled = _draw_rows(10, None, 4, 50, np.random.default_rng(0))
+    pooled = draw_rows(10, None, 4, 50, np.random.default_rng(0))
     assert pooled.shape == (4, 50) and set(pooled.ravel().tolist()) == set(range(10))
-    assert _draw_rows(10, (3, 5), 4, 5, np.random.default_rng(0)).shape == (4, 5)  # blocks that do not add up: pooled
+    assert draw_rows(10, (3, 5), 4, 5, np.random.default_rng(0)).shape == (4, 5)  # blocks that do not add up: pooled
 
 
 def test_a_uniform_forecast_by_step_is_the_mean_of_the_steps_own_makespans() -> None:
@@ -33,19 +34,19 @@ def test_a_uniform_forecast_by_step_is_the_mean_of_the_steps_own_makespans() -> 
     half of them do, and the forecast over-states the mean step."""
     history = np.array([[100]] * 3 + [[10]] * 3, dtype=np.int64)
     kw = {"groups": 2, "extra": 1, "replicas": 2, "curve": FLAT, "resamples": 8, "uniform_by_request": True}
-    by_step = Predictor(history, blocks=(3, 3), **kw)
+    by_step = Predictor(history, PredictorFacts(**kw), blocks=(3, 3))
     assert float(np.mean(by_step.uniform_times())) == pytest.approx(0.055)
-    pooled = Predictor(history, **kw)
+    pooled = Predictor(history, PredictorFacts(**kw))
     assert float(np.mean(pooled.uniform_times())) > 0.055
 
 
 def test_a_pool_holds_its_steps_own_groups_without_replacement() -> None:
     """A pool no wider than its step is a permutation of the step's rows (its realized work: a step's one capped
     group is in every pool from that step); past the step's size the rest is drawn with replacement."""
-    rows = _draw_rows(12, (5, 7), 6, 5, np.random.default_rng(1))
+    rows = draw_rows(12, (5, 7), 6, 5, np.random.default_rng(1))
     for k, row in enumerate(rows):
         lo, hi = ((0, 5), (5, 12))[k % 2]
         assert len(set(row.tolist())) == 5 and row.min() >= lo and row.max() < hi
     assert all(sorted(r.tolist()) == [0, 1, 2, 3, 4] for r in rows[::2])
-    wide = _draw_rows(12, (5, 7), 2, 9, np.random.default_rng(1))
+    wide = draw_rows(12, (5, 7), 2, 9, np.random.default_rng(1))
     assert sorted(wide[0, :5].tolist()) == [0, 1, 2, 3, 4] and wide[0].max() < 5

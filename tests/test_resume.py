@@ -152,10 +152,10 @@ REFUSED: dict[str, dict[str, Callable[[Path], None]]] = {
         "stream shuffled": at("router.stream.shuffle", True), "stream seed": at("router.stream.seed", 5),
         "stream shuffle 1": at("router.stream.shuffle", 1),
         "q -1": at("control.q", -1), "m -1": at("control.m", -1), "m = R": at("control.m", 2),
-        "hold 1.5": at("control.hold", 1.5), "decision reason": at("control.decision.reason", "bogus"),
+        "control format 1": at("control.format", 1), "decision reason": at("control.decision.reason", "bogus"),
         "uniform_dispatch": at("control.uniform_dispatch", "x"), "calib 0": at("control.calib_tail", 0),
-        "calib inf": at("control.calib_bulk", 1e999), "rate -1": at("control.rate_tail", -1),
-        "velocity text": at("control.velocity", "x"), "decision gain inf": at("control.decision.gain_s", 1e999),
+        "calib inf": at("control.calib_bulk", 1e999), "control state bogus": at("control.state", "x"),
+        "paper field, static state": at("control.hold", 0), "decision gain inf": at("control.decision.gain_s", 1e999),
         "decision not an object": at("control.decision", "fixed"),
         "history ragged": at("control.history", [[[1, 2], [3]]]),
         "history 3 wide": at("control.history", [[[1, 2, 3]]]),
@@ -273,19 +273,20 @@ def test_a_clean_resume_consumes_every_draw_once(servers: list[FakeServer], run_
     assert sorted(uids + waiting) == list(range(state.router.stream.position))
 
 
-def test_a_state_saved_with_retired_control_fields_resumes_and_drops_them(servers: list[FakeServer],
-                                                                         run_dir: Path) -> None:
-    """A state.json written by an older controller: `control.last_fresh` (the pending record of a split step's cut
-    groups, rows [uid, consumed, finished, G counts], of the deleted one-step-later completion) and `bias_step` are
-    read and dropped; the run resumes as a clean one would and the state it writes holds neither."""
+def test_a_state_saved_by_an_older_version_is_refused_in_one_line(servers: list[FakeServer], run_dir: Path) -> None:
+    """A state.json whose control state has no format (written before the format was saved, with the fields of that
+    controller, `last_fresh` or `bias_step` among them) is refused in one line naming the format, never read in part,
+    and the folder is left as it was."""
     folder = run_dir / "out" / POLICY
+    state_edit(lambda d: d["control"].pop("format"))(folder)
     state_edit(lambda d: d["control"].update(last_fresh=[[[4, 0, 1, 3, 20], [5, 1, 2, 6, 7]]], bias_step=0.07))(
         folder)
-    assert cli(argv(servers, run_dir, 4, "--resume"))[0] == 0
-    doc = json.loads((folder / "state.json").read_text())
-    assert doc["router"]["step"] == 4 and not {"last_fresh", "bias_step"} & set(doc["control"])
-    uids = [json.loads(x)["uid"] for k in range(4) for x in (folder / f"batch-{k:05d}.jsonl").read_text().splitlines()]
-    assert len(uids) == len(set(uids)) == 8
+    before = snapshot(run_dir)
+    rc, err = cli(argv(servers, run_dir, 4, "--resume"))
+    assert rc != 0 and len(err.splitlines()) == 1, err
+    assert err.endswith("control: saved by an older TailSieve (no format); this version restores format 2 only: "
+                        "start a fresh run, or resume with the version that saved it\n"), err
+    assert snapshot(run_dir) == before
 
 
 # --------------------------------------------------------------------------------- the state, field by field

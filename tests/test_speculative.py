@@ -25,7 +25,7 @@ from tailsieve.model.speculative import (
     SpecMethod,
 )
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 from tailsieve.policy.router import Router, RouterConfig
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.replica import run_replica
@@ -247,8 +247,8 @@ def test_predictor_and_controller_use_the_tail_curve() -> None:
     rng = np.random.default_rng(0)
     hist = rng.integers(50, 3000, size=(40, 4))
     fast = SpecConfig(MTP, 4, acceptance=0.95, decay=1.0).curve(CURVE)
-    plain = Predictor(hist, groups=8, extra=2, replicas=4, curve=CURVE, resamples=3)
-    spec = Predictor(hist, groups=8, extra=2, replicas=4, curve=CURVE, resamples=3, tail_curve=fast)
+    plain = Predictor(hist, PredictorFacts(groups=8, extra=2, replicas=4, curve=CURVE, resamples=3))
+    spec = Predictor(hist, PredictorFacts(groups=8, extra=2, replicas=4, curve=CURVE, resamples=3, tail_curve=fast))
     assert np.all(spec.tail_times(2, 1) < plain.tail_times(2, 1))
     assert np.array_equal(spec.bulk_times(2, 1), plain.bulk_times(2, 1))
     assert np.array_equal(spec.bulk_times(0, 0), plain.bulk_times(0, 0))

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import fixed_forecast, make_curve
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.controller import CONTROLLERS, ControlState
+from tailsieve.policy.controller_knobs import controller_from_mapping
 from tailsieve.policy.decision import Reason
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.paper import paper_state
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 from tailsieve.policy.router import RouterConfig
 
 CURVE = make_curve()
@@ -29,7 +31,7 @@ SMALL = RouterConfig(groups=4, group_size=2, replicas=2, rho=0.5)  # E = 2
 
 
 def small(name: str = "tailsieve", **cfg: object) -> Any:
-    return CONTROLLERS[name](SMALL, CURVE, ControllerConfig(**cfg))  # type: ignore[arg-type]
+    return CONTROLLERS[name](SMALL, CURVE, controller_from_mapping(cfg, "small"))  # type: ignore[arg-type]
 
 
 def test_return_step_runs_the_waiting_candidates_with_the_fresh_groups() -> None:
@@ -38,12 +40,13 @@ def test_return_step_runs_the_waiting_candidates_with_the_fresh_groups() -> None
     steady uniform runs 4 × 10."""
     t = CURVE.tpot_s
     for dealt in (False, True):
-        p = Predictor(flat(n=8), candidates=flat(n=8, length=50), groups=4, extra=2, replicas=2, curve=CURVE,
-                      resamples=3, uniform_by_request=dealt)
+        facts = PredictorFacts(groups=4, extra=2, replicas=2, curve=CURVE, resamples=3, uniform_by_request=dealt)
+        p = Predictor(flat(n=8), facts, candidates=flat(n=8, length=50))
         np.testing.assert_allclose(p.uniform_return_times(), 10 * t(4) + 40 * t(2))
         np.testing.assert_allclose(p.uniform_times(), 10 * t(4))
     # candidates no longer than the fresh groups: nothing to repay
-    same = Predictor(flat(n=8), candidates=flat(n=8), groups=4, extra=2, replicas=2, curve=CURVE, resamples=3)
+    same = Predictor(flat(n=8), PredictorFacts(groups=4, extra=2, replicas=2, curve=CURVE, resamples=3),
+                     candidates=flat(n=8))
     np.testing.assert_allclose(same.uniform_return_times(), same.uniform_times())
 
 
@@ -88,4 +91,5 @@ def test_the_return_must_repay_its_first_step(factor: float, returns: bool) -> N
     else:
         assert (out.q, out.m, out.decision.reason) == (2, 1, Reason.UNPAID)
     paper = fixed_forecast("tailsieve-paper", small(gain=0.0), lambda q, m: 10.0 - gain if m == 0 else 10.0)
-    assert (paper.outer(RETURNING, pred).m, paper.outer(RETURNING, pred).decision.reason) == (0, Reason.RETURN)
+    back = paper.outer(paper_state(RETURNING), pred)  # C.1's fields at their start values
+    assert (back.m, back.decision.reason) == (0, Reason.RETURN)

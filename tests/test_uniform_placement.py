@@ -19,7 +19,7 @@ from tailsieve.policy.control_state import ControlState
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.lanes import lane_prefill, round_robin_lanes
 from tailsieve.policy.paired import paired_gain
-from tailsieve.policy.predictor import Predictor
+from tailsieve.policy.predictor import Predictor, PredictorFacts
 from tailsieve.policy.router import Dispatch, Router, RouterConfig
 from tailsieve.simulation.executor import shared_prefill
 from tailsieve.simulation.replica import ReplicaConfig
@@ -89,7 +89,7 @@ def test_uniform_forecast_by_request_is_the_exact_dealt_makespan() -> None:
     request, prefill included."""
     rng = np.random.default_rng(2)
     hist = rng.integers(1, 300, size=(16, 4)).astype(np.int64)
-    p = Predictor(hist, groups=8, extra=2, replicas=3, curve=FLAT, resamples=3, prefill_s=0.5)
+    p = Predictor(hist, PredictorFacts(groups=8, extra=2, replicas=3, curve=FLAT, resamples=3, prefill_s=0.5))
     lanes = round_robin_lanes(8, 4, 3, True)
     pre = lane_prefill(lanes, 3, 0.5)
     want = [max(float(pool[lanes == k].max()) * 1e-3 + pre[k] for k in range(3)) for pool in p.fresh]

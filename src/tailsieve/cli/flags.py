@@ -1,8 +1,10 @@
 """Flags that several commands share, each defined once: its name, type, meaning and help (`add(p, name, …)`).
 
 A command passes only what differs (a default, `required`, a sentence of help naming its own use); the meaning
-stays the one written here. The policy flags (`--policy`, `--q`, `--m`, `--ranking`, `--max-redraws`, `--dispatch`)
-are checked once, by `PolicySpec` and `RouterConfig` (`tailsieve.policy.spec`), not by argparse: a plugin ranking
+stays the one written here. The router's flags (`--rho`, `--dispatch`, `--max-redraws`, `--ranking`) are derived from
+`RouterKnobs`' fields (`router_flag_spec`: default and help from the field). The policy flags (`--policy`, `--q`,
+`--m`, `--ranking`, `--max-redraws`, `--dispatch`) are checked once, by `PolicySpec` and `RouterConfig`
+(`tailsieve.policy.spec`), not by argparse: a plugin ranking
 (`pkg.module:function`) or an entry point is as valid as a built-in one.
 
 The controller's flags are derived, one per `ControllerConfig` field (`add_controller_flags`: `--q0`, `--m0`,
@@ -19,17 +21,26 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from tailsieve.errors import ConfigError
 from tailsieve.policy.control_state import ControllerConfig
-from tailsieve.policy.controller_knobs import Knob, controller_from_mapping, knobs, renamed
-from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch
+from tailsieve.policy.controller_knobs import Knob, controller_from_mapping, knobs, renamed, with_knobs
+from tailsieve.policy.router_knobs import router_knobs
 
 __all__ = ["FLAGS", "add", "add_controller_flags", "add_served_model_name", "controller_config", "controller_flag",
-           "controller_help", "policy_names_given"]
+           "controller_help", "policy_names_given", "router_flag", "router_flag_spec"]
+
+def router_flag(name: str) -> str:
+    """The flag of a router knob (`RouterKnobs` field `name`): `max_redraws` → `--max-redraws`."""
+    return "--" + name.replace("_", "-")
+
+
+def router_flag_spec(k: Knob) -> dict[str, Any]:
+    """A router knob's flag: its default and help line from the field; a number parsed as its kind, text (a
+    ranking, a dispatch) kept for `RouterConfig` to check (a plugin ranking is as valid as a built-in one)."""
+    return ({"type": k.kind} if k.kind in (int, float) else {}) | {"default": k.default, "help": k.help}
+
 
 FLAGS: dict[str, dict[str, Any]] = {
     # the step shape and the prompt order
@@ -37,22 +48,13 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--groups": {"type": int, "default": 64, "help": "N prompt groups per step (default: %(default)s)"},
     "--group-size": {"type": int, "default": 8, "help": "G responses per group (default: %(default)s)"},
     "--steps": {"type": int, "default": 30, "help": "rollout steps per policy (default: %(default)s)"},
-    "--rho": {"type": float, "default": 0.1, "help": "over-provisioning ρ, E = ⌈ρN⌉ (default: %(default)s)"},
     "--seed": {"type": int, "default": 0, "help": "seed of resampled draws, --shuffle and per-request seeds "
                                                    "(default: %(default)s)"},
     "--shuffle": {"action": "store_true", "help": "shuffle the prompt order each epoch (seeded)"},
     # the policy (checked by PolicySpec / RouterConfig)
     "--q": {"type": int, "help": "static policy: isolated groups q"},
     "--m": {"type": int, "help": "static policy: tail replicas m (0 = uniform)"},
-    "--ranking": {"default": DEFAULT_RANKING,
-                  "help": "candidate ranking: a registered name (least-progress, stream-order), a plugin "
-                          "pkg.module:function or an entry point of tailsieve.rankings (default: %(default)s; "
-                          "docs/architecture.md)"},
-    "--max-redraws": {"type": int, "default": DEFAULT_REDRAWS,
-                      "help": "times a prompt's group may be cut before its next attempt must complete (default: "
-                              "%(default)s: regenerated once, App. E); larger values trade length bias for speed"},
-    "--dispatch": {"default": Dispatch.REQUEST.value,
-                   "help": "round-robin unit inside a pool: request (§3.1, default) or group"},
+    **{router_flag(k.name): router_flag_spec(k) for k in router_knobs()},  # --rho, --dispatch, --max-redraws, --ranking
     # the cost model
     "--curve": {"default": "h100-llama3-8b",
                 "help": "the cost model: a built-in curve, a curve file, or the model file `tailsieve profile` "
@@ -155,7 +157,7 @@ class _Knob(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         try:
-            replace(ControllerConfig(), **{self.dest: values})
+            with_knobs(ControllerConfig(), {self.dest: values})
         except ConfigError as exc:
             parser.error(renamed(str(exc), controller_flag))
         setattr(namespace, self.dest, values)

@@ -43,7 +43,7 @@ from tailsieve.errors import ConfigError
 from tailsieve.loop import SKIP_STEPS, PolicyRun
 from tailsieve.model.costmodel import load_cost_model
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.ranking import DEFAULT_RANKING
+from tailsieve.policy.router_knobs import router_defaults
 from tailsieve.simulation.runs import PEERS, SimConfig, run_policy, static_grid
 from tailsieve.workloads import ReplayMode, Workload
 
@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
     add(p, "--json")
     plan_spec.add_arguments(p)
     add_controller_flags(p)
-    p.set_defaults(func=run, q=None, m=None, dispatch="request", ranking=DEFAULT_RANKING,
+    p.set_defaults(func=run, q=None, m=None, **router_defaults(),  # the router knobs plan has no flag for
                    shuffle=False, restart_s=0.0, config=None, tail_spec=None, bulk_spec=None)
 
 

@@ -53,6 +53,7 @@ from tailsieve.outputs import OutputLock
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.peers import PEERS
 from tailsieve.policy.router import dispatch_of
+from tailsieve.policy.router_knobs import router_values
 from tailsieve.policy.spec import check_loop_policy
 from tailsieve.workloads import load_workload
 
@@ -205,11 +206,10 @@ def build_configs(args: argparse.Namespace, spec: PoolSpec | None = None) -> dic
     faults = fault_policy(args)
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, rho=args.rho,
-                             dispatch=dispatch_of(args.dispatch), ranking=args.ranking, max_redraws=args.max_redraws,
-                             policy=n, curve=args.curve, kv_ms_per_1k=args.kv_ms_per_1k,
-                             tail_curve=args.tail_curve, spec=spec or pool_spec(args), controller=ctl, q=args.q,
-                             m=args.m, sampling=sampling, template=template, api=api,
+    knobs = router_values(args) | {"dispatch": dispatch_of(args.dispatch)}  # rho, dispatch, max_redraws, ranking
+    return {n: RolloutConfig(groups=args.groups, group_size=args.group_size, **knobs, policy=n, curve=args.curve,
+                             kv_ms_per_1k=args.kv_ms_per_1k, tail_curve=args.tail_curve, spec=spec or pool_spec(args),
+                             controller=ctl, q=args.q, m=args.m, sampling=sampling, template=template, api=api,
                              request_mode=RequestMode(args.request_mode), stream=not args.no_stream,
                              seed=None if args.no_seed else args.seed, shuffle=args.shuffle, replay=replay,
                              length_scale=args.length_scale, faults=faults, api_key_env=api_key_env(args),

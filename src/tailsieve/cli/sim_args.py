@@ -30,7 +30,8 @@ from tailsieve.model.spec_keys import SpecContext
 from tailsieve.model.spec_parse import load_config_file, parse_spec
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.peers import PeerConfig
-from tailsieve.policy.router import RouterConfig, dispatch_of
+from tailsieve.policy.router import RouterConfig
+from tailsieve.policy.router_knobs import router_values
 from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, check_policy, policy_names, run_policy
 from tailsieve.workloads import ReplayMode, Workload, load_workload
@@ -175,9 +176,8 @@ def build_config(args: argparse.Namespace, policies: list[str], model: CostModel
         raise ConfigError("--q/--m set the static policy; add --policy static (or all)")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    dispatch = dispatch_of(args.dispatch)
-    router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas, rho=args.rho,
-                          dispatch=dispatch, ranking=args.ranking, max_redraws=args.max_redraws)
+    router = RouterConfig(groups=args.groups, group_size=args.group_size, replicas=args.replicas,
+                          **router_values(args))
     return SimConfig(router=router, replica=truth.replica, controller=controller_config(args), steps=args.steps,
                      q=args.q,
                      m=args.m, shuffle=args.shuffle, seed=args.seed, spec=pool_spec(args, spec_context(args, model)),

@@ -4,27 +4,27 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, MAX_LENGTH, finite, finite_or_nan, int_in, json_object, one_of
+from tailsieve.inputs import MAX_INT, MAX_LENGTH, excerpt, finite_or_nan, int_in, json_object, one_of
 from tailsieve.policy.decision import Decision
+from tailsieve.policy.paper_config import PaperConfig
+from tailsieve.policy.paper_config import knob as _knob
 
-
-def _knob(default: Any, help: str) -> Any:
-    """A `ControllerConfig` field with its one help line (CLI flags are derived from these: `cli.flags`)."""
-    return field(default=default, metadata={"help": help})
+CONTROL_FORMAT = 2  # the saved `ControlState`'s format (`to_json`'s "format"); any other is refused on restore
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    """Every constant of the controllers, each with one help line (docs/controller.md, "Constants"). The first six
-    are the paired rule's (`tailsieve`, `tailsieve-fixed`); the last five are the paper's literal rules
-    (`tailsieve-paper`, §3.2, App. C)."""
+    """Every constant of the controllers, each with one help line (docs/controller.md, "Constants"): the learning
+    every adaptive controller shares (`q0`, `m0`, `history_steps`, `move_cost_s`, `ema`), the paired rule's
+    (`z`, `horizon`: `tailsieve`, `tailsieve-fixed`), and `paper`, the paper's literal rules' own (`PaperConfig`)."""
 
     q0: int = _knob(1, "initial isolation size q (the paper's default, §4.4)")
     m0: int | None = _knob(0, "initial tail replicas m (0: start at the uniform boundary; None: R // 2)")
@@ -33,21 +33,16 @@ class ControllerConfig:
     horizon: int = _knob(8, "steps over which a move's gain must repay its one-time cost")
     move_cost_s: float = _knob(0.0, "prior restart seconds of a pool move, until one is measured")
     ema: float = _knob(0.3, "weight of the newest step in the model-error, restart and rate averages")
-    momentum: float = _knob(0.5, "paper: damping of the q update (C.1 damped momentum)")
-    max_q_step: int = _knob(2, "paper: most groups one q move shifts (C.1 bounded step)")
-    gain: float = _knob(0.03, "paper: least predicted fractional gain for a move of q or m")
-    m_radius: int = _knob(2, "paper: C.2's radius of candidate tail-pool sizes around m")
+    paper: PaperConfig = field(default_factory=PaperConfig, metadata={"help": "tailsieve-paper's own knobs"})
 
     def __post_init__(self) -> None:
         if self.q0 < 0:
             raise ConfigError(f"q0 must be >= 0, got {self.q0}")
         if self.m0 is not None and self.m0 < 0:
             raise ConfigError(f"m0 must be >= 0, got {self.m0}")
-        for name in ("ema", "momentum", "gain"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{name} must lie in [0, 1], got {v}")
-        for name in ("history_steps", "horizon", "max_q_step", "m_radius"):
+        if not 0.0 <= self.ema <= 1.0:
+            raise ConfigError(f"ema must lie in [0, 1], got {self.ema}")
+        for name in ("history_steps", "horizon"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.z >= 0 and math.isfinite(self.z)):
@@ -86,16 +81,21 @@ class StepObservation:
     work: StepWork | None = None  # the step's requests as they ran (None: calibrate against the bootstrap forecast)
 
 
+S = TypeVar("S", bound="ControlState")
+Parse = Callable[[Any, str], Any]  # a saved field's value and its name in errors → the field's value
+
+
 @dataclass(frozen=True, slots=True)
 class ControlState:
-    """Controller state between steps; `q`, `m` are what the next step should run, `decision` why."""
+    """Controller state between steps, what every controller shares; `q`, `m` are what the next step should run,
+    `decision` why. A controller with state of its own extends it (`paper.PaperState`), names it by `kind` and
+    lists it in `STATE_KINDS` (`own_state`) so a saved one is restored as itself."""
+
+    kind: ClassVar[str] = "control"  # the saved state's "state" (`STATE_KINDS`)
+    parse: ClassVar[dict[str, Parse]]  # how a saved field is read (filled below the class)
 
     q: int
     m: int
-    hold: int = 0  # paper: settle steps left after a move of q (App. E)
-    velocity: float = 0.0  # paper: the damped q velocity (C.1)
-    rate_tail: float = math.nan  # paper: EMA of the tail pool's groups per second (NaN: none yet)
-    rate_bulk: float = math.nan
     calib_tail: float = math.nan  # model error, measured / modelled at two-pool steps (NaN: none yet)
     calib_bulk: float = math.nan
     calib_uniform: float = math.nan  # the same at uniform steps
@@ -112,8 +112,9 @@ class ControlState:
         return "" if self.decision is None else self.decision.note
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict: NaN (not measured yet) as null, the histories as nested lists."""
-        out: dict[str, Any] = {}
+        """Plain JSON-able dict, its format and kind first: NaN (not measured yet) as null, the histories as nested
+        lists."""
+        out: dict[str, Any] = {"format": CONTROL_FORMAT, "state": self.kind}
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in _HISTORIES:
@@ -125,41 +126,64 @@ class ControlState:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, where: str = "control") -> ControlState:
-        """Inverse of `to_json`, field by field (q and m required, the rest default; the fields of the controller
-        before issue 40, `_RETIRED`, are read and dropped): counts are integers >= 0, estimates finite
-        (calibrations > 0; null: not measured yet), histories (rows, G) tables of token counts; a ConfigError
-        naming the field otherwise."""
-        names = [f.name for f in fields(cls)]
-        d = json_object(obj, where, ("q", "m"), (*names, *_RETIRED))
-        kw: dict[str, Any] = {}
-        for name, v in d.items():
-            flag = f"{where}.{name}"
-            if name in _RETIRED:
-                continue
-            if name in _COUNTS:
-                kw[name] = int_in(v, flag, 0, MAX_INT)
-            elif name in _HISTORIES:
-                kw[name] = _history(v, flag)
-            elif name in _MEASURED:
-                kw[name] = finite_or_nan(v, flag, lo=0)
-            elif name in ("calib_tail", "calib_bulk", "calib_uniform"):
-                kw[name] = finite_or_nan(v, flag, lo=0, lo_open=True)
-            elif name == "uniform_dispatch":
-                kw[name] = one_of(v, flag, ("group", "request"))
-            elif name == "decision":
-                kw[name] = None if v is None else Decision.from_json(v, flag)
-            else:  # velocity: any finite number
-                kw[name] = finite(v, flag)
-        return cls(**kw)
+    def from_json(cls: type[S], obj: Any, where: str = "control") -> S:
+        """Inverse of `to_json`, field by field, as the class its "state" names (`STATE_KINDS`; called on a subclass,
+        that one only): format `CONTROL_FORMAT` only (a state saved by an older version is refused, never read in
+        part); q and m required, the rest default; counts are integers >= 0, estimates finite (calibrations > 0;
+        null: not measured yet), histories (rows, G) tables of token counts; a ConfigError naming the field
+        otherwise."""
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{where} must be a JSON object, got {type(obj).__name__}")
+        if obj.get("format") != CONTROL_FORMAT:
+            got = obj.get("format")
+            saved = "by an older TailSieve (no format)" if got is None else f"in format {excerpt(got)}"
+            raise ConfigError(f"{where}: saved {saved}; this version restores format {CONTROL_FORMAT} only: start a "
+                              "fresh run, or resume with the version that saved it")
+        kind = obj.get("state")
+        own = STATE_KINDS.get(kind) if isinstance(kind, str) else None
+        if own is None or not issubclass(own, cls):
+            valid = ", ".join(k for k, c in STATE_KINDS.items() if issubclass(c, cls))
+            raise ConfigError(f"{where}.state must name the controller state it holds ({valid}), got {excerpt(kind)}")
+        d = json_object(obj, where, ("format", "state", "q", "m"), tuple(f.name for f in fields(own)))
+        kw = {name: own.parse[name](v, f"{where}.{name}") for name, v in d.items() if name not in ("format", "state")}
+        return own(**kw)
 
 
-_COUNTS = ("q", "m", "hold", "last_m")
-_MEASURED = ("rate_tail", "rate_bulk", "move_cost_s")  # NaN until the first measurement
 _HISTORIES = ("history", "tail_history")
-# fields of the controller before issue 40 (saved states of older runs): read and dropped
-_RETIRED = ("bias_tail", "bias_bulk", "bias_uniform", "bias_step", "var_uniform", "var_step", "seen_step", "settled",
-            "dwell", "move_dir", "since_move", "reversals", "returns", "leave_streak", "note", "last_fresh")
+
+
+def count(v: Any, flag: str) -> int:
+    """A saved count: an integer >= 0."""
+    return int_in(v, flag, 0, MAX_INT)
+
+
+def measured(v: Any, flag: str) -> float:
+    """A saved estimate >= 0 (null: not measured yet, NaN)."""
+    return finite_or_nan(v, flag, lo=0)
+
+
+def _calibration(v: Any, flag: str) -> float:
+    return finite_or_nan(v, flag, lo=0, lo_open=True)
+
+
+ControlState.parse = {
+    "q": count, "m": count, "last_m": count, "move_cost_s": measured,
+    "calib_tail": _calibration, "calib_bulk": _calibration, "calib_uniform": _calibration,
+    "uniform_dispatch": lambda v, flag: one_of(v, flag, ("group", "request")),
+    "history": lambda v, flag: _history(v, flag), "tail_history": lambda v, flag: _history(v, flag),
+    "decision": lambda v, flag: None if v is None else Decision.from_json(v, flag),
+}
+STATE_KINDS: dict[str, type[ControlState]] = {ControlState.kind: ControlState}  # "state" of a saved state → its class
+T = TypeVar("T", bound=type[ControlState])
+
+
+def own_state(cls: T) -> T:
+    """Class decorator (outermost, above `@dataclass`) listing a controller's own state in `STATE_KINDS` under its
+    `kind` (a kind taken by another class is refused)."""
+    if STATE_KINDS.get(cls.kind, cls) is not cls:
+        raise ValueError(f"controller state kind {cls.kind!r} is taken by {STATE_KINDS[cls.kind].__qualname__}")
+    STATE_KINDS[cls.kind] = cls
+    return cls
 
 
 def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:

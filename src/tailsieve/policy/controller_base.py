@@ -1,6 +1,8 @@
 """The base of every controller (§3.2): the registry `CONTROLLERS` and `Controller`, which holds what the adaptive
-policies share (learning from a step, pricing an option). The policies themselves: `controller.py` (uniform,
-static) and one file each for `tailsieve-paper`, `tailsieve` and `tailsieve-fixed`."""
+policies share (learning from a step, pricing an option). The policies themselves, one file each, each extending
+`Controller` directly: `uniform.py`, `static.py`, `paper.py` (`tailsieve-paper`), `tailsieve_rule.py` (`tailsieve`)
+and `fixed.py` (`tailsieve-fixed`), the last two over the rule of `paired_rule.py`; `controller.py` declares the
+registry's order."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tailsieve.policy.control_state import ControllerConfig, ControlState, StepO
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.fresh import fresh_sample
 from tailsieve.policy.observed import observed_times
-from tailsieve.policy.predictor import FloatArray, Predictor, split_half_candidates
+from tailsieve.policy.predictor import FloatArray, Predictor, PredictorFacts, split_half_candidates
 from tailsieve.policy.router import RouterConfig
 from tailsieve.registry import Registry
 
@@ -50,6 +52,7 @@ class Controller(ABC):
 
     name: ClassVar[str] = ""
     min_replicas: ClassVar[int] = 2  # replicas a run needs: a tail and a bulk pool (uniform: 1)
+    state_type: ClassVar[type[ControlState]] = ControlState  # a controller with state of its own: its class
 
     def __init__(
         self,
@@ -76,10 +79,11 @@ class Controller(ABC):
         self.fixed_q, self.fixed_m = q, m
 
     def initial(self) -> ControlState:
-        """State before the first step: (q0, `start_m`), the uniform boundary placing whole groups."""
+        """State before the first step (a `state_type`): m = `start_m` clipped to R − 1, q = max(q0, 1) at a split
+        and 0 at the uniform boundary, which places whole groups."""
         m0 = min(self.start_m(), max(self.router.replicas - 1, 0))
         q0 = max(self.config.q0, 1) if m0 > 0 else 0
-        return ControlState(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
+        return self.state_type(q=q0, m=m0, decision=Decision(q0, m0, Reason.START))
 
     def start_m(self) -> int:
         """The first step's tail-pool size: `m0` (None: R // 2)."""
@@ -139,26 +143,21 @@ class Controller(ABC):
         return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
 
     # pricing options ---------------------------------------------------------------------------------------------
+    def facts(self, state: ControlState) -> PredictorFacts:
+        """What the predictor prices on besides the history: the router's shape, placement and pinning, the pools'
+        curves and cost terms, and the state's placement at the uniform boundary."""
+        return PredictorFacts(
+            groups=self.router.groups, extra=self.router.extra, replicas=self.router.replicas, curve=self.curve,
+            tail_curve=self.tail_curve, by_request=self.router.dispatch.value == "request",
+            uniform_by_request=state.uniform_dispatch == "request", pinned_candidates=self.router.pins_candidates,
+            kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s, kv_tokens=self.kv_tokens,
+            prompt_tokens=self.prompt_tokens)
+
     def predictor(self, state: ControlState) -> Predictor:
         """The forecast model over the current history, pool k drawn within history step k mod H."""
-        return Predictor(
-            np.concatenate(state.history),
-            candidates=np.concatenate(state.tail_history) if state.tail_history else None,
-            groups=self.router.groups,
-            extra=self.router.extra,
-            replicas=self.router.replicas,
-            curve=self.curve,
-            by_request=self.router.dispatch.value == "request",
-            tail_curve=self.tail_curve,
-            kv_s_per_token=self.kv_s_per_token,
-            pinned_candidates=self.router.max_redraws <= 1,
-            candidate_steps=state.tail_history,
-            prefill_s=self.prefill_s,
-            kv_tokens=self.kv_tokens,
-            prompt_tokens=self.prompt_tokens,
-            uniform_by_request=state.uniform_dispatch == "request",
-            blocks=tuple(h.shape[0] for h in state.history),
-        )
+        return Predictor(np.concatenate(state.history), self.facts(state),
+                         candidates=np.concatenate(state.tail_history) if state.tail_history else None,
+                         candidate_steps=state.tail_history, blocks=tuple(h.shape[0] for h in state.history))
 
     def times(self, state: ControlState, pred: Predictor, q: int, m: int, dispatch: str | None = None) -> FloatArray:
         """(K,) calibrated step seconds per bootstrap pool: max(c_tail·T_tail, c_bulk·T_bulk) for a split (§3.2),
@@ -191,7 +190,7 @@ class Controller(ABC):
         the stand-in candidates of uniform steps know the selector only from half-groups and rate a pinned one too
         short, and the mean field cannot see a pinned group hold the cutoff from its own replica; the best static
         split in hindsight isolates every candidate in 29 of the first 30 tuning regimes of the family."""
-        qs = [self.q_limit()] if pred.pinned else self.q_grid(around)
+        qs = [self.q_limit()] if self.router.pins_candidates else self.q_grid(around)
         pred.prefetch(qs, m)
         scored = min((float(np.mean(self.times(state, pred, q, m))), q) for q in qs)
         return scored[1], scored[0]

@@ -8,13 +8,14 @@ model with round-robin dispatch:
 
 - tail pool: q candidate groups (drawn from the candidate history) on m replicas, all to completion;
 - bulk pool: N fresh groups plus the E − q non-isolated candidates on R − m replicas, cut at the (N − q)-th
-  group completion; with `pinned_candidates` (the router's redraw limit is 1, so every candidate was cut once and
-  its next attempt must complete) the E − q candidates cannot be cut: the cutoff is the (N − E)-th completion among
-  the fresh groups or the last pinned candidate's completion, whichever is later;
+  group completion; with `PredictorFacts.pinned_candidates` (the router's redraw limit is 1, so every candidate was
+  cut once and its next attempt must complete) the E − q candidates cannot be cut: the cutoff is the (N − E)-th
+  completion among the fresh groups or the last pinned candidate's completion, whichever is later;
 - uniform (0, 0): N fresh groups on all R replicas, group-atomic round-robin, all to completion.
 
-Before any tail group has been observed, candidates are modelled by split-half selection within the consumed
-groups (`split_half_candidates`).
+The pools are drawn by `pools.py` (`draw_rows`, the candidate model `candidate_pools`); before any tail group has
+been observed, candidates are modelled by split-half selection within the consumed groups (`split_half_candidates`).
+Everything but the history comes in one frozen value, `PredictorFacts`.
 T̂(q, m) is the mean over the K pools of max(c_tail·T_tail, c_bulk·T_bulk), so the step-to-step spread of the
 tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measured/predicted calibrations.
 """
@@ -22,6 +23,7 @@ tail is priced in (E[max] ≥ max E); c_tail, c_bulk are the controller's measur
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,9 +31,17 @@ from numpy.typing import NDArray
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.lanes import group_completions, lane_prefill, round_robin_lanes
 from tailsieve.policy.mean_field import MeanFieldPools, uniform_makespan
+from tailsieve.policy.pools import (
+    FloatArray,
+    IntArray,
+    candidate_pools,
+    draw_rows,
+    kv_floor,
+    kv_floor_of,
+    split_half_candidates,
+)
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
+__all__ = ["FloatArray", "IntArray", "Predictor", "PredictorFacts", "kv_floor", "kv_floor_of", "split_half_candidates"]
 
 RESAMPLES = 12  # K bootstrap pools at N = 64; fewer for larger N (a big pool averages within itself), at least
 # MIN_RESAMPLES: the step-to-step spread (a long pinned candidate now and then) needs a few pools even at N = 512
@@ -41,150 +51,60 @@ MEAN_FIELD_REQUESTS = 65_536  # per-candidate request finishes (K·(N + E)·G) a
 _SEED = 20260827  # fixed: the controller stays a pure function of its inputs
 
 
-def kv_floor(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_tokens: int, prompt_tokens: float) -> FloatArray:
-    """(K,) seconds a pool of requests (`pools`: (K, P, G) decode lengths) needs on `n_lanes` replicas when each holds
-    `kv_tokens` of KV: at most b = kv_tokens / (prompt + mean length / 2) requests decode at once (a request's mean
-    context over its life), so the pool's Σ L tokens take at least Σ L / n_lanes · τ(b)/b (throughput-bound; b is
-    at most the requests per replica, where the floor is the all-admit engine's own). The KV-pressure term of a
-    split: a tail pool of m replicas holding the longest requests, a bulk pool that may overflow (issue 48)."""
-    k, p, g = pools.shape
-    return kv_floor_of(pools.reshape(k, -1).sum(axis=1), p * g, n_lanes, curve, kv_tokens, prompt_tokens)
+@dataclass(frozen=True, slots=True)
+class PredictorFacts:
+    """What the predictor prices a step on besides the history (`Controller.facts` builds it): the step shape, the
+    pools' cost model, how the router places and pins groups, and the predictor's own resampling settings."""
 
-
-def kv_floor_of(total: FloatArray, count: int, n_lanes: int, curve: TpotCurve, kv_tokens: int,
-                prompt_tokens: float) -> FloatArray:
-    """`kv_floor` from each pool's total decode tokens and its request count."""
-    if count == 0:
-        return np.zeros_like(total)
-    ctx = prompt_tokens + total / count / 2.0 + 1.0
-    b = np.clip(kv_tokens / ctx, 1.0, max(count / n_lanes, 1.0))
-    tau = curve.table(int(np.ceil(b.max())) + 1)
-    lo = np.floor(b).astype(np.int64)
-    t_b = tau[lo] + (b - lo) * (tau[np.minimum(lo + 1, tau.size - 1)] - tau[lo])  # τ interpolated at b
-    out: FloatArray = total / n_lanes * t_b / b
-    return out
-
-
-def split_half_candidates(pools: FloatArray, width: int) -> FloatArray:
-    """Candidates before any tail was observed: select on one half of each group, regenerate with the other.
-
-    A group's members are independent generations of one prompt, so ranking a pool by the longest member of the
-    first half and taking the second half (tiled to G) as the regenerated lengths models the selector's noise
-    and the regression to the mean of a fresh regeneration. With G = 1 the selection is on the group itself.
-    """
-    g = pools.shape[2]
-    if g < 2:
-        score, regen = pools.max(axis=2), pools
-    else:
-        h = g // 2
-        score = pools[:, :, :h].max(axis=2)
-        second = pools[:, :, h:]
-        regen = np.concatenate([second] * (g // second.shape[2] + 1), axis=2)[:, :, :g]
-    rank = np.argsort(-score, axis=1, kind="stable")[:, :width]
-    out: FloatArray = np.take_along_axis(regen, rank[:, :, None], axis=1)
-    return out
-
-
-def _candidates(fresh: FloatArray, width: int, candidates: NDArray[np.int64] | None,
-                candidate_steps: tuple[NDArray[np.int64], ...], rng: np.random.Generator) -> FloatArray:
-    """(K, E, G) candidate pools, likeliest tail first: rank r of a pool from rank r of a random whole step seen
-    regenerated (two such steps at least); else draws from the regenerated groups seen (mixed with the split-half
-    prior while there are few), sorted by their longest member."""
-    k, g = fresh.shape[0], fresh.shape[2]
-    full = [c for c in candidate_steps if c.shape[0] >= width]
-    if len(full) >= 2:  # whole steps' candidates seen regenerated, in the selector's order: bootstrap by rank
-        rows = np.stack([c[:width] for c in full]).astype(np.float64)  # (S, E, G)
-        pick = rng.integers(0, rows.shape[0], size=(k, width))
-        by_rank: FloatArray = rows[pick, np.arange(width)[None, :]]  # rank r of pool k from a random step's rank r
-        return by_rank
-    prior = split_half_candidates(fresh, width)
-    obs = np.zeros((0, g), np.float64) if candidates is None else candidates.astype(np.float64)
-    seen = obs.shape[0]
-    if seen >= 2 * width:  # enough regenerated tail groups observed: use them alone
-        cand = obs[rng.integers(0, seen, size=(k, width))]
-    elif seen > 0:  # few observations: mix them with the split-half prior
-        both = np.concatenate((np.broadcast_to(obs, (k, *obs.shape)), prior), axis=1)
-        pick = rng.integers(0, both.shape[1], size=(k, width))
-        cand = np.take_along_axis(both, pick[:, :, None], axis=1)
-    else:
-        cand = prior
-    rank = np.argsort(-cand.max(axis=2), axis=1, kind="stable")
-    out: FloatArray = np.take_along_axis(cand, rank[:, :, None], axis=1)
-    return out
-
-
-def _draw_rows(rows: int, blocks: tuple[int, ...] | None, k: int, width: int,
-               rng: np.random.Generator) -> IntArray:
-    """(K', width) history rows of the bootstrap pools. Pooled (`blocks` None): any rows, with replacement. By step
-    (`blocks`: the history's rows per step, in order): pool k holds step k mod H's own groups, K' = K rounded up to
-    whole rounds of the H steps, in a random order and without replacement up to the step's size (a step of N groups
-    gives a pool of N fresh groups that is that step's realized work), the rows past it drawn with replacement.
-    With replacement throughout, a pool missed a step's one capped group a third of the time (1 − 1/e), and a
-    uniform step forecast from such pools ran 20% short on synthetic-math; pooled draws mix the steps' prompts."""
-    if not blocks or sum(blocks) != rows or min(blocks) <= 0:
-        out: IntArray = rng.integers(0, rows, size=(k, width))
-        return out
-    h = len(blocks)
-    k = -(-k // h) * h
-    start = np.concatenate(([0], np.cumsum(blocks)[:-1]))
-    drawn = np.empty((k, width), np.int64)
-    for i in range(k):
-        size = blocks[i % h]
-        order = rng.permutation(size)
-        if width > size:
-            order = np.concatenate((order, rng.integers(0, size, width - size)))
-        drawn[i] = start[i % h] + order[:width]
-    return drawn
+    groups: int  # N
+    extra: int  # E
+    replicas: int  # R
+    curve: TpotCurve  # the bulk pool's curve (every replica's at the uniform boundary)
+    tail_curve: TpotCurve | None = None  # the tail pool's (§3.4: its own speculation; None: `curve`)
+    by_request: bool = True  # two-pool steps deal requests round-robin (else whole groups)
+    uniform_by_request: bool = False  # the uniform boundary deals requests (else whole groups)
+    pinned_candidates: bool = False  # non-isolated candidates run pinned in the bulk pool (the router's max_redraws 1)
+    kv_s_per_token: float = 0.0  # KV-traffic seconds per context token per iteration (0: the curve alone)
+    prefill_s: float = 0.0  # seconds to prefill one prompt on one replica (`lane_prefill`)
+    kv_tokens: int = 0  # a replica's KV capacity in tokens (`kv_floor`; 0: not priced)
+    prompt_tokens: float = 0.0  # the prompts' mean tokens (the KV a request holds before decoding)
+    resamples: int | None = None  # K bootstrap pools (None: by N, `RESAMPLES` at N = 64)
+    mean_field: bool | None = None  # the mean-field forecast on or off (None: by size, `MEAN_FIELD_REQUESTS`)
 
 
 class Predictor:
-    """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths."""
+    """Forecasts T̂_tail(q, m) and T̂_bulk(N − q, R − m) from a history of consumed group lengths, the regenerated
+    candidates seen (`candidates`; whole steps of them, in the selector's order: `candidate_steps`) and the history's
+    rows per step (`blocks`: pool k drawn within step k mod H; None: pooled)."""
 
-    def __init__(
-        self,
-        history: NDArray[np.int64],
-        *,
-        groups: int,
-        extra: int,
-        replicas: int,
-        curve: TpotCurve,
-        candidates: NDArray[np.int64] | None = None,
-        by_request: bool = True,
-        resamples: int | None = None,
-        tail_curve: TpotCurve | None = None,
-        kv_s_per_token: float = 0.0,
-        pinned_candidates: bool = False,
-        mean_field: bool | None = None,
-        candidate_steps: tuple[NDArray[np.int64], ...] = (),
-        prefill_s: float = 0.0,
-        uniform_by_request: bool = False,
-        blocks: tuple[int, ...] | None = None,
-        kv_tokens: int = 0,
-        prompt_tokens: float = 0.0,
-    ) -> None:
+    def __init__(self, history: NDArray[np.int64], facts: PredictorFacts, *,
+                 candidates: NDArray[np.int64] | None = None, candidate_steps: tuple[NDArray[np.int64], ...] = (),
+                 blocks: tuple[int, ...] | None = None) -> None:
         if history.ndim != 2 or history.shape[0] == 0:
             raise ValueError("predictor needs a non-empty (H, G) history")
-        self.n, self.e, self.r = groups, extra, replicas
-        self.curve = curve  # the bulk pool's curve (every replica's at the uniform boundary)
-        self.tail_curve = curve if tail_curve is None else tail_curve  # the tail pool's (§3.4: its own speculation)
-        self.by_request = by_request
-        self.kv = kv_s_per_token  # KV-traffic seconds per context token per iteration (0: the curve alone)
-        self.pinned = pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
-        self.prefill_s = prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
-        self.uniform_by_request = uniform_by_request  # the uniform boundary deals requests (else whole groups)
-        self.kv_tokens, self.prompt_tokens = kv_tokens, prompt_tokens  # the KV-pressure term (`kv_floor`; 0: off)
+        f = self.facts = facts
+        groups, extra = f.groups, f.extra
+        self.n, self.e, self.r = groups, extra, f.replicas
+        self.curve = f.curve  # the bulk pool's curve (every replica's at the uniform boundary)
+        self.tail_curve = f.curve if f.tail_curve is None else f.tail_curve  # the tail pool's (§3.4)
+        self.by_request = f.by_request
+        self.kv = f.kv_s_per_token  # KV-traffic seconds per context token per iteration (0: the curve alone)
+        self.pinned = f.pinned_candidates  # non-isolated candidates run pinned in the bulk pool (max_redraws = 1)
+        self.prefill_s = f.prefill_s  # seconds to prefill one prompt on one replica (`lane_prefill`)
+        self.uniform_by_request = f.uniform_by_request  # the uniform boundary deals requests (else whole groups)
+        self.kv_tokens, self.prompt_tokens = f.kv_tokens, f.prompt_tokens  # the KV-pressure term (`kv_floor`; 0: off)
         self._cand_sum: FloatArray | None = None  # (K, E) decode tokens per candidate group (KV term)
         self._fresh_sum: FloatArray = np.zeros(0)  # (K,) decode tokens of the fresh groups (KV term)
         rng = np.random.default_rng(_SEED)
         auto = int(np.clip(round(RESAMPLES * 64 / groups), MIN_RESAMPLES, RESAMPLES))
-        k = resamples if resamples is not None else auto
-        fresh = history[_draw_rows(history.shape[0], blocks, k, groups + extra, rng)].astype(np.float64)
+        k = f.resamples if f.resamples is not None else auto
+        fresh = history[draw_rows(history.shape[0], blocks, k, groups + extra, rng)].astype(np.float64)
         self.fresh = fresh[:, :groups]  # (K, N, G) in arrival order
-        self.cand = _candidates(fresh, max(extra, 1), candidates, candidate_steps, rng)  # (K, E, G)
+        self.cand = candidate_pools(fresh, max(extra, 1), candidates, candidate_steps, rng)  # (K, E, G)
         work = k * (groups + extra) * history.shape[1]
         # mean field only under request dispatch (group-atomic lanes need the exact model; see policy.mean_field)
-        self.large = work > MEAN_FIELD_REQUESTS if mean_field is None else mean_field
-        self.use_mean_field = by_request and self.large
+        self.large = work > MEAN_FIELD_REQUESTS if f.mean_field is None else f.mean_field
+        self.use_mean_field = f.by_request and self.large
         self._uniform: dict[bool, FloatArray] = {}  # T_uniform per pool, by placement (request: True)
         self._return: dict[bool, FloatArray] = {}  # the first uniform step after a two-pool one, per pool
         self._mf: MeanFieldPools | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -48,9 +48,33 @@ def dispatch_of(value: object) -> Dispatch:
     return Dispatch(str(value))
 
 
+def _knob(default: Any, help: str) -> Any:
+    """A `RouterKnobs` field with its help line (as a flag's help: `%(default)s` stands for the default)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterKnobs:
+    """The router's knobs a run sets over its step shape, each declared once, here, with its help line: `RouterConfig`
+    and every configuration that sets them extend it (`RolloutConfig`, verl's `TailSieveSettings`, slime's
+    `SlimeSettings`), and the CLI flags and slime's settings are derived from its fields (`policy.router_knobs`).
+    Checked when a `RouterConfig` is built from them."""
+
+    rho: float = _knob(0.1, "over-provisioning ρ, E = ⌈ρN⌉ (default: %(default)s)")
+    dispatch: Dispatch = _knob(Dispatch.REQUEST,  # noqa: RUF009 (an enum member is immutable)
+                               "round-robin unit inside a pool: request (§3.1, default) or group")
+    max_redraws: int = _knob(DEFAULT_REDRAWS, "times a prompt's group may be cut before its next attempt must complete "
+                             "(default: %(default)s: regenerated once, App. E); larger values trade length bias for "
+                             "speed")
+    ranking: str = _knob(DEFAULT_RANKING, "candidate ranking: a registered name (least-progress, stream-order), a "
+                         "plugin pkg.module:function or an entry point of tailsieve.rankings (default: %(default)s; "
+                         "docs/architecture.md)")
+
+
 @dataclass(frozen=True, slots=True)
-class RouterConfig:
-    """Step shape: N groups of G on R replicas, over-provisioning ρ (E = ⌈ρN⌉), dispatch, redraw limit.
+class RouterConfig(RouterKnobs):
+    """Step shape: N groups of G on R replicas, and the router's knobs (`RouterKnobs`): over-provisioning ρ
+    (E = ⌈ρN⌉), dispatch, redraw limit, ranking.
 
     `max_redraws` (default 1): a group is cut at most this many times; a group cut that often is pinned, i.e. its
     next attempt runs to completion (in the tail pool, or the bulk cutoff waits for it), so a long draw is not
@@ -60,10 +84,6 @@ class RouterConfig:
     groups: int = 64
     group_size: int = 8
     replicas: int = 8
-    rho: float = 0.1
-    dispatch: Dispatch = Dispatch.REQUEST
-    max_redraws: int = DEFAULT_REDRAWS
-    ranking: str = DEFAULT_RANKING  # candidate ranking by name (`tailsieve.policy.ranking.RANKINGS`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dispatch", dispatch_of(self.dispatch))
@@ -82,6 +102,12 @@ class RouterConfig:
     def pinned(self, ref: GroupRef) -> bool:
         """Whether a group was cut `max_redraws` times: its next attempt must complete."""
         return ref.cuts >= self.max_redraws
+
+    @property
+    def pins_candidates(self) -> bool:
+        """Whether every candidate is pinned (the redraw limit is 1: a candidate was cut once, so its next attempt
+        must complete, isolated or not)."""
+        return self.max_redraws <= 1
 
     @property
     def extra(self) -> int:

@@ -96,14 +96,14 @@ def split_seeds(split: Split | str, count: int, start: int = 0) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class RouterShape:
-    """A regime's step shape; the fields are `tailsieve.policy.router.RouterConfig`'s (this layer may not import
-    the policy layer): `RouterConfig(**shape.kwargs())`."""
+    """A regime's step shape: fields of `tailsieve.policy.router.RouterConfig`, of the same defaults (this layer may
+    not import the policy layer; tests/test_family.py holds them equal): `RouterConfig(**shape.kwargs())`. The
+    router's other knobs (`max_redraws`, `dispatch`, `ranking`) are RouterConfig's defaults in every regime."""
 
     groups: int  # N
     group_size: int  # G
     replicas: int  # R
-    rho: float = 0.1
-    max_redraws: int = 1
+    rho: float = 0.1  # the over-provisioning E = ⌈ρN⌉ a regime's prompts are counted for (`engine_family`)
 
     def kwargs(self) -> dict[str, Any]:
         """The RouterConfig keyword arguments."""

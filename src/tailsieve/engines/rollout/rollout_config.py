@@ -18,8 +18,8 @@ from tailsieve.model.curves import TpotCurve
 from tailsieve.model.speculative import PoolSpec
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.peers import PEERS, PeerConfig
-from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS, Dispatch, RouterConfig
+from tailsieve.policy.router import RouterConfig, RouterKnobs
+from tailsieve.policy.router_knobs import router_values
 from tailsieve.policy.spec import FleetCost, PolicySpec, check_loop_policy
 from tailsieve.workloads import Workload
 
@@ -27,13 +27,12 @@ __all__ = ["RolloutConfig"]
 
 
 @dataclass(frozen=True, slots=True)
-class RolloutConfig:
-    """A real run: step shape, policy, curve for the controller, sampling, template, transport, faults, replay."""
+class RolloutConfig(RouterKnobs):
+    """A real run: step shape, the router's knobs (`RouterKnobs`: `rho`, `dispatch`, `max_redraws`, `ranking`, by
+    keyword), policy, curve for the controller, sampling, template, transport, faults, replay."""
 
     groups: int = 64
     group_size: int = 8
-    rho: float = 0.1
-    dispatch: Dispatch = Dispatch.REQUEST
     policy: str = "tailsieve"
     curve: str | Path | TpotCurve | CostModel = "h100-llama3-8b"  # best: the model `tailsieve profile` fitted
     tail_curve: str | Path | TpotCurve | None = None  # the tail pool's measured curve (profile of its server)
@@ -53,8 +52,6 @@ class RolloutConfig:
     faults: FaultPolicy = field(default_factory=FaultPolicy)
     api_key_env: str | None = "TAILSIEVE_API_KEY"
     model: str | None = None  # None: the first model the first healthy endpoint serves
-    ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`)
-    max_redraws: int = DEFAULT_REDRAWS  # cuts before a group's next attempt must complete (`RouterConfig`)
     kv_ms_per_1k: float | None = None  # the controller's KV-traffic term; None: the `curve` model file's (else 0)
     bias_correction: bool = False  # per-group weights (`analysis.weights`) in every batch; opt-in
     logprobs: bool = False  # every sample carries its tokens' log-probabilities (trainer-ready outputs)
@@ -73,8 +70,7 @@ class RolloutConfig:
 
     def router(self, replicas: int) -> RouterConfig:
         """The router configuration for `replicas` endpoints."""
-        return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
-                            dispatch=self.dispatch, ranking=self.ranking, max_redraws=self.max_redraws)
+        return RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, **router_values(self))
 
     def policy_spec(self, replicas: int) -> PolicySpec:
         """The run's `PolicySpec` on `replicas` endpoints (every policy check, once; `tailsieve.loop.build_loop`)."""

@@ -23,8 +23,8 @@ from tailsieve.inputs import loads_json
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.controller_knobs import controller_from_mapping
-from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import RouterConfig, dispatch_of
+from tailsieve.policy.router import RouterConfig, RouterKnobs
+from tailsieve.policy.router_knobs import router_knobs, router_values
 from tailsieve.policy.spec import FleetCost, PolicySpec
 from tailsieve.redact import clip
 
@@ -123,23 +123,21 @@ def _flag(value: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class SlimeSettings:
-    """One job's step shape (slime's N and G), TailSieve's policy settings and where its state files go."""
+class SlimeSettings(RouterKnobs):
+    """One job's step shape (slime's N and G), TailSieve's policy settings and where its state files go; the router's
+    knobs (`tailsieve_rho`, `tailsieve_dispatch`, `tailsieve_max_redraws`, `tailsieve_ranking`) are `RouterKnobs`'
+    own fields, read by `from_args` as their kinds (`router_knobs`)."""
 
     groups: int  # N: args.rollout_batch_size
     group_size: int  # G: args.n_samples_per_prompt
-    rho: float
     policy: str
     curve: str
-    max_redraws: int
     stream: bool
     seed: int | None
     save_dir: str | None  # args.save
     load_dir: str | None  # args.load
     q: int | None = None  # the static policy's isolated groups and tail replicas (None: its defaults)
     m: int | None = None
-    ranking: str = DEFAULT_RANKING  # candidate ranking (`tailsieve.policy.ranking.RANKINGS`, or a plugin path)
-    dispatch: str = "request"  # round-robin unit inside a pool: request or group
     # the controller's constants: `tailsieve_controller` / `TAILSIEVE_CONTROLLER`, field name → value (`controller`)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
 
@@ -148,17 +146,16 @@ class SlimeSettings:
         """Read and check the settings (one-line `SlimeIntegrationError` on a bad value or a flag TailSieve does
         not honour)."""
         try:
-            rho = float(setting(args, "rho", 0.1))
-            redraws = int(setting(args, "max_redraws", 1))
+            knobs = {k.name: k.kind(setting(args, k.name, k.default)) for k in router_knobs()}
             raw_seed = setting(args, "seed", getattr(args, "rollout_seed", 0))
-            out = cls(int(_required(args, "rollout_batch_size")), int(_required(args, "n_samples_per_prompt")), rho,
-                      str(setting(args, "policy", "tailsieve")), str(setting(args, "curve", "h100-llama3-8b")),
-                      redraws, _flag(setting(args, "stream", True)),
-                      None if raw_seed in (None, "", "none") else int(raw_seed),
-                      getattr(args, "save", None), getattr(args, "load", None),
-                      _opt_int(setting(args, "q", None)), _opt_int(setting(args, "m", None)),
-                      str(setting(args, "ranking", DEFAULT_RANKING)), str(setting(args, "dispatch", "request")),
-                      controller(setting(args, "controller", None)))
+            out = cls(groups=int(_required(args, "rollout_batch_size")),
+                      group_size=int(_required(args, "n_samples_per_prompt")),
+                      policy=str(setting(args, "policy", "tailsieve")),
+                      curve=str(setting(args, "curve", "h100-llama3-8b")), stream=_flag(setting(args, "stream", True)),
+                      seed=None if raw_seed in (None, "", "none") else int(raw_seed),
+                      save_dir=getattr(args, "save", None), load_dir=getattr(args, "load", None),
+                      q=_opt_int(setting(args, "q", None)), m=_opt_int(setting(args, "m", None)),
+                      controller=controller(setting(args, "controller", None)), **knobs)
         except TailSieveError as exc:
             raise SlimeIntegrationError(str(exc)) from None
         except (TypeError, ValueError) as exc:
@@ -177,8 +174,7 @@ class SlimeSettings:
         """The job's `PolicySpec` on `replicas` SGLang workers (every policy check once; a bad value is a one-line
         `SlimeIntegrationError`)."""
         try:
-            rc = RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, rho=self.rho,
-                              dispatch=dispatch_of(self.dispatch), max_redraws=self.max_redraws, ranking=self.ranking)
+            rc = RouterConfig(groups=self.groups, group_size=self.group_size, replicas=replicas, **router_values(self))
             return PolicySpec(self.policy, rc, FleetCost.load(self.curve), self.controller, q=self.q, m=self.m)
         except TailSieveError as exc:
             raise SlimeIntegrationError(str(exc)) from None

@@ -27,8 +27,8 @@ from tailsieve.loop import LoopState, StepLoop, StepOutput, build_loop
 from tailsieve.policy.control_state import ControllerConfig
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.controller_knobs import controller_from_mapping
-from tailsieve.policy.ranking import DEFAULT_RANKING
-from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig, dispatch_of
+from tailsieve.policy.router import RouterConfig, RouterKnobs
+from tailsieve.policy.router_knobs import router_values
 from tailsieve.policy.spec import FleetCost, PolicySpec
 from tailsieve.policy.step import Cutoff, GroupOutcome, GroupRef, GroupStatus, Pool, StepPlan, StepResult
 
@@ -93,20 +93,17 @@ def current_route() -> Routed | None:
 
 
 @dataclass(frozen=True, slots=True)
-class TailSieveSettings:
-    """The plugin's settings (verl: `trainer.v1.tailsieve.*`); N and G come from the framework's batch shape."""
+class TailSieveSettings(RouterKnobs):
+    """The plugin's settings (verl: `trainer.v1.tailsieve.*`); N and G come from the framework's batch shape, the
+    router's knobs (`rho`, `dispatch`, `max_redraws`, `ranking`) are `RouterKnobs`' own fields."""
 
     policy: str = "tailsieve"  # controller by name (`tailsieve.policy.controller.CONTROLLERS`)
-    rho: float = 0.1  # over-provisioning: E = ceil(rho * N) extra groups per step
-    max_redraws: int = DEFAULT_REDRAWS
-    ranking: str = DEFAULT_RANKING
     q: int | None = None  # static policy only
     m: int | None = None
     q0: int | None = None  # adaptive controllers' initial q and m (None: `ControllerConfig`'s; also `controller`)
     m0: int | None = None
     # any `ControllerConfig` field by name (`+trainer.v1.tailsieve.controller.z=1.5`; `controller_from_mapping`)
     controller: Mapping[str, Any] | None = None
-    dispatch: str = "request"  # round-robin unit inside a pool: request or group
     curve: str = "h100-llama3-8b"  # the cost model: a curve or `tailsieve profile`'s model file (τ(b) and kv term)
     tail_curve: str | None = None  # the tail pool's own measured curve (None: `curve`)
     kv_ms_per_1k: float | None = None  # the controller's KV-traffic term (None: the `curve` model file's, else 0)
@@ -149,9 +146,7 @@ class TailSieveSettings:
 
     def spec(self, groups: int, group_size: int, replicas: int) -> PolicySpec:
         """The `PolicySpec` for N groups of G on `replicas` servers: every policy check, once."""
-        rc = RouterConfig(groups=groups, group_size=group_size, replicas=replicas, rho=self.rho,
-                          dispatch=dispatch_of(self.dispatch),
-                          max_redraws=self.max_redraws, ranking=self.ranking)
+        rc = RouterConfig(groups=groups, group_size=group_size, replicas=replicas, **router_values(self))
         cost = FleetCost.load(self.curve, tail_curve=self.tail_curve, kv_ms_per_1k=self.kv_ms_per_1k)
         return PolicySpec(self.policy, rc, cost, self.controller_config(), q=self.q, m=self.m)
 
