@@ -34,14 +34,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.simulation.paged_blocks import PagedLimits, PagedTrace, PrefixCache, demand, first_shortage
+from tailsieve.simulation.paged_blocks import PagedLimits, PagedTrace, demand, first_shortage
+from tailsieve.simulation.paged_state import BIG, DONE, PREFILL, PagedState
 
 __all__ = ["PagedLimits", "PagedTrace", "run_paged"]
 
 IntArray = NDArray[np.int64]
 
-_WAIT, _PREFILL, _DECODE, _DONE = 0, 1, 2, 3
-_BIG = 1 << 62  # "no bound": more iterations or blocks than any run has
 
 
 def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDArray[np.float64], lim: PagedLimits,
@@ -52,127 +51,8 @@ def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDA
     return _Paged(lens, prompts, keys, tau, lim, cut).run()
 
 
-class _Paged:
-    """The event loop's state (one replica, one run); `run` is the loop. Decoders are kept lazily: request i decoding
-    since iteration ks[i] with context c0[i] then has g0[i] + (k − ks[i]) tokens at iteration k. Plain lists and
-    locals, not arrays: a step touches a handful of requests, and the loop runs once per event."""
-
-    def __init__(self, lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDArray[np.float64],
-                 lim: PagedLimits, cut: tuple[int, NDArray[np.bool_]] | None) -> None:
-        n = int(lens.size)
-        self.bs, self.nb, self.tau, self.lim = lim.block_size, lim.blocks, tau.tolist(), lim
-        self.m, self.kv, self.pre = lim.max_num_batched_tokens, lim.kv_s_per_token, lim.prefill_s_per_token
-        self.cap = n if lim.max_num_seqs is None else lim.max_num_seqs
-        if self.nb is not None and n:
-            need = int((-(-(prompts + np.maximum(lens, 1)) // self.bs)).max())
-            if need > self.nb:
-                raise ConfigError(f"kv_tokens {self.nb * self.bs} cannot hold one request of {need * self.bs} tokens "
-                                  f"(prompt + response in blocks of {self.bs}); raise kv_tokens")
-        self.L, self.P = lens.tolist(), prompts.tolist()
-        self.K = [-1] * n if keys is None else keys.tolist()
-        self.S = [0] * n  # full prompt blocks shared with the request's group (prefix caching)
-        if lim.prefix_caching and keys is not None:
-            self.S = [((p - 1) // self.bs if (key >= 0 and p > 0) else 0)
-                      for p, key in zip(self.P, self.K, strict=True)]
-        self.g0, self.state, self.ks, self.c0, self.pending = [0] * n, [_WAIT] * n, [0] * n, [0] * n, [0] * n
-        self.pend_total = 0  # Σ pending
-        self.uses, self.again = [False] * n, [False] * n  # holds a prefix reference; preempted before (recompute)
-        self.version = [0] * n
-        self.finish = [float("inf")] * n
-        self.spans: list[tuple[int, int, int]] = []
-        self.segs: list[tuple[int, float, int, float, float]] = []
-        self.pre_k: list[int] = []
-        self.recompute: list[tuple[int, int]] = []
-        self.hits: list[tuple[int, int]] = []
-        self.cache = PrefixCache()
-        self.private = self.resident = 0
-        self.running: list[int] = []
-        self.prefilling: list[int] = []
-        self.heap: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
-        self.phase = [0] * self.bs  # decoders per phase (k₀ − c₀ mod B): who needs a block at iteration k
-        self.members: list[set[int]] = [set() for _ in range(self.bs)]
-        self.order = [0] * n  # admission sequence number (the running list's order)
-        self.admitted = self.b = self.ctx = self.k = 0
-        self.t = 0.0
-        self.cut = cut
-        chunked = lim.max_num_batched_tokens is not None
-        for i in range(n):
-            if chunked and self.L[i] == 0:
-                self.finish[i], self.state[i] = 0.0, _DONE
-        self.waiting = [i for i in range(n - 1, -1, -1) if self.state[i] == _WAIT]  # a stack: the head is last
-
-    # blocks ---------------------------------------------------------------------------------------------------
-    def avail(self) -> int:
-        """Blocks an allocation may take now (free ones and unreferenced cached prefixes)."""
-        if self.nb is None:
-            return _BIG
-        return self.nb - self.private - self.resident + self.cache.evictable
-
-    def take(self, blocks: int) -> None:
-        """Allocate `blocks` private blocks, evicting cached prefixes (LRU) when the free ones do not suffice."""
-        if self.nb is not None:
-            free = self.nb - self.private - self.resident
-            if free < blocks:
-                self.resident -= self.cache.evict(blocks - free)
-        self.private += blocks
-
-    def held(self, i: int) -> int:
-        """Private blocks request i holds at the current boundary."""
-        st = self.state[i]
-        if st == _DECODE:
-            total = -(-(self.c0[i] + max(self.k - self.ks[i], 1)) // self.bs)
-        elif st == _PREFILL:
-            total = -(-(self.P[i] + self.g0[i] + 1) // self.bs)
-        else:
-            return 0
-        return total - (self.S[i] if self.uses[i] else 0)
-
-    # state changes --------------------------------------------------------------------------------------------
-    def start_decode(self, i: int, ks: int) -> None:
-        """Request i decodes from iteration ks on (its block for that iteration's token is already held)."""
-        self.state[i] = _DECODE
-        c0 = self.P[i] + self.g0[i]
-        self.ks[i], self.c0[i] = ks, c0
-        self.b += 1
-        self.ctx += c0 + (self.k - ks)
-        ph = (ks - c0) % self.bs
-        self.phase[ph] += 1
-        self.members[ph].add(i)
-        heapq.heappush(self.heap, (ks + self.L[i] - self.g0[i], i, self.version[i]))
-
-    def leave(self, i: int, new_state: int) -> None:
-        """Request i stops running (finished, preempted or aborted): blocks and prefix reference released."""
-        self.private -= self.held(i)
-        if self.uses[i]:
-            self.cache.release(self.K[i])
-            self.uses[i] = False
-        st = self.state[i]
-        if st == _DECODE:
-            ks, c0 = self.ks[i], self.c0[i]
-            done = self.k - ks
-            self.b -= 1
-            self.ctx -= c0 + done
-            ph = (ks - c0) % self.bs
-            self.phase[ph] -= 1
-            self.members[ph].discard(i)
-            self.spans.append((i, ks, self.k))
-            self.g0[i] += done
-            self.version[i] += 1
-        elif st == _PREFILL and i in self.prefilling:
-            self.prefilling.remove(i)
-            self.pend_total -= self.pending[i]
-            self.pending[i] = 0
-        self.running.remove(i)
-        self.state[i] = new_state
-
-    def preempt_newest(self) -> int:
-        """vLLM v1's preemption: the most recently admitted running request re-queues first (recompute)."""
-        victim = self.running[-1]
-        self.leave(victim, _WAIT)
-        self.waiting.append(victim)
-        self.again[victim] = True
-        self.pre_k.append(self.k)
-        return victim
+class _Paged(PagedState):
+    """The event loop (one replica, one run): the scheduling step of the module docstring, `run` the loop."""
 
     # the scheduling step ----------------------------------------------------------------------------------------
     def allocate(self) -> bool:
@@ -194,15 +74,7 @@ class _Paged:
             self.resident -= self.cache.evict(need - free)
             self.private += need
             return False
-        order, state = self.order, self.state
-        for i in sorted(self.members[ph], key=order.__getitem__):
-            if state[i] != _DECODE:
-                continue
-            while self.avail() < 1:
-                if self.preempt_newest() == i:
-                    return True
-            self.take(1)
-        return True
+        return self.preempt_for(ph)
 
     def admit(self) -> float:
         """Step 2: FCFS admission while blocks, the seq cap and the token budget allow; the prefill stall (s)."""
@@ -225,14 +97,14 @@ class _Paged:
             fill = self.admit_one(i, blocks, entry)
             if m is None:
                 stall += fill
-                self.state[i] = _PREFILL
+                self.state[i] = PREFILL
                 if self.L[i] == g0[i]:  # nothing to decode: done once its prompt is in, blocks back now
                     empty.append(i)
-                    self.leave(i, _DONE)
+                    self.leave(i, DONE)
                 else:
                     self.start_decode(i, self.k)
             else:
-                self.state[i], self.pending[i] = _PREFILL, fill
+                self.state[i], self.pending[i] = PREFILL, fill
                 self.pend_total += fill
                 self.prefilling.append(i)
                 used += fill
@@ -266,14 +138,17 @@ class _Paged:
         return fill
 
     def run(self) -> PagedTrace:
-        """The event loop (module docstring)."""
+        """The event loop (module docstring). `carried`: a storm ended after the next pass's allocation (its flag)."""
         cut_k = -1 if self.cut is None else self.cut[0]
-        chunked = self.m is not None
+        chunked, carried = self.m is not None, None
         while True:
-            if self.k == cut_k:
-                self.abort()
-                cut_k = -1
-            preempted = self.allocate()
+            if carried is None:
+                if self.k == cut_k:
+                    self.abort()
+                    cut_k = -1
+                preempted = self.allocate()
+            else:
+                preempted, carried = carried, None
             if not preempted and self.waiting:
                 stall = self.admit()
                 if stall:
@@ -283,18 +158,83 @@ class _Paged:
                     raise ConfigError("paged replica stalled: a waiting request can never be admitted")
                 break
             chunk, completing = self.chunks() if chunked and self.prefilling else (0, [])
-            s = 1 if completing or preempted else self.span(chunk, cut_k)
-            self.advance(s, chunk, completing)
+            if preempted or completing or self.prefilling or not self.waiting or self.nb is None:
+                s = 1 if completing or preempted else self.span(chunk, cut_k)
+                self.advance(s, chunk, completing)
+            else:  # the head waits for blocks: spans and preemptions until a finish lets the generic pass admit
+                carried = self.storm(cut_k)
             if not self.running and not self.waiting:
                 break
         return self.trace()
+
+    def storm(self, cut_k: int) -> bool | None:
+        """The passes of `run` while the waiting head cannot be admitted, nothing prefills and nothing finishes (a
+        preemption storm), with their span and advance inlined: the same segments, fewer calls. Returns at a pass
+        boundary: None before its allocation, else the allocation's preemption flag (the pass goes on from there)."""
+        bs, nb, phase, heap, version, tau, kv, segs = (self.bs, self.nb, self.phase, self.heap, self.version, self.tau,
+                                                        self.kv, self.segs)
+        assert nb is not None
+        preempted = False
+        while True:
+            k, b, t = self.k, self.b, self.t
+            if preempted:
+                s = 1
+            else:
+                while heap and heap[0][2] != version[heap[0][1]]:
+                    heapq.heappop(heap)
+                s = heap[0][0] - k if heap else BIG
+                if cut_k > k:
+                    s = min(s, cut_k - k)
+                if b and s > 1:
+                    free = nb - self.private - self.resident + self.cache.evictable
+                    if s > (free // b) * bs + 1:
+                        s = min(s, first_shortage(phase, b, k, free, bs))
+                if s >= 1 << 61:
+                    raise ConfigError("paged replica stalled: no request can make progress")
+                s = max(s, 1)
+            base, inc = tau[b] + kv * self.ctx, kv * b
+            segs.append((k, t, s, base, inc))
+            self.t = t = t + (s * base + inc * s * (s - 1) / 2.0)
+            if s > 1 and b:
+                self.take(demand(phase, b, k, s - 1, bs))
+            self.ctx += b * s
+            self.k = k = k + s
+            if heap and heap[0][0] <= k and self.finish_due(k, t):
+                return None
+            if k == cut_k or not self.waiting:
+                return None
+            need = phase[k % bs] if b else 0
+            if need and need <= nb - self.private - self.resident:  # `allocate`'s common case
+                self.private += need
+                preempted = False
+            else:
+                preempted = self.allocate()
+            if preempted:
+                if not self.running:
+                    return True
+            elif self.head_fits():
+                return False
+
+    def head_fits(self) -> bool:
+        """Whether `admit` would admit the waiting head now (the first test of its loop)."""
+        i, m = self.waiting[-1], self.m
+        if len(self.running) >= self.cap or (m is not None and self.b + self.pend_total >= m):
+            return False
+        blocks, share = (self.P[i] + self.g0[i] + self.bs) // self.bs, self.S[i]
+        entry = self.cache.entries.get(self.K[i]) if share else None
+        pinned = 0
+        if entry is not None:
+            blocks -= share
+            if entry[1] == 0:
+                pinned = entry[0]
+        return blocks <= self.avail() - pinned
 
     def abort(self) -> None:
         """The cut: the requests not kept leave at this boundary (running or waiting)."""
         assert self.cut is not None
         keep = self.cut[1]
         for i in [i for i in self.running if not keep[i]]:
-            self.leave(i, _DONE)
+            self.leave(i, DONE)
         self.waiting = [i for i in self.waiting if keep[i]]
 
     def chunks(self) -> tuple[int, list[int]]:
@@ -317,7 +257,7 @@ class _Paged:
         heap, version, k = self.heap, self.version, self.k
         while heap and heap[0][2] != version[heap[0][1]]:
             heapq.heappop(heap)
-        s = heap[0][0] - k if heap else _BIG
+        s = heap[0][0] - k if heap else BIG
         if chunk:  # the head's prefill does not complete in this iteration: it completes in a later single one
             s = min(s, -(-self.pending[self.prefilling[0]] // chunk) - 1)
         if cut_k > k:
@@ -350,12 +290,8 @@ class _Paged:
         for i in completing:
             self.prefilling.remove(i)
             self.start_decode(i, k - 1)
-        heap, version, state = self.heap, self.version, self.state
-        while heap and heap[0][0] <= k:
-            _, i, v = heapq.heappop(heap)
-            if v == version[i] and state[i] == _DECODE:
-                self.finish[i] = t
-                self.leave(i, _DONE)
+        if self.heap and self.heap[0][0] <= k:
+            self.finish_due(k, t)
 
     def drain(self, rem: int) -> None:
         """`rem` prefill tokens done, FCFS over the prefilling requests."""
@@ -368,15 +304,3 @@ class _Paged:
             if rem <= 0:
                 break
 
-    def trace(self) -> PagedTrace:
-        """The run's record."""
-        if self.segs:
-            k0, t0, sn, sb, si = (np.asarray(c) for c in zip(*self.segs, strict=True))
-            seg = (k0.astype(np.int64), t0.astype(np.float64), sn.astype(np.int64), sb.astype(np.float64),
-                   si.astype(np.float64))
-        else:
-            z, zf = np.zeros(0, np.int64), np.zeros(0)
-            seg = (z, zf, z, zf, zf)
-        return PagedTrace(np.asarray(self.finish, np.float64), np.asarray(self.spans, np.int64).reshape(-1, 3), seg,
-                          np.asarray(self.pre_k, np.int64), np.asarray(self.recompute, np.int64).reshape(-1, 2),
-                          np.asarray(self.hits, np.int64).reshape(-1, 2))
