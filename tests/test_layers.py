@@ -102,21 +102,13 @@ def test_the_allow_list_refuses_an_upward_import(tmp_path: Path) -> None:
     assert found == ["tailsieve.simulation.runs"]
 
 
-# Files over the limit today (403, 434 and 472 lines), each being split on another branch: shrink this list as they are.
-LONG_FILES = {
-    "simulation/paged.py": "the paged engine (issue 48)",
-    "simulation/replica.py": "the event-driven replica model",
-}
 MAX_FILE_LINES = 400
 
 
 def test_no_file_over_four_hundred_lines() -> None:
-    """Small files in folders whose names say what they hold: none over 400 lines but the allow-list's, and the
-    allow-list names only files still over it."""
+    """Small files in folders whose names say what they hold: none under src/tailsieve over 400 lines."""
     lines = {str(f.relative_to(SRC)): len(f.read_text(encoding="utf-8").splitlines()) for f in SRC.rglob("*.py")}
-    long = {f: n for f, n in sorted(lines.items()) if n > MAX_FILE_LINES}
-    assert not {f: n for f, n in long.items() if f not in LONG_FILES}, long
-    assert not sorted(set(LONG_FILES) - set(long)), f"no longer over {MAX_FILE_LINES} lines: drop them from LONG_FILES"
+    assert not {f: n for f, n in sorted(lines.items()) if n > MAX_FILE_LINES}
 
 
 def test_no_function_over_sixty_lines() -> None:

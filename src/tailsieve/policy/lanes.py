@@ -26,19 +26,21 @@ def lane_finish_times(lengths: FloatArray, lanes: IntArray, n_lanes: int, curve:
     order = lane_order(lengths, lanes, n_lanes)
     ln = lanes[order]
     ls = lengths[order]
-    first = np.searchsorted(ln, ln, side="left")
-    size = np.bincount(ln, minlength=n_lanes)[ln]
-    k = np.arange(ls.size) - first + 1  # 1-based ascending rank within the lane
-    prev = np.where(k == 1, 0.0, np.roll(ls, 1))
-    tau = curve.table(int(size.max()))
-    b = size - k + 1
+    counts = np.bincount(ln, minlength=n_lanes)
+    ends = np.cumsum(counts)
+    starts = ends - counts  # each lane's first position in the sorted order
+    prev = np.empty_like(ls, dtype=np.result_type(ls.dtype, 0.0))  # the next shorter length on the lane (0: none)
+    prev[1:] = ls[:-1]
+    prev[starts[counts > 0]] = 0.0
+    b = ends[ln] - np.arange(ls.size)  # requests running while this one finishes its last stretch
+    tau = curve.table(int(counts.max()))
     seg = tau[b] * (ls - prev)
     if kv_s_per_token > 0:
         seg = seg + kv_s_per_token * b * (prev + ls - 1) * (ls - prev) / 2.0
     csum = np.cumsum(seg)
-    base = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0.0)
+    base = np.where(starts > 0, csum[np.maximum(starts - 1, 0)], 0.0)  # the cumulative sum before each lane
     out = np.empty_like(ls)
-    out[order] = csum - base
+    out[order] = csum - base[ln]
     return out
 
 

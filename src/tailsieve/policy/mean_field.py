@@ -47,16 +47,32 @@ def uniform_makespan(pools: FloatArray, n_lanes: int, curve: TpotCurve, kv_s_per
     padded = np.zeros((k, per * n_lanes, g))
     padded[:, :p] = pools
     lanes = padded.reshape(k, per, n_lanes, g).transpose(0, 2, 1, 3).reshape(k, n_lanes, per * g)
-    desc = -np.sort(-lanes, axis=2)
-    nxt = np.concatenate((desc[:, :, 1:], np.zeros((k, n_lanes, 1))), axis=2)
-    j = np.arange(1, per * g + 1, dtype=np.float64)
-    seg = (desc - nxt) * curve.table(per * g)[1:]
+    desc = _descending(lanes)
     if kv_s_per_token > 0:
+        nxt = np.concatenate((desc[:, :, 1:], np.zeros((k, n_lanes, 1))), axis=2)
+        j = np.arange(1, per * g + 1, dtype=np.float64)
+        seg = (desc - nxt) * curve.table(per * g)[1:]
         seg = seg + kv_s_per_token * j * (desc + nxt - 1.0) * (desc - nxt) / 2.0
+    else:  # (L_(j) − L_(j+1))·τ(j) in one buffer: fewer large arrays (their page faults cost more than the arithmetic)
+        seg = np.empty_like(desc)
+        seg[:, :, :-1] = desc[:, :, 1:]
+        seg[:, :, -1] = 0.0
+        np.subtract(desc, seg, out=seg)
+        np.multiply(seg, curve.table(per * g)[1:], out=seg)
     per_lane = seg.sum(axis=2)
     if lane_offset_s is not None:
         per_lane = per_lane + lane_offset_s[None, :]
     out: FloatArray = per_lane.max(axis=1)
+    return out
+
+
+def _descending(lanes: FloatArray) -> FloatArray:
+    """`-np.sort(-lanes, axis=2)` (each lane's lengths, longest first), in the memory layout that expression gives
+    (the layout fixes the order of the sums over it), sorted along contiguous rows: the same floats, faster."""
+    rows = lanes if lanes.flags.c_contiguous else np.ascontiguousarray(lanes)
+    rows.sort(axis=2)  # in place: `lanes` is the caller's own padded copy (or a view of it)
+    out = np.empty_like(lanes)
+    out[...] = rows[:, :, ::-1]
     return out
 
 

@@ -230,8 +230,10 @@ class Predictor:
         if quota <= 0:
             return np.zeros(self.fresh.shape[0])
         pins = max(self.e - q, 0) if m > 0 and self.pinned else 0
-        if pins == 0:
-            return self.bulk_completions(q, m)[:, quota - 1]
+        if pins == 0:  # the quota-th completion: a partition, not a sort (the same value)
+            if (q, m) in self._bulk:
+                return self._bulk[(q, m)][:, quota - 1]
+            return np.partition(self._bulk_raw(q, m), quota - 1, axis=1)[:, quota - 1]
         rest = quota - pins
         if self.use_mean_field:  # F is non-decreasing: the last pinned candidate and the cut are F at grid indices
             f, mf = self._bulk_finish(q, m), self.mean_field

@@ -103,8 +103,9 @@ class PromptStream:
         while pos < end:
             epoch, off = divmod(pos, n)
             stop = min(end - pos, n - off)
-            order = self._order(epoch)[off : off + stop]
-            out.extend(PromptRef(pos + j, self._prompts[int(o)], epoch) for j, o in enumerate(order))
+            prompts = self._prompts
+            order: list[int] = self._order(epoch)[off : off + stop].tolist()
+            out.extend([PromptRef(pos + j, prompts[o], epoch) for j, o in enumerate(order)])
             pos += stop
         self._position = end
         return out

@@ -1,0 +1,194 @@
+"""The paged replica's state (`simulation.paged`): requests, blocks, the prefix cache, the decoders by phase, and the
+state changes the scheduling step makes (admission, decode start, leaving, preemption, finishing), with the run's
+record (docs/simulator.md). Plain lists and locals, not arrays: a step touches a handful of requests."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailsieve.errors import ConfigError
+from tailsieve.simulation.paged_blocks import PagedLimits, PagedTrace, PrefixCache
+
+IntArray = NDArray[np.int64]
+
+WAIT, PREFILL, DECODE, DONE = 0, 1, 2, 3
+BIG = 1 << 62  # "no bound": more iterations or blocks than any run has
+
+
+class PagedState:
+    """One replica's state in one run. Decoders are kept lazily: request i decoding since iteration ks[i] with context
+    c0[i] then has g0[i] + (k − ks[i]) tokens at iteration k."""
+
+    def __init__(self, lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDArray[np.float64],
+                 lim: PagedLimits, cut: tuple[int, NDArray[np.bool_]] | None) -> None:
+        n = int(lens.size)
+        self.bs, self.nb, self.lim = lim.block_size, lim.blocks, lim
+        self.tau: list[float] = tau.tolist()
+        self.m, self.kv, self.pre = lim.max_num_batched_tokens, lim.kv_s_per_token, lim.prefill_s_per_token
+        self.cap = n if lim.max_num_seqs is None else lim.max_num_seqs
+        if self.nb is not None and n:
+            need = int((-(-(prompts + np.maximum(lens, 1)) // self.bs)).max())
+            if need > self.nb:
+                raise ConfigError(f"kv_tokens {self.nb * self.bs} cannot hold one request of {need * self.bs} tokens "
+                                  f"(prompt + response in blocks of {self.bs}); raise kv_tokens")
+        self.L: list[int] = lens.tolist()
+        self.P: list[int] = prompts.tolist()
+        self.K: list[int] = [-1] * n if keys is None else keys.tolist()
+        self.S = [0] * n  # full prompt blocks shared with the request's group (prefix caching)
+        if lim.prefix_caching and keys is not None:
+            self.S = [((p - 1) // self.bs if (key >= 0 and p > 0) else 0)
+                      for p, key in zip(self.P, self.K, strict=True)]
+        self.g0, self.state, self.ks, self.c0, self.pending = [0] * n, [WAIT] * n, [0] * n, [0] * n, [0] * n
+        self.pend_total = 0  # Σ pending
+        self.uses, self.again = [False] * n, [False] * n  # holds a prefix reference; preempted before (recompute)
+        self.version = [0] * n
+        self.finish = [float("inf")] * n
+        self.spans: list[tuple[int, int, int]] = []
+        self.segs: list[tuple[int, float, int, float, float]] = []
+        self.pre_k: list[int] = []
+        self.recompute: list[tuple[int, int]] = []
+        self.hits: list[tuple[int, int]] = []
+        self.cache = PrefixCache()
+        self.private = self.resident = 0
+        self.running: list[int] = []
+        self.prefilling: list[int] = []
+        self.heap: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
+        self.phase = [0] * self.bs  # decoders per phase (k₀ − c₀ mod B): who needs a block at iteration k
+        self.members: list[set[int]] = [set() for _ in range(self.bs)]
+        self.order = [0] * n  # admission sequence number (the running list's order)
+        self.admitted = self.b = self.ctx = self.k = 0
+        self.t = 0.0
+        self.cut = cut
+        chunked = lim.max_num_batched_tokens is not None
+        for i in range(n):
+            if chunked and self.L[i] == 0:
+                self.finish[i], self.state[i] = 0.0, DONE
+        self.waiting = [i for i in range(n - 1, -1, -1) if self.state[i] == WAIT]  # a stack: the head is last
+
+    # blocks ---------------------------------------------------------------------------------------------------
+    def avail(self) -> int:
+        """Blocks an allocation may take now (free ones and unreferenced cached prefixes)."""
+        if self.nb is None:
+            return BIG
+        return self.nb - self.private - self.resident + self.cache.evictable
+
+    def take(self, blocks: int) -> None:
+        """Allocate `blocks` private blocks, evicting cached prefixes (LRU) when the free ones do not suffice."""
+        if self.nb is not None:
+            free = self.nb - self.private - self.resident
+            if free < blocks:
+                self.resident -= self.cache.evict(blocks - free)
+        self.private += blocks
+
+    def held(self, i: int) -> int:
+        """Private blocks request i holds at the current boundary."""
+        st = self.state[i]
+        if st == DECODE:
+            total = -(-(self.c0[i] + max(self.k - self.ks[i], 1)) // self.bs)
+        elif st == PREFILL:
+            total = -(-(self.P[i] + self.g0[i] + 1) // self.bs)
+        else:
+            return 0
+        return total - (self.S[i] if self.uses[i] else 0)
+
+    # state changes --------------------------------------------------------------------------------------------
+    def start_decode(self, i: int, ks: int) -> None:
+        """Request i decodes from iteration ks on (its block for that iteration's token is already held)."""
+        self.state[i] = DECODE
+        c0 = self.P[i] + self.g0[i]
+        self.ks[i], self.c0[i] = ks, c0
+        self.b += 1
+        self.ctx += c0 + (self.k - ks)
+        ph = (ks - c0) % self.bs
+        self.phase[ph] += 1
+        self.members[ph].add(i)
+        heapq.heappush(self.heap, (ks + self.L[i] - self.g0[i], i, self.version[i]))
+
+    def leave(self, i: int, new_state: int) -> None:
+        """Request i stops running (finished, preempted or aborted): blocks and prefix reference released."""
+        st = self.state[i]
+        if st == DECODE:  # `held` inlined
+            ks, c0 = self.ks[i], self.c0[i]
+            done = self.k - ks
+            blocks = (c0 + (done if done > 1 else 1) + self.bs - 1) // self.bs
+            self.private -= blocks - (self.S[i] if self.uses[i] else 0)
+        else:
+            self.private -= self.held(i)
+        if self.uses[i]:
+            self.cache.release(self.K[i])
+            self.uses[i] = False
+        if st == DECODE:
+            self.b -= 1
+            self.ctx -= c0 + done
+            ph = (ks - c0) % self.bs
+            self.phase[ph] -= 1
+            self.members[ph].discard(i)
+            self.spans.append((i, ks, self.k))
+            self.g0[i] += done
+            self.version[i] += 1
+        elif st == PREFILL and i in self.prefilling:
+            self.prefilling.remove(i)
+            self.pend_total -= self.pending[i]
+            self.pending[i] = 0
+        self.running.remove(i)
+        self.state[i] = new_state
+
+    def preempt_newest(self) -> int:
+        """vLLM v1's preemption: the most recently admitted running request re-queues first (recompute)."""
+        victim = self.running[-1]
+        self.leave(victim, WAIT)
+        self.waiting.append(victim)
+        self.again[victim] = True
+        self.pre_k.append(self.k)
+        return victim
+
+    def preempt_for(self, ph: int) -> bool:
+        """Step 1 short of blocks: the decoders of phase `ph` take one each in admission order, preempting the newest
+        running request whenever none is left (the blocks taken so far are allocated before each preemption, as
+        one at a time would). True."""
+        order, state = self.order, self.state
+        avail, taken = self.avail(), 0
+        for i in sorted(self.members[ph], key=order.__getitem__):
+            if state[i] != DECODE:
+                continue
+            while avail < 1:
+                if taken:
+                    self.take(taken)
+                    taken = 0
+                victim = self.preempt_newest()
+                avail = self.avail()
+                if victim == i:
+                    return True
+            taken += 1
+            avail -= 1
+        if taken:
+            self.take(taken)
+        return True
+
+    def finish_due(self, k: int, t: float) -> int:
+        """The decoders whose last token is at or before iteration k finish at t: how many."""
+        heap, version, state, done = self.heap, self.version, self.state, 0
+        while heap and heap[0][0] <= k:
+            _, i, v = heapq.heappop(heap)
+            if v == version[i] and state[i] == DECODE:
+                self.finish[i] = t
+                self.leave(i, DONE)
+                done += 1
+        return done
+
+    def trace(self) -> PagedTrace:
+        """The run's record."""
+        if self.segs:
+            k0, t0, sn, sb, si = (np.asarray(c) for c in zip(*self.segs, strict=True))
+            seg = (k0.astype(np.int64), t0.astype(np.float64), sn.astype(np.int64), sb.astype(np.float64),
+                   si.astype(np.float64))
+        else:
+            z, zf = np.zeros(0, np.int64), np.zeros(0)
+            seg = (z, zf, z, zf, zf)
+        return PagedTrace(np.asarray(self.finish, np.float64), np.asarray(self.spans, np.int64).reshape(-1, 3), seg,
+                          np.asarray(self.pre_k, np.int64), np.asarray(self.recompute, np.int64).reshape(-1, 2),
+                          np.asarray(self.hits, np.int64).reshape(-1, 2))
+
