@@ -25,9 +25,15 @@ FAST = {"simulate": ["simulate", "--steps", "3", "--groups", "8", "--group-size"
         "route": ["route", "--groups", "8", "--group-size", "2"], "curves": ["curves"]}
 
 
+def _default_sigint() -> None:
+    """A suite started in the background (`nohup … &`) inherits SIGINT ignored, and so would the CLI: give the child
+    the default disposition, as a terminal's foreground job has, so that a Ctrl-C reaches it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(args: list[str], env: dict[str, str] = ENV) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "tailsieve", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_default_sigint)
 
 
 @pytest.mark.parametrize("case", ["simulate", "simulate --json", "route"])
