@@ -140,3 +140,40 @@ def test_ctrl_c_anywhere_in_the_start_exits_130_not_by_signal() -> None:
         _, err = proc.communicate(timeout=120)
         seen.append((proc.returncode, err.decode().rstrip().endswith("interrupted")))
     assert seen == [(130, True)] * 13
+
+
+@pytest.mark.parametrize("swallow", ["dropped", "replaced"])
+def test_a_ctrl_c_a_library_swallows_is_still_an_interrupt(swallow: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """numpy can run Python's SIGINT handler inside its C code and then drop its KeyboardInterrupt (the command ran
+    on to exit 0, seen at 0.42 s into `simulate`) or replace it: the Ctrl-C is still one line and status 130."""
+    from tailsieve.cli import workloads_cmd
+
+    def run(args: object) -> int:
+        try:
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, as it would inside a C extension's loop
+        except KeyboardInterrupt:
+            if swallow == "replaced":
+                raise SystemError("error return without exception set") from None
+        print("done")
+        return 0
+
+    monkeypatch.setattr(workloads_cmd, "run", run)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert main(["workloads"]) == 130
+    assert capsys.readouterr() == ("done\n" if swallow == "dropped" else "", "tailsieve workloads: interrupted\n")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
+
+
+def test_an_ignored_sigint_stays_ignored(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run started with SIGINT ignored (`nohup`) keeps it ignored: the CLI installs no handler of its own."""
+    from tailsieve.cli import workloads_cmd
+
+    seen = []
+    monkeypatch.setattr(workloads_cmd, "run", lambda args: seen.append(signal.getsignal(signal.SIGINT)) or 0)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert main(["workloads"]) == 0
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert seen == [signal.SIG_IGN] and capsys.readouterr().err == ""

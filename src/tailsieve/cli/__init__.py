@@ -112,21 +112,40 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class SigintSeen:
+    """Whether a Ctrl-C reached the process while a command ran (`interrupt_signals`)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
 @contextlib.contextmanager
-def interrupt_signals() -> Iterator[None]:
+def interrupt_signals() -> Iterator[SigintSeen]:
     """SIGTERM and SIGHUP raise `Interrupted` (a KeyboardInterrupt naming the signal) from here on, so that every
     command, from its first line, ends on them with one line and 128 + the signal's number (`main`); the previous
-    handlers come back at the end. Only in the main thread (the one place Python delivers signals)."""
+    handlers come back at the end. A Ctrl-C still raises KeyboardInterrupt and is also noted in the yielded
+    `SigintSeen`: a C extension that runs Python's signal handler and then drops or replaces its exception (seen in
+    numpy) cannot lose it (`main`). SIGINT left ignored (`nohup`) stays ignored. Only in the main thread (the one place
+    Python delivers signals)."""
+    watch = SigintSeen()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield watch
         return
 
     def handler(signum: int, frame: object) -> None:
         raise Interrupted(signum)
 
+    def on_sigint(signum: int, frame: object) -> None:
+        watch.seen = True
+        raise KeyboardInterrupt
+
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield
+        yield watch
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -147,13 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
-        with interrupt_signals():
-            return _main(argv, command)
+        with interrupt_signals() as watch:
+            rc = _main(argv, command, watch)
     except KeyboardInterrupt as exc:  # before the command ran (its own handler below says the rest)
         return interrupted_line(command if command in SUMMARIES else "", exc)
+    if watch.seen and rc != 128 + signal.SIGINT:  # a Ctrl-C whose exception a library dropped: still an interrupt
+        return interrupted_line(command if command in SUMMARIES else "", KeyboardInterrupt())
+    return rc
 
 
-def _main(argv: list[str], command: str) -> int:
+def _main(argv: list[str], command: str, watch: SigintSeen) -> int:
     """`main` inside its signal handlers."""
     ascii_safe()
     parser = build_parser(only=command)
@@ -178,9 +200,13 @@ def _main(argv: list[str], command: str) -> int:
         _error_line(args.command, who)
         return 1
     except Exception as exc:
+        if watch.seen:  # a Ctrl-C that a library turned into another error: the interrupt is the cause
+            return interrupted_line(args.command, KeyboardInterrupt())
         return _failed(args.command, exc)
     finally:
         warnings = _take_warnings()  # dropped after an error: its one line stays alone
+    if watch.seen:  # a Ctrl-C whose exception a library dropped: `main` says it, without the warnings
+        return rc
     for line in warnings if rc == 0 else ():
         say(line)
     return rc
