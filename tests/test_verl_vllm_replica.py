@@ -200,8 +200,8 @@ def test_abort_all_requests_of_a_weight_sync_stops_the_engine(verl_vllm_server: 
         await asyncio.sleep(1.0)
         grown = srv.metric(TOKENS) - stopped
         await srv.handle.resume_generation.remote()
-        again = await srv.handle.generate.remote(prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4},
-                                                 request_id="ts-3-2-0-1")
+        again = await srv.handle.generate.remote(prompt_ids=[5, 6, 7], request_id="ts-3-2-0-1",
+                                                 sampling_params={"max_tokens": 4, "ignore_eos": True})
         return verl_error, reply, out, grown, again
 
     verl_error, reply, out, grown, again = asyncio.run(run())
