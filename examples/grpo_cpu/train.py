@@ -103,7 +103,15 @@ class StepRow:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line."""
+    """The command line, checked before a model is built or a server started (`check`)."""
+    ap = parser()
+    a = ap.parse_args(argv)
+    check(ap, a)
+    return a
+
+
+def parser() -> CliParser:
+    """The flags and their help."""
     ap = CliParser(prog="train.py", description="On-policy GRPO on CPU with TailSieve rollouts "
                                                  "(docs/grpo_example.md).")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
@@ -132,7 +140,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--stall-timeout", type=float, default=FaultPolicy().stall_timeout_s, metavar="S",
                     help="seconds without a new token before a replica counts as stalled (default: %(default)s; "
                          "raise it on a loaded machine)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def check(ap: CliParser, a: argparse.Namespace) -> None:
+    """Every flag's range and the run's config: a bad one is `ap.error`'s one line and exit 2."""
     for name, hi in BOUNDS.items():
         if not 1 <= getattr(a, name) <= hi:
             bound = ">= 1" if getattr(a, name) < 1 else f"<= {hi}"
@@ -163,7 +175,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
             plot_path(str(a.plot))
         except TailSieveError as exc:
             ap.error(str(exc))
-    return a
 
 
 def trainer_groups(batch: Batch, tokenizer: Any) -> list[Any]:
