@@ -22,23 +22,31 @@ def ceil_div(a: int, b: int) -> int:
 
 def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotCurve, cfg: ReplicaConfig,
               cut: tuple[int, list[bool]] | None = None) -> dict[str, object]:
-    """One scheduling step per iteration, each request's blocks held explicitly (the rules of the module docstring)."""
+    """One scheduling step per iteration, every KV block by its id in one free queue as vLLM v1's `BlockPool` keeps
+    it (unhashed blocks prepended, hashed ones appended in reverse order of their request, a hit found by walking
+    the chain of block hashes); the rules of the module docstring."""
     n, bs = len(lens), cfg.block_size
-    nb = None if cfg.kv_tokens is None else cfg.kv_tokens // bs
+    need_all = sum(ceil_div(p + max(x, 1), bs) for p, x in zip(prompts, lens, strict=True))
+    nb = 10 * need_all + 100 if cfg.kv_tokens is None else cfg.kv_tokens // bs
     cap = n if cfg.max_num_seqs is None else cfg.max_num_seqs
     m = cfg.max_num_batched_tokens
     kv, pre = cfg.kv_ms_per_1k_tokens / 1e6, cfg.prefill_ms_per_token / 1e3
     share = [((p - 1) // bs if cfg.prefix_caching and key >= 0 and p > 0 else 0)
              for p, key in zip(prompts, keys, strict=True)]
     gen = [0] * n
-    held = [0] * n  # blocks held in all (shared prefix included)
+    own: list[list[int]] = [[] for _ in range(n)]  # private block ids, in sequence order
     uses = [False] * n
     pending = [0] * n
     phase = ["wait"] * n
     again = [False] * n
+    epoch = [0] * n  # a request's blocks are hashed anew at each preemption
     finish = [float("inf")] * n
-    entries: dict[int, list[int]] = {}  # key -> [blocks, refs, release tick]
-    tick = [0]
+    queue = list(range(nb))  # the free block queue, head first
+    tag: dict[int, tuple[object, ...]] = {}  # block id → its hash (only hashed blocks)
+    where: dict[tuple[object, ...], int] = {}  # hash → block id
+    prompt_of: dict[int, list[int]] = {}  # prompt key → its blocks while a running request holds it
+    refs: dict[int, int] = {}
+    dead = [0]
     waiting: list[int] = []
     for i in range(n):
         if lens[i] == 0 and m is not None:
@@ -50,37 +58,63 @@ def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotC
     history: list[tuple[float, list[int]]] = [(0.0, [0] * n)]
     t, k = 0.0, 0
 
-    def used() -> int:
-        return sum(held[i] - (share[i] if uses[i] else 0) for i in range(n)) + sum(e[0] for e in entries.values())
+    def retag(b: int, h: tuple[object, ...] | None) -> None:
+        old = tag.pop(b, None)
+        if old is not None and where.get(old) == b:
+            del where[old]
+        if h is not None:
+            tag[b], where[h] = h, b
 
-    def evictable() -> int:
-        return sum(e[0] for e in entries.values() if e[1] == 0)
+    def pop(count: int) -> list[int]:
+        out = queue[:count]
+        del queue[:count]
+        for b in out:
+            retag(b, None)  # evicted
+        return out
 
-    def avail() -> int:
-        return 10**18 if nb is None else nb - used() + evictable()
+    def chain(hashes: list[tuple[object, ...]]) -> list[int]:
+        out = []
+        for h in hashes:
+            b = where.get(h)
+            if b is None or b not in queue:
+                break
+            out.append(b)
+        return out
 
-    def alloc(blocks: int) -> None:
-        if nb is None:
-            return
-        while nb - used() < blocks:
-            key = min((kk for kk, e in entries.items() if e[1] == 0), key=lambda kk: entries[kk][2])
-            del entries[key]
-
-    def release(i: int) -> None:
+    def release(i: int, preempted: bool) -> None:
+        s = share[i] if uses[i] else 0
+        computed = prompts[i] + gen[i] - (pending[i] if phase[i] == "prefill" else 1)  # tokens with their KV
+        hashed = min(max(computed // bs - s, 0), len(own[i]))
+        if preempted:
+            epoch[i] += 1
+        for j, b in enumerate(own[i]):
+            if j >= hashed or not cfg.prefix_caching:
+                retag(b, None)
+            elif preempted:
+                retag(b, ("r", i, epoch[i], s + j))
+            else:
+                dead[0] += 1
+                retag(b, ("dead", dead[0]))
+        last: list[int] = []
+        for b in reversed(own[i]):
+            if b in tag:
+                last.append(b)
+            else:
+                queue.insert(0, b)
         if uses[i]:
-            e = entries[keys[i]]
-            e[1] -= 1
-            if e[1] == 0:
-                tick[0] += 1
-                e[2] = tick[0]
+            refs[keys[i]] -= 1
+            if refs[keys[i]] == 0:
+                del refs[keys[i]]
+                last.extend(reversed(prompt_of.pop(keys[i])))
             uses[i] = False
-        held[i] = 0
+        queue.extend(last)
+        own[i] = []
 
     while True:
         if cut is not None and k == cut[0]:
             for i in list(running):
                 if not cut[1][i]:
-                    release(i)
+                    release(i, False)
                     running.remove(i)
                     phase[i] = "done"
             waiting = [i for i in waiting if cut[1][i]]
@@ -88,13 +122,14 @@ def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotC
         for i in list(running):
             if phase[i] != "decode":
                 continue
-            need = ceil_div(prompts[i] + gen[i] + 1, bs) - held[i]
+            held = len(own[i]) + (share[i] if uses[i] else 0)
+            need = ceil_div(prompts[i] + gen[i] + 1, bs) - held
             if need <= 0:
                 continue
             stop = False
-            while avail() < need:
+            while len(queue) < need:
                 v = running.pop()
-                release(v)
+                release(v, True)
                 phase[v], pending[v], again[v] = "wait", 0, True
                 waiting.insert(0, v)
                 counts["preemptions"] += 1
@@ -104,37 +139,52 @@ def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotC
                     break
             if stop:
                 break
-            alloc(need)
-            held[i] += need
+            own[i].extend(pop(need))
         stall, empty = 0, []
         if not preempted:
             budget = 0 if m is None else b_dec_tokens(running, phase) + sum(pending[i] for i in running)
             while waiting and len(running) < cap and (m is None or budget < m):
                 i = waiting[0]
-                e = entries.get(keys[i]) if share[i] else None
-                blocks = ceil_div(prompts[i] + gen[i] + 1, bs) - (share[i] if e is not None else 0)
-                pinned = e[0] if e is not None and e[1] == 0 else 0
-                if blocks > avail() - pinned:
+                key, s = keys[i], share[i]
+                total = ceil_div(prompts[i] + gen[i] + 1, bs)
+                if total - (s if s and key in refs else 0) > len(queue):
                     break
                 waiting.pop(0)
-                if e is not None:
-                    e[1] += 1
-                alloc(blocks)
-                if share[i] and e is None:
-                    entries[keys[i]] = [share[i], 1, 0]
-                    held[i] = blocks  # the shared blocks are counted in the entry, not twice
+                if s and key in refs:
+                    hit, fresh_prompt = s, 0
+                    refs[key] += 1
+                elif s:
+                    found = chain([("p", key, j) for j in range(s)])
+                    hit, fresh_prompt = len(found), s - len(found)
+                    for b in found:
+                        queue.remove(b)
+                    refs[key] = 1
                 else:
-                    held[i] = blocks + (share[i] if e is not None else 0)
-                uses[i] = share[i] > 0
-                fill = prompts[i] + gen[i] - (share[i] * bs if e is not None else 0)
-                counts["hits"] += share[i] * bs if e is not None else 0
-                counts["recomputed"] += fill if again[i] else 0
+                    hit = fresh_prompt = 0
+                mine = []
+                if again[i] and hit == s:
+                    mine = chain([("r", i, epoch[i], j) for j in range(s, total)])
+                    for b in mine:
+                        queue.remove(b)
+                if s and fresh_prompt + hit == s and key not in prompt_of:
+                    blocks = found + pop(fresh_prompt)
+                    for j, b in enumerate(blocks):
+                        retag(b, ("p", key, j))
+                    prompt_of[key] = blocks
+                own[i] = mine + pop(total - s - len(mine))
+                uses[i] = s > 0
+                fill = prompts[i] + gen[i] - (hit + len(mine)) * bs
+                if again[i]:
+                    counts["recomputed"] += fill
+                else:
+                    counts["hits"] += hit * bs
                 running.append(i)
                 if m is None:
                     stall += fill
-                    if gen[i] == lens[i]:
+                    if gen[i] == lens[i]:  # nothing to decode: it leaves with its prefill computed
                         empty.append(i)
-                        release(i)
+                        phase[i] = "prefill"
+                        release(i, False)
                         running.remove(i)
                         phase[i] = "done"
                     else:
@@ -170,7 +220,7 @@ def reference(lens: list[int], prompts: list[int], keys: list[int], curve: TpotC
             phase[i] = "decode"
         for i in [i for i in batch if gen[i] == lens[i]]:
             finish[i] = t
-            release(i)
+            release(i, False)
             running.remove(i)
             phase[i] = "done"
         history.append((t, list(gen)))
@@ -263,6 +313,30 @@ def test_preemption_recomputes_prompt_and_generated_tokens() -> None:
     assert run.finish_s == pytest.approx(want["finish"])
     tau1 = curve.tpot_s(1)
     assert run.finish_s[0] == pytest.approx(4 * curve.tpot_s(2) + 8 * tau1)  # alone after the preemption
+
+
+def test_readmission_hits_its_own_cached_blocks() -> None:
+    """The same two requests with prefix caching on: the preempted one (4 tokens generated) leaves its one full block
+    (its prompt) hashed at the free queue's tail and its partial block at the head; the survivor's next block comes
+    from the head, so the re-admission hits 4 tokens and prefills only the other 4 (1 ms each)."""
+    curve = load_curve("h100-llama3-8b")
+    on = ReplicaConfig(kv_tokens=20, block_size=4, prefix_caching=True, prefill_ms_per_token=1.0)
+    off = ReplicaConfig(kv_tokens=20, block_size=4, prefill_ms_per_token=1.0)
+    got, base = run_replica([12, 12], curve, on, [4, 4]), run_replica([12, 12], curve, off, [4, 4])
+    assert (got.counts(), base.counts()) == ((1, 4, 0), (1, 8, 0))
+    assert got.finish_s[0] == pytest.approx(base.finish_s[0])
+    assert got.finish_s[1] == pytest.approx(base.finish_s[1] - 0.004)
+    assert got.finish_s == pytest.approx(reference([12, 12], [4, 4], [-1, -1], curve, on)["finish"])
+
+
+def test_evicted_cached_blocks_are_recomputed() -> None:
+    """In 4 blocks nothing is free at the preemption: the survivor's fourth block evicts the preempted request's
+    cached one, and the re-admission prefills all 8 tokens again."""
+    curve = load_curve("h100-llama3-8b")
+    cfg = ReplicaConfig(kv_tokens=16, block_size=4, prefix_caching=True)
+    assert run_replica([12, 12], curve, cfg, [4, 4]).counts() == (1, 8, 0)
+    assert reference([12, 12], [4, 4], [-1, -1], curve, cfg)["counts"] == {"preemptions": 1, "recomputed": 8,
+                                                                           "hits": 0}
 
 
 def test_prefix_hits_per_group_on_one_replica() -> None:

@@ -5,21 +5,23 @@ step per decode iteration (docs/simulator.md specifies it; the brute-force refer
 executable form of the same rules). At iteration k:
 
 1. Decode allocation. The running requests are visited in admission order; one decoding its next token must hold
-   ⌈(P + g + 1)/B⌉ blocks (P prompt tokens, g generated so far, B = `block_size`). When a block is needed and none
-   is free (after evicting unreferenced cached prefixes, least recently released first), the most recently admitted
-   running request is preempted: its blocks are freed, it goes to the front of the waiting queue, it keeps its g
-   tokens, and it will prefill P + g tokens again (recompute). If it is the request being served, the visit stops.
+   ⌈(P + g + 1)/B⌉ blocks (P prompt tokens, g generated so far, B = `block_size`), taken from the head of the free
+   queue (`paged_blocks.BlockPool`: vLLM's, unhashed blocks first, then hashed ones by release time). When it is
+   empty, the most recently admitted running request is preempted: its blocks go back to the queue, it goes to the
+   front of the waiting queue, it keeps its g tokens, and it will prefill again the P + g tokens its surviving
+   cached blocks do not cover (recompute). If it is the request being served, the visit stops.
 2. Admission, only in an iteration without preemption: the head of the FCFS waiting queue is admitted while its
-   blocks fit (⌈(P + g + 1)/B⌉, less the shared prefix blocks on a prefix-cache hit), the `max_num_seqs` cap
-   allows, and (with chunked prefill) token budget is left. Without `max_num_batched_tokens` the admitted prompts
-   stall the replica for `prefill_ms_per_token` each token and decode in this same iteration; with it they prefill
-   in chunks of the iteration's leftover budget (M − decoding requests, FCFS), and a request decodes its first token
-   in the iteration its prefill completes.
+   blocks fit (⌈(P + g + 1)/B⌉ from the queue, less its group's prompt prefix when running requests hold it), the
+   `max_num_seqs` cap allows, and (with chunked prefill) token budget is left. Without `max_num_batched_tokens` the
+   admitted prompts stall the replica for `prefill_ms_per_token` each token and decode in this same iteration; with
+   it they prefill in chunks of the iteration's leftover budget (M − decoding requests, FCFS), and a request decodes
+   its first token in the iteration its prefill completes.
 3. The iteration: b requests decode one token each, costing τ(b) + kv·(their context) + prefill·(chunk tokens).
 
 Prefix caching: the ⌊(P − 1)/B⌋ full blocks of a prompt shared by a group's requests on one replica (`keys`) are
-held once with a reference count; a request admitted while they are resident reuses them (a hit: no prefill, no
-blocks for them). Released prefixes stay cached until allocation evicts them (whole prefixes, LRU).
+held once with a reference count; an admission reuses the longest prefix of its blocks still cached (the prompt's,
+then a re-admitted request's own), with no prefill for them. Released blocks stay cached until an allocation
+evicts them, from the queue's head.
 
 Event to event: between two events (a finish, a preemption, a prefill completion, an admission, the cut) every
 iteration has the same batch, so a run of them is one segment of the arithmetic series `ReplicaRun` stores. The
@@ -66,35 +68,23 @@ class _Paged(PagedState):
         if self.nb is None:
             self.private += need
             return False
-        free = self.nb - self.private - self.resident
-        if need <= free:
-            self.private += need
-            return False
-        if need <= free + self.cache.evictable:
-            self.resident -= self.cache.evict(need - free)
-            self.private += need
+        if need <= self.pool.total:
+            self.take(need)
             return False
         return self.preempt_for(ph)
 
     def admit(self) -> float:
         """Step 2: FCFS admission while blocks, the seq cap and the token budget allow; the prefill stall (s)."""
-        m, bs, cache, waiting, running = self.m, self.bs, self.cache, self.waiting, self.running
-        P, g0, S, K = self.P, self.g0, self.S, self.K
+        m, waiting, running = self.m, self.waiting, self.running
+        g0 = self.g0
         used = self.b + self.pend_total
         stall, empty = 0, []
         while waiting and len(running) < self.cap and (m is None or used < m):
             i = waiting[-1]
-            blocks, share = (P[i] + g0[i] + bs) // bs, S[i]  # ⌈(P + g + 1)/B⌉
-            entry = cache.entries.get(K[i]) if share else None
-            pinned = 0
-            if entry is not None:
-                blocks -= share
-                if entry[1] == 0:
-                    pinned = entry[0]  # its own prefix is not evictable
-            if blocks > self.avail() - pinned:
+            if not self.fits(i):
                 break
             waiting.pop()
-            fill = self.admit_one(i, blocks, entry)
+            fill = self.admit_one(i)
             if m is None:
                 stall += fill
                 self.state[i] = PREFILL
@@ -114,24 +104,44 @@ class _Paged(PagedState):
                 self.finish[i] = t
         return self.pre * stall
 
-    def admit_one(self, i: int, blocks: int, entry: list[int] | None) -> int:
-        """Request i joins the running list holding `blocks` private blocks (and its group's cached prefix if
-        `entry`); the prompt and generated tokens it prefills."""
-        share, key = self.S[i], self.K[i]
-        if entry is not None:
-            self.cache.acquire(key)
-        self.take(blocks)
-        if share and entry is None:  # the group's first request here caches the prompt's full blocks
-            self.private -= share
-            self.resident += share
-            self.cache.entries[key] = [share, 1]
+    def fits(self, i: int) -> bool:
+        """Whether request i's ⌈(P + g + 1)/B⌉ blocks fit: all of them from the free queue (its cached blocks are
+        in it), less its prompt prefix when other running requests hold that."""
+        blocks = (self.P[i] + self.g0[i] + self.bs) // self.bs
+        if self.S[i] and self.K[i] in self.refs:
+            blocks -= self.S[i]
+        return blocks <= self.pool.total
+
+    def admit_one(self, i: int) -> int:
+        """Request i joins the running list: it reuses the longest prefix of its blocks still cached (its group's
+        prompt prefix, then, re-admitted after a preemption, its own blocks), allocates the rest; the tokens it
+        prefills. A hit on a first admission counts as a prefix hit, on a re-admission it shortens the recompute."""
+        share, key, bs, pool, refs = self.S[i], self.K[i], self.bs, self.pool, self.refs
+        blocks = (self.P[i] + self.g0[i] + bs) // bs - share
+        hit = fresh = 0
+        if share:
+            if key in refs:
+                refs[key] += 1
+                hit = share
+            else:  # the group's first running request here: what survives of the prompt, the rest computed again
+                hit = pool.remove(key)
+                refs[key] = 1
+                self.resident += share
+                fresh = share - hit
+        own = 0
+        if self.again[i]:
+            if hit == share:
+                own = pool.remove(-2 - i)
+            else:  # the chain of block hashes breaks inside the prompt: its own blocks cannot be hit
+                pool.forget(-2 - i)
+        pool.take(fresh + blocks - own)
+        self.private += blocks
         self.uses[i] = share > 0
-        fill = self.P[i] + self.g0[i]
-        if entry is not None:
-            fill -= share * self.bs
-            self.hits.append((self.k, share * self.bs))
+        fill = self.P[i] + self.g0[i] - (hit + own) * bs
         if self.again[i]:
             self.recompute.append((self.k, fill))
+        elif hit:
+            self.hits.append((self.k, hit * bs))
         self.running.append(i)
         self.admitted += 1
         self.order[i] = self.admitted
@@ -186,7 +196,7 @@ class _Paged(PagedState):
                 if cut_k > k:
                     s = min(s, cut_k - k)
                 if b and s > 1:
-                    free = nb - self.private - self.resident + self.cache.evictable
+                    free = self.pool.total
                     if s > (free // b) * bs + 1:
                         s = min(s, first_shortage(phase, b, k, free, bs))
                 if s >= 1 << 61:
@@ -204,7 +214,10 @@ class _Paged(PagedState):
             if k == cut_k or not self.waiting:
                 return None
             need = phase[k % bs] if b else 0
-            if need and need <= nb - self.private - self.resident:  # `allocate`'s common case
+            pool = self.pool
+            if need and need <= pool.anon:  # `allocate`'s common case
+                pool.anon -= need
+                pool.total -= need
                 self.private += need
                 preempted = False
             else:
@@ -217,17 +230,10 @@ class _Paged(PagedState):
 
     def head_fits(self) -> bool:
         """Whether `admit` would admit the waiting head now (the first test of its loop)."""
-        i, m = self.waiting[-1], self.m
+        m = self.m
         if len(self.running) >= self.cap or (m is not None and self.b + self.pend_total >= m):
             return False
-        blocks, share = (self.P[i] + self.g0[i] + self.bs) // self.bs, self.S[i]
-        entry = self.cache.entries.get(self.K[i]) if share else None
-        pinned = 0
-        if entry is not None:
-            blocks -= share
-            if entry[1] == 0:
-                pinned = entry[0]
-        return blocks <= self.avail() - pinned
+        return self.fits(self.waiting[-1])
 
     def abort(self) -> None:
         """The cut: the requests not kept leave at this boundary (running or waiting)."""

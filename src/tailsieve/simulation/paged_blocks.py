@@ -4,7 +4,7 @@ demand of a run of iterations counted by phase (docs/simulator.md)."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
+from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -40,39 +40,81 @@ class PagedTrace:
     hits: IntArray  # (n, 2): iteration of a prefix hit, prompt tokens it did not prefill
 
 
-class PrefixCache:
-    """Prefix entries: key → [blocks, references]; the unreferenced ones wait in `lru` (release order), evictable."""
+class BlockPool:
+    """vLLM v1's free block queue (`BlockPool.free_blocks`), as counts: `anon` blocks without a hash at its head (never
+    used, a partial block, or any block with prefix caching off: reused first), then the hashed blocks in release
+    order as segments [owner, blocks]. An owner is a prompt prefix (its key ≥ 0) or a preempted request (−2 − i) that
+    a later admission may hit; None: hashed blocks nobody hits (a finished response's). A segment loses blocks from
+    its head side, which holds its owner's tail blocks (vLLM frees a request's blocks in reverse order), so what
+    survives of an owner is always a prefix of its blocks. `total`: every block an allocation may take."""
 
-    __slots__ = ("entries", "evictable", "lru")
+    __slots__ = ("anon", "of", "segs", "total")
 
-    def __init__(self) -> None:
-        self.entries: dict[int, list[int]] = {}
-        self.lru: OrderedDict[int, int] = OrderedDict()  # key → blocks, least recently released first
-        self.evictable = 0
+    def __init__(self, blocks: int) -> None:
+        self.anon = self.total = blocks
+        self.segs: deque[list[int | None]] = deque()
+        self.of: dict[int, list[int | None]] = {}  # owner → its segment
 
-    def acquire(self, key: int) -> None:
-        e = self.entries[key]
-        if e[1] == 0:
-            self.evictable -= e[0]
-            del self.lru[key]
-        e[1] += 1
+    def free(self, blocks: int) -> None:
+        """Unhashed blocks back at the head."""
+        self.anon += blocks
+        self.total += blocks
 
-    def release(self, key: int) -> None:
-        e = self.entries[key]
-        e[1] -= 1
-        if e[1] == 0:
-            self.evictable += e[0]
-            self.lru[key] = e[0]
+    def push(self, owner: int | None, blocks: int) -> None:
+        """Hashed blocks back at the tail, `owner`'s (None: nobody's)."""
+        if blocks <= 0:
+            return
+        self.total += blocks
+        segs = self.segs
+        if owner is None and segs and segs[-1][0] is None:
+            segs[-1][1] += blocks  # type: ignore[operator]
+            return
+        seg: list[int | None] = [owner, blocks]
+        segs.append(seg)
+        if owner is not None:
+            self.of[owner] = seg
 
-    def evict(self, need: int) -> int:
-        """Evict unreferenced prefixes (least recently released first) until `need` blocks are freed: blocks freed."""
-        freed = 0
-        while freed < need and self.lru:
-            key, blocks = self.lru.popitem(last=False)
-            freed += blocks
-            self.evictable -= blocks
-            del self.entries[key]
-        return freed
+    def take(self, blocks: int) -> None:
+        """Allocate `blocks` from the head (the caller checked `total`), evicting what it reaches."""
+        self.total -= blocks
+        if blocks <= self.anon:
+            self.anon -= blocks
+            return
+        blocks -= self.anon
+        self.anon = 0
+        segs = self.segs
+        while blocks > 0:
+            seg = segs[0]
+            c: int = seg[1]  # type: ignore[assignment]
+            if c <= blocks:
+                blocks -= c
+                segs.popleft()
+                if seg[0] is not None:
+                    del self.of[seg[0]]
+            else:
+                seg[1] = c - blocks
+                blocks = 0
+
+    def surviving(self, owner: int) -> int:
+        """Blocks of `owner` still cached in the queue."""
+        seg = self.of.get(owner)
+        return 0 if seg is None else seg[1]  # type: ignore[return-value]
+
+    def remove(self, owner: int) -> int:
+        """`owner`'s cached blocks leave the queue (a hit touches them): how many."""
+        seg = self.of.pop(owner, None)
+        if seg is None:
+            return 0
+        c: int = seg[1]  # type: ignore[assignment]
+        seg[0], seg[1] = None, 0
+        self.total -= c
+        return c
+
+    def forget(self, owner: int) -> None:
+        """`owner`'s cached blocks stay where they are but nobody can hit them any more."""
+        seg = self.of.pop(owner, None)
+        if seg is not None:
+            seg[0] = None
 
 
 def demand(phase: list[int], b: int, k: int, j: int, bs: int) -> int:

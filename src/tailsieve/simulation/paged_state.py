@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.simulation.paged_blocks import PagedLimits, PagedTrace, PrefixCache
+from tailsieve.simulation.paged_blocks import BlockPool, PagedLimits, PagedTrace
 
 IntArray = NDArray[np.int64]
 
@@ -51,8 +51,10 @@ class PagedState:
         self.pre_k: list[int] = []
         self.recompute: list[tuple[int, int]] = []
         self.hits: list[tuple[int, int]] = []
-        self.cache = PrefixCache()
-        self.private = self.resident = 0
+        self.pool = BlockPool(BIG if self.nb is None else self.nb)  # free and cached blocks (vLLM's free queue)
+        self.refs: dict[int, int] = {}  # prompt prefix key → running requests holding it (resident while > 0)
+        self.caching = lim.prefix_caching
+        self.private = self.resident = 0  # blocks held by running requests: their own; referenced prompt prefixes
         self.running: list[int] = []
         self.prefilling: list[int] = []
         self.heap: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
@@ -70,17 +72,12 @@ class PagedState:
 
     # blocks ---------------------------------------------------------------------------------------------------
     def avail(self) -> int:
-        """Blocks an allocation may take now (free ones and unreferenced cached prefixes)."""
-        if self.nb is None:
-            return BIG
-        return self.nb - self.private - self.resident + self.cache.evictable
+        """Blocks an allocation may take now (free ones and unreferenced cached ones)."""
+        return self.pool.total
 
     def take(self, blocks: int) -> None:
-        """Allocate `blocks` private blocks, evicting cached prefixes (LRU) when the free ones do not suffice."""
-        if self.nb is not None:
-            free = self.nb - self.private - self.resident
-            if free < blocks:
-                self.resident -= self.cache.evict(blocks - free)
+        """Allocate `blocks` private blocks from the free queue's head, evicting the cached blocks it reaches."""
+        self.pool.take(blocks)
         self.private += blocks
 
     def held(self, i: int) -> int:
@@ -108,17 +105,36 @@ class PagedState:
         heapq.heappush(self.heap, (ks + self.L[i] - self.g0[i], i, self.version[i]))
 
     def leave(self, i: int, new_state: int) -> None:
-        """Request i stops running (finished, preempted or aborted): blocks and prefix reference released."""
-        st = self.state[i]
+        """Request i stops running (finished, preempted or aborted): its blocks go back to the free queue, the
+        hashed ones (every token's KV computed) at the tail, a preempted request's under its name so that its
+        re-admission can hit them; then its prompt prefix reference."""
+        st, bs = self.state[i], self.bs
+        share = self.S[i] if self.uses[i] else 0
         if st == DECODE:  # `held` inlined
             ks, c0 = self.ks[i], self.c0[i]
             done = self.k - ks
-            blocks = (c0 + (done if done > 1 else 1) + self.bs - 1) // self.bs
-            self.private -= blocks - (self.S[i] if self.uses[i] else 0)
+            blocks = (c0 + (done if done > 1 else 1) + bs - 1) // bs - share
+            computed = c0 + done - 1  # the last sampled token's KV is not computed yet
         else:
-            self.private -= self.held(i)
-        if self.uses[i]:
-            self.cache.release(self.K[i])
+            blocks = self.held(i)
+            computed = self.P[i] + self.g0[i] - self.pending[i]
+        self.private -= blocks
+        pool = self.pool
+        if self.caching:
+            hashed = min(max(computed // bs - share, 0), blocks)
+            pool.free(blocks - hashed)
+            pool.push(-2 - i if new_state == WAIT else None, hashed)
+        else:
+            pool.free(blocks)
+        if share:
+            key = self.K[i]
+            r = self.refs[key] - 1
+            if r:
+                self.refs[key] = r
+            else:
+                del self.refs[key]
+                self.resident -= share
+                pool.push(key, share)
             self.uses[i] = False
         if st == DECODE:
             self.b -= 1
