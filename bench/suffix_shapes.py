@@ -110,14 +110,14 @@ def verdict(ceiling: dict[str, Any], honest: dict[str, Any] | None) -> str:
 
 
 HEADER = ("| workload | R:N:G:ρ | verl-lif s/step | tailsieve, no spec | ceiling (option) | ceiling len | "
-          f"best at len ≥ {LENGTH_FLOOR:g} (option) | central tail-pool suffix (d; len; / uniform + suffix) | "
+          f"best at len ≥ {LENGTH_FLOOR:g} (option; len) | central tail-pool suffix (d; len; / uniform + suffix) | "
           f"low tail-pool suffix (d; len; / uniform + suffix) | ideal ≥ {TAIL_TARGET:g}× |")
 
 
 def row_line(label: str, d: dict[str, Any]) -> str:
     """One markdown row."""
     c, h = d["ceiling"], d["honest_ceiling"]
-    honest = "none" if h is None else f"{h['speedup']:.3f}× ({h['policy']})"
+    honest = "none" if h is None else f"{h['speedup']:.3f}× ({h['policy']}; {_ratio(h['length_ratio'])})"
 
     def arm(b: dict[str, Any]) -> str:
         biased = b["speedup"] >= TAIL_TARGET and (b["length_ratio"] or 0.0) < LENGTH_FLOOR
