@@ -141,6 +141,8 @@ def sweep_main(shapes_text: str, workloads_text: str, steps: int, out: Path | No
         unknown = [w for w in labels if w not in WORKLOADS]
         if unknown:
             raise ConfigError(f"--workloads takes {', '.join(WORKLOADS)}, got {', '.join(unknown)}")
+        for shape in shapes:  # every shape checked as `simulate` checks it, before the first run
+            setup(WORKLOADS[labels[0]], steps, shape.flags)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

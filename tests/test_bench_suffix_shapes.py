@@ -100,3 +100,6 @@ def test_sweep_main_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().err == "error: --shapes takes 'default' or R:N:G:RHO[,...], got '4:16'\n"
     assert sweep_main("default", "math,chess", 3, None) == 2
     assert capsys.readouterr().err == "error: --workloads takes math, video, agents, got chess\n"
+    assert sweep_main("4:32:8:0.1,0:32:8:0.1", "math", 3, None) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "replicas" in err and err.count("\n") == 1
