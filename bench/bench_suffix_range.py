@@ -11,19 +11,27 @@ best of the controller and every static split (q ∈ {E, E/2, E/4}, m ≤ R/2) w
 
 Run: `PYTHONPATH=src python bench/bench_suffix_range.py [--steps 16] [--out FILE]` (R = 8, N = 64, G = 8, ρ = 0.1,
 the default controller, seed 0; about a minute per workload on two cores). Prints markdown; `--out` writes JSON.
+
+`--shapes [R:N:G:RHO,...]` sweeps the ceiling over shapes instead (`suffix_shapes.py`; default grid R ∈ {4, 8, 16, 32},
+N = 8R, G = 8, ρ ∈ {0.1, 0.25}): per workload and shape, verl-lif's step time, the ceiling with its length ratio, the
+best option at length ratio ≥ 0.95, and the low and central brackets' tail-pool suffix with their length ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tailsieve.cli import build_parser
 from tailsieve.cli.sim_args import build_config, load_inputs
 from tailsieve.model.costmodel import load_cost_model
+from tailsieve.model.curves import TpotCurve
+from tailsieve.simulation.runs import SimConfig
 from tailsieve.simulation.suffix_range import (
     TAIL_TARGET,
     UNIFORM_TARGET,
@@ -32,19 +40,25 @@ from tailsieve.simulation.suffix_range import (
     tail_ceiling,
     verdict_lines,
 )
+from tailsieve.workloads import Workload
 
 WORKLOADS = {"math": "synthetic-math", "video": "video-rl", "agents": "agent-search"}
 CURVE, SEED = "h100-llama3-8b", 0
 
 
-def run(workload: str, steps: int) -> dict[str, Any]:
-    """One workload's table as JSON."""
+def setup(workload: str, steps: int, shape: Sequence[str] = ()) -> tuple[Workload, TpotCurve, SimConfig]:
+    """The stream, curve and config of one run, as `simulate` builds them (`shape`: extra simulate flags)."""
     args = build_parser(only="simulate").parse_args(
-        ["simulate", "--workload", workload, "--curve", CURVE, "--steps", str(steps), "--seed", str(SEED)])
+        ["simulate", "--workload", workload, "--curve", CURVE, "--steps", str(steps), "--seed", str(SEED), *shape])
     model = load_cost_model(CURVE)
-    inputs, config = load_inputs(args), build_config(args, ["tailsieve"], model)
-    table = suffix_compare(inputs, model.curve, config)
-    ceiling = tail_ceiling(inputs, model.curve, config, reference_s=table.reference_s)
+    return load_inputs(args), model.curve, build_config(args, ["tailsieve"], model)
+
+
+def run(workload: str, steps: int, shape: Sequence[str] = ()) -> dict[str, Any]:
+    """One workload's table as JSON."""
+    inputs, curve, config = setup(workload, steps, shape)
+    table = suffix_compare(inputs, curve, config)
+    ceiling = tail_ceiling(inputs, curve, config, reference_s=table.reference_s)
     return table_json(table) | {"verdict_lines": verdict_lines(table.rows),
                                 "ceiling": {"speedup": ceiling.speedup, "policy": ceiling.policy}}
 
@@ -53,7 +67,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--shapes", nargs="?", const="default", metavar="R:N:G:RHO,...",
+                    help="sweep the ceiling over shapes (default grid: suffix_shapes.DEFAULT_SHAPES)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="with --shapes: which of math, video, agents")
     args = ap.parse_args()
+    if args.shapes is not None:
+        from suffix_shapes import sweep_main  # beside this file
+
+        sys.exit(sweep_main(args.shapes, args.workloads, args.steps, args.out))
     rows = ["| workload | bracket | tailsieve, no spec | uniform + suffix everywhere (best of verl-lif, uniform) | "
             "tailsieve, tail-pool suffix | tailsieve, suffix everywhere | tail-pool / uniform + suffix | "
             f"targets (≥ {TAIL_TARGET:g}× verl-lif, ≥ {UNIFORM_TARGET:g}× uniform + suffix) | "

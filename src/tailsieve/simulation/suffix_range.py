@@ -12,7 +12,7 @@ them only when it ran the cut group itself, docs/speculative.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from tailsieve.model.curves import TpotCurve
@@ -20,7 +20,7 @@ from tailsieve.model.spec_records import Bracket, Family
 from tailsieve.model.speculative import MAX_TOKENS, PoolSpec, SpecConfig, SpecMethod
 from tailsieve.model.suffix_model import DEFAULT_DEPTHS, DraftSource, PoolSources, colocated_share, pool_spec
 from tailsieve.policy.router import Dispatch
-from tailsieve.simulation.runs import SimConfig, run_policy
+from tailsieve.simulation.runs import PolicyRun, SimConfig, run_policy
 from tailsieve.workloads import Workload
 
 BALANCER = "verl-lif"
@@ -137,20 +137,32 @@ def static_grid(config: SimConfig) -> list[tuple[int, int]]:
     return [(q, m) for m in range(1, max(config.router.replicas // 2, 1) + 1) for q in qs]
 
 
+def ceiling_runs(workload: Workload, curve: TpotCurve, config: SimConfig, *, policy: str = "tailsieve",
+                 on_step: OnStep | None = None) -> Iterator[tuple[str, int | None, int | None, PolicyRun]]:
+    """Every run the ceiling weighs, as (label, q, m, run): `policy`, then each split of `static_grid`, all with
+    `IDEAL_TAIL` on the tail pool (lazily: one run at a time)."""
+    def run(name: str, cfg: SimConfig, label: str) -> PolicyRun:
+        tick = None if on_step is None else (lambda _n, i: on_step(label, i))
+        return run_policy(name, workload, curve, cfg, on_step=tick)
+
+    ideal = replace(config, spec=PoolSpec(tail=IDEAL_TAIL))
+    yield policy, None, None, run(policy, ideal, f"{policy} ideal tail")
+    for q, m in static_grid(config):
+        yield f"static q={q} m={m}", q, m, run("static", replace(ideal, q=q, m=m), f"static q={q} m={m} ideal tail")
+
+
 def tail_ceiling(workload: Workload, curve: TpotCurve, config: SimConfig, *, policy: str = "tailsieve",
                  reference_s: float | None = None, on_step: OnStep | None = None) -> Ceiling:
-    """Upper bound of tail-pool speculation: `policy` and every static split of `static_grid` with `IDEAL_TAIL`."""
-    def run(name: str, cfg: SimConfig, label: str) -> float:
-        tick = None if on_step is None else (lambda _n, i: on_step(label, i))
-        return run_policy(name, workload, curve, cfg, on_step=tick).mean_step_s()
-
-    ideal = PoolSpec(tail=IDEAL_TAIL)
-    ref = run(BALANCER, config, f"{BALANCER} no spec") if reference_s is None else reference_s
-    best = Ceiling(ref / run(policy, replace(config, spec=ideal), f"{policy} ideal tail"), policy, None, None)
-    for q, m in static_grid(config):
-        t = run("static", replace(config, spec=ideal, q=q, m=m), f"static q={q} m={m} ideal tail")
-        if ref / t > best.speedup:
-            best = Ceiling(ref / t, f"static q={q} m={m}", q, m)
+    """Upper bound of tail-pool speculation: the fastest of `ceiling_runs` (ties: the earlier)."""
+    if reference_s is None:
+        tick = None if on_step is None else (lambda _n, i: on_step(f"{BALANCER} no spec", i))
+        reference_s = run_policy(BALANCER, workload, curve, config, on_step=tick).mean_step_s()
+    best: Ceiling | None = None
+    for label, q, m, r in ceiling_runs(workload, curve, config, policy=policy, on_step=on_step):
+        speedup = reference_s / r.mean_step_s()
+        if best is None or speedup > best.speedup:
+            best = Ceiling(speedup, label, q, m)
+    assert best is not None
     return best
 
 
