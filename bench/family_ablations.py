@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import numpy as np
 
-import tailsieve.policy.controller_base as controller_base
 import tailsieve.policy.paired_rule as paired_rule
 import tailsieve.policy.predictor as predictor
 import tailsieve.policy.tailsieve_rule as rule
@@ -95,10 +94,6 @@ ABLATIONS: dict[str, tuple[str, Callable[[], None]]] = {
                    lambda: _apply([(predictor.Predictor, "_kv", lambda self, times, *a, **k: times)])),
     "no-feasibility": ("C.2's feasibility not asked for moves between splits",
                        lambda: _apply([(Controller, "feasible", lambda self, *a: True)])),
-    "no-prefill-fit": ("the model file's prompt prefill as it is: none learnt from the steps (issue 48)",
-                       lambda: _apply([(controller_base, "learn_prefill", lambda state, moments, prior: state)])),
-    "no-warp": ("the believed curves as they are: no time warp by batch size learned from the steps (issue 48)",
-                lambda: _apply([(Controller, "curves", lambda self, state: (self.tail_curve, self.curve))])),
 }
 
 

@@ -121,8 +121,8 @@ def test_only_two_pool_policies_are_judged_and_only_when_the_balancer_ran() -> N
 SMALL = ["--replicas", "4", "--groups", "16", "--steps", "16"]
 PLANS = [
     (["--workload", "agent-search", *SMALL], "pays",
-     "tailsieve pays here: 1.088× verl's balancer, responses 1.1% shorter (±5.9% at 2σ over 14 paired steps); "
-     "1.089× uniform."),  # 1.119× before issue 48's prefill fit, which reads the tool waits as prefill here
+     "tailsieve pays here: 1.119× verl's balancer, responses 1.4% shorter (±5.7% at 2σ over 14 paired steps); "
+     "1.119× uniform."),
     (["--workload", "kodcode-r1", *SMALL], "same",
      "tailsieve is the same as verl's balancer here: it never placed a tail pool (q = m = 0 every steady step) and "
      "took verl-lif's step time at every step (96.52 s a step, verl-lif 96.52 s); 1.031× uniform. No static split "

@@ -15,7 +15,6 @@ from tailsieve.loop import build_loop
 from tailsieve.policy.calibration import calibrate, ema, factors
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.router import RouterConfig
-from tailsieve.policy.warp import BINS, warp_factors
 from tailsieve.simulation.executor import SimExecutor
 from tailsieve.simulation.runs import SimConfig, policy_spec
 from tailsieve.workloads import load_workload
@@ -96,24 +95,21 @@ def simulated_controls(engine_scale: float, m0: int, steps: int) -> list[tuple[b
 
 @pytest.mark.parametrize("scale", [1.0, 1.4])
 def test_in_the_simulator_the_model_error_is_the_engine_scale(scale: float) -> None:
-    """All-admit simulated replicas are the model: the time warp learnt is `engine_scale` at every batch size on a
-    fleet decoding at τ(b)·engine_scale (1 on a plain one), and every factor measured after it is 1 (to the one
-    iteration a cut request's whole-token progress leaves out): the luck of the draw never enters, because the
-    model runs on the step's own requests. Started in a split the two pools are measured, started at the uniform
-    boundary the uniform one."""
+    """All-admit simulated replicas are the model: every factor measured is 1 on a plain workload (to the one
+    iteration a cut request's whole-token progress leaves out), and `engine_scale` on a fleet decoding at
+    τ(b)·engine_scale: the luck of the draw never enters, because the model runs on the step's own requests.
+    Started in a split the two pools are measured, started at the uniform boundary the uniform one."""
     split = simulated_controls(scale, m0=2, steps=5)
     assert sum(ran for ran, _ in split) >= 3  # steady two-pool steps measured
     for ran, c in split:
         if ran:
-            assert (c.calib_tail, c.calib_bulk) == pytest.approx((1.0, 1.0), rel=2e-3)
-            assert warp_factors(c) == pytest.approx(np.full(BINS, scale), rel=2e-3)
-    assert factors(split[-1][1]) == pytest.approx((1.0, 1.0, 1.0), rel=2e-3)  # uniform borrows the bulk's
+            assert (c.calib_tail, c.calib_bulk) == pytest.approx((scale, scale), rel=2e-3)
+    assert factors(split[-1][1]) == pytest.approx((scale, scale, scale), rel=2e-3)  # uniform borrows the bulk's
     uniform = simulated_controls(scale, m0=0, steps=3)
     assert all(not ran for ran, _ in uniform)
     for _, c in uniform:
-        assert c.calib_uniform == pytest.approx(1.0, rel=2e-3) and math.isnan(c.calib_bulk)
-        assert warp_factors(c) == pytest.approx(np.full(BINS, scale), rel=2e-3)
-    assert factors(uniform[-1][1]) == pytest.approx((1.0, 1.0, 1.0), rel=2e-3)  # the pools borrow it
+        assert c.calib_uniform == pytest.approx(scale, rel=2e-3) and math.isnan(c.calib_bulk)
+    assert factors(uniform[-1][1]) == pytest.approx((scale, scale, scale), rel=2e-3)  # the pools borrow it
 
 
 def test_a_scaled_fleet_is_learnt_without_a_request_record_too() -> None:

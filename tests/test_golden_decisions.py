@@ -1,4 +1,4 @@
-"""Golden decision traces (issue 40, build item 7): `tailsieve`'s (q, m, reason) at every step of four 20-step runs
+"""Golden decision traces (issue 40, build item 7): `tailsieve`'s (q, m, reason) at every step of three 20-step runs
 must equal tests/data/golden/decisions.json exactly, so a change of behaviour shows in review. After an intended
 change, rewrite them with `python scripts/golden_decisions.py` and explain the diff."""
 
@@ -32,7 +32,7 @@ def test_decision_trace_is_the_golden_one(case: str, now: dict[str, list[list[ob
 
 
 def test_the_golden_traces_cover_the_rule() -> None:
-    # the four cases exercise a leave, a hold in the split, moves of m, and a return to the uniform boundary
+    # the three cases exercise a leave, a hold in the split, moves of m, and a return to the uniform boundary
     reasons = {row[3] for rows in SAVED.values() for row in rows}
     assert {"leave", "stay", "warmup", "move-m", "return"} <= reasons
     assert all(row[2] > 0 for row in SAVED["rare-cap/h100-llama3-8b"][3:])

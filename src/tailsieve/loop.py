@@ -176,7 +176,8 @@ def build_loop(spec: PolicySpec, prompts: Sequence[str]) -> StepLoop:
 
 def step_work(plan: StepPlan, result: StepResult) -> StepWork:
     """The step's requests as they ran, plan order (tail first): tokens (a cut request's at the cutoff), replica,
-    which groups were consumed, drawn fresh, and when each completed (what the controller learns from, `learn`)."""
+    which groups were consumed and which were drawn fresh (what `policy.observed` forecasts for exactly this work,
+    and the controller's sample of fresh group work)."""
     outcome = {o.ref.uid: o for o in result.outcomes}
     groups = (*plan.tail, *plan.bulk)
     g = len(plan.placement[groups[0].uid]) if groups else 0
@@ -186,8 +187,7 @@ def step_work(plan: StepPlan, result: StepResult) -> StepWork:
     fresh = np.array([ref.cuts == 0 for ref in groups], dtype=bool)
     finished = np.array([outcome[ref.uid].finished_members for ref in groups], dtype=np.int64)
     uids = np.array([ref.uid for ref in groups], dtype=np.int64)
-    done = np.array([np.nan if (o := outcome[ref.uid]).finish_s is None else o.finish_s for ref in groups], float)
-    return StepWork(lengths, lanes, len(plan.tail), kept, fresh, finished, uids, done)
+    return StepWork(lengths, lanes, len(plan.tail), kept, fresh, finished, uids)
 
 
 def _pinned_after_tail(plan: StepPlan, done: tuple[GroupOutcome, ...]) -> int:

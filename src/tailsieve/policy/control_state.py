@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.inputs import MAX_INT, MAX_LENGTH, excerpt, finite, finite_or_nan, int_in, json_object, one_of
+from tailsieve.inputs import MAX_INT, MAX_LENGTH, excerpt, finite_or_nan, int_in, json_object, one_of
 from tailsieve.policy.decision import Decision
 from tailsieve.policy.paper_config import PaperConfig
 from tailsieve.policy.paper_config import knob as _knob
@@ -63,7 +63,6 @@ class StepWork:
     fresh: NDArray[np.bool_] | None = None  # (P,) groups drawn from the stream this step (never cut before)
     finished: NDArray[np.int64] | None = None  # (P,) members that finished (a cut group's shortest ones)
     uids: NDArray[np.int64] | None = None  # (P,) stream uid of each group (links a cut group to its regeneration)
-    done_s: NDArray[np.float64] | None = None  # (P,) completion of each consumed group from the step's start (NaN: cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +104,6 @@ class ControlState:
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
     history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
     tail_history: tuple[NDArray[np.int64], ...] = field(default_factory=tuple)
-    warp_observed: tuple[float, ...] = ()  # per batch bin, decayed observed / modelled seconds (`policy.warp`;
-    warp_modelled: tuple[float, ...] = ()  # empty: nothing measured yet)
-    prefill_s: float = math.nan  # learnt seconds to prefill one prompt on one replica (`policy.prefill_fit`; NaN:
-    # the model file's)
     decision: Decision | None = None  # the decision that set (q, m) (None: the initial state)
 
     @property
@@ -124,8 +119,6 @@ class ControlState:
             v = getattr(self, f.name)
             if f.name in _HISTORIES:
                 out[f.name] = [a.tolist() for a in v]
-            elif f.name in _WARPS:
-                out[f.name] = list(v)
             elif f.name == "decision":
                 out[f.name] = None if v is None else v.to_json()
             else:
@@ -157,7 +150,6 @@ class ControlState:
 
 
 _HISTORIES = ("history", "tail_history")
-_WARPS = ("warp_observed", "warp_modelled")
 
 
 def count(v: Any, flag: str) -> int:
@@ -175,11 +167,10 @@ def _calibration(v: Any, flag: str) -> float:
 
 
 ControlState.parse = {
-    "q": count, "m": count, "last_m": count, "move_cost_s": measured, "prefill_s": measured,
+    "q": count, "m": count, "last_m": count, "move_cost_s": measured,
     "calib_tail": _calibration, "calib_bulk": _calibration, "calib_uniform": _calibration,
     "uniform_dispatch": lambda v, flag: one_of(v, flag, ("group", "request")),
     "history": lambda v, flag: _history(v, flag), "tail_history": lambda v, flag: _history(v, flag),
-    "warp_observed": lambda v, flag: _sums(v, flag), "warp_modelled": lambda v, flag: _sums(v, flag),
     "decision": lambda v, flag: None if v is None else Decision.from_json(v, flag),
 }
 STATE_KINDS: dict[str, type[ControlState]] = {ControlState.kind: ControlState}  # "state" of a saved state → its class
@@ -209,10 +200,3 @@ def _history(v: Any, flag: str) -> tuple[NDArray[np.int64], ...]:
                               "of one length")
         out.append(np.asarray(table, dtype=np.int64))
     return tuple(out)
-
-
-def _sums(v: Any, flag: str) -> tuple[float, ...]:
-    """Saved warp sums (`policy.warp`): a list of finite seconds >= 0 (empty: nothing measured)."""
-    if not isinstance(v, list):
-        raise ConfigError(f"{flag} must be a list of seconds, got {type(v).__name__}")
-    return tuple(finite(x, f"{flag}[{i}]", lo=0) for i, x in enumerate(v))

@@ -16,14 +16,12 @@ import numpy as np
 
 from tailsieve.model.curves import TpotCurve
 from tailsieve.policy.calibration import calibrate, ema, factors
-from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation, StepWork
+from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.fresh import fresh_sample
-from tailsieve.policy.observed import pool_lanes, pool_times
+from tailsieve.policy.observed import observed_times
 from tailsieve.policy.predictor import FloatArray, Predictor, PredictorFacts, split_half_candidates
-from tailsieve.policy.prefill_fit import learn_prefill, prefill_moments
 from tailsieve.policy.router import RouterConfig
-from tailsieve.policy.warp import learn_warp, warp_factors, warp_sums, warped
 from tailsieve.registry import Registry
 
 __all__ = ["CONTROLLERS", "Controller", "register"]
@@ -104,25 +102,13 @@ class Controller(ABC):
         if obs.warmup:
             return state, self.predictor(state)
         if obs.work is not None:
-            return self._learn_model(state, obs, obs.work)
+            modelled = observed_times(obs.work, tail_curve=self.tail_curve, bulk_curve=self.curve,
+                                      kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s)
+            return calibrate(state, obs, self.config.ema, modelled), self.predictor(state)
         pred = self.predictor(state)  # no per-request record: against the forecast at the executed split
         ft = float(np.mean(pred.tail_times(obs.q, obs.m))) if obs.m > 0 and obs.q > 0 else 0.0
         fb = float(np.mean(pred.bulk_times(obs.q, obs.m) if obs.m > 0 else pred.uniform_times()))
         return calibrate(state, obs, self.config.ema, (ft, fb)), pred
-
-    def _learn_model(self, state: ControlState, obs: StepObservation, work: StepWork
-                     ) -> tuple[ControlState, Predictor]:
-        """What the step's own requests teach the model: the time warp by batch size (`policy.warp`), then the
-        prompt prefill (`policy.prefill_fit`), then each class's remaining error (`policy.calibration`); and the
-        predictor on it."""
-        kv, pools = self.kv_s_per_token, pool_lanes(work)
-        believed = (pools[0].finish(self.tail_curve, kv), pools[1].finish(self.curve, kv))
-        state = learn_warp(state, warp_sums(work, pools, believed, self.prefill(state)), self.config.ema)
-        tail_curve, curve = self.curves(state)
-        fins = (pools[0].finish(tail_curve, kv), pools[1].finish(curve, kv))
-        state = learn_prefill(state, prefill_moments(work, pools, fins, self.prefill(state)), self.prefill_s)
-        modelled = pool_times(work, pools, fins, self.prefill(state))
-        return calibrate(state, obs, self.config.ema, modelled), self.predictor(state)
 
     def _with_history(self, state: ControlState, obs: StepObservation) -> ControlState:
         """§3.2's response-work history: each step's fresh groups (cut members completed, `policy.fresh`), and the
@@ -157,26 +143,14 @@ class Controller(ABC):
         return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
 
     # pricing options ---------------------------------------------------------------------------------------------
-    def curves(self, state: ControlState) -> tuple[TpotCurve, TpotCurve]:
-        """(tail, bulk) curves the options are priced on: the believed ones × the state's time warp
-        (`policy.warp`)."""
-        f = warp_factors(state)
-        return warped(self.tail_curve, f), warped(self.curve, f)
-
-    def prefill(self, state: ControlState) -> float:
-        """Seconds to prefill one prompt on one replica: the learnt ones (`policy.prefill_fit`), else the model
-        file's."""
-        return self.prefill_s if math.isnan(state.prefill_s) else state.prefill_s
-
     def facts(self, state: ControlState) -> PredictorFacts:
         """What the predictor prices on besides the history: the router's shape, placement and pinning, the pools'
         curves and cost terms, and the state's placement at the uniform boundary."""
-        tail_curve, curve = self.curves(state)
         return PredictorFacts(
-            groups=self.router.groups, extra=self.router.extra, replicas=self.router.replicas, curve=curve,
-            tail_curve=tail_curve, by_request=self.router.dispatch.value == "request",
+            groups=self.router.groups, extra=self.router.extra, replicas=self.router.replicas, curve=self.curve,
+            tail_curve=self.tail_curve, by_request=self.router.dispatch.value == "request",
             uniform_by_request=state.uniform_dispatch == "request", pinned_candidates=self.router.pins_candidates,
-            kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill(state), kv_tokens=self.kv_tokens,
+            kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s, kv_tokens=self.kv_tokens,
             prompt_tokens=self.prompt_tokens)
 
     def predictor(self, state: ControlState) -> Predictor:
