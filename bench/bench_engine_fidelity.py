@@ -58,6 +58,9 @@ def args_of(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt-words", default="60,140", help="prompt length range in filler words (LO,HI)")
     ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks per replica (--num-gpu-blocks-override)")
     ap.add_argument("--block-size", type=int, default=32, help="KV block size (CPU: a multiple of 32)")
+    ap.add_argument("--profile-tokens", type=int, default=192, help="tokens `profile` decodes at each of its points "
+                    "(default: the most at which batch 8 still fits the 2,048-token caches; 64 before, whose terms "
+                    "moved by up to 25%% between runs)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--out", default="bench/results/engine_fidelity.json")
     ap.add_argument("--from-obs", metavar="PICKLE", help="predict again from a saved real run (its `.obs.pickle`, "
@@ -68,11 +71,11 @@ def args_of(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def profile(urls: list[str], out: Path) -> dict[str, Any]:
-    """`tailsieve profile --endpoint A,B` (batches and contexts the small KV cache holds are kept by profile itself);
-    returns the model file it wrote."""
+def profile(urls: list[str], out: Path, tokens: int) -> dict[str, Any]:
+    """`tailsieve profile --endpoint A,B`, `tokens` decoded at each point (batches and contexts the small KV cache
+    holds are kept by profile itself); returns the model file it wrote."""
     argv = ["profile", "--endpoint", ",".join(urls), "--out", str(out), "--contexts", "0,128,320",
-            "--batches", "1,2,4,8,16", "--max-tokens", "64"]
+            "--batches", "1,2,4,8,16", "--max-tokens", str(tokens)]
     rc = cli_main(argv)
     if rc != 0:
         raise SystemExit(f"profile failed ({rc})")
@@ -182,7 +185,7 @@ def real_run(a: argparse.Namespace, engine: Pressure, names: list[str], model_di
               f"tokens each, prefix caching, max_num_batched_tokens {a.max_num_batched_tokens})", flush=True)
         model_path = scratch / "model.json"
         t1 = time.perf_counter()
-        doc = profile(urls, model_path)
+        doc = profile(urls, model_path, a.profile_tokens)
         t_profile = time.perf_counter() - t1
         base_cfg = RolloutConfig(groups=a.groups, group_size=a.group_size, rho=a.rho, curve=model_path,
                                  sampling=SamplingParams(max_tokens=a.cap), seed=None,
