@@ -35,6 +35,7 @@ from typing import Any
 from engine_fidelity_predict import Prediction, predict_steps
 from engine_fidelity_run import Pressure, StepObs, bench_prompts, bench_workload, run, served_token_counts
 from tailsieve.cli import main as cli_main
+from tailsieve.cli._common import positive_int
 from tailsieve.engines.launch import LocalLauncher
 from tailsieve.engines.launch.tiny_vllm import build_tiny_model
 from tailsieve.engines.rollout.api import RolloutConfig
@@ -58,9 +59,9 @@ def args_of(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt-words", default="60,140", help="prompt length range in filler words (LO,HI)")
     ap.add_argument("--kv-blocks", type=int, default=64, help="KV blocks per replica (--num-gpu-blocks-override)")
     ap.add_argument("--block-size", type=int, default=32, help="KV block size (CPU: a multiple of 32)")
-    ap.add_argument("--profile-tokens", type=int, default=192, help="tokens `profile` decodes at each of its points "
-                    "(default: the most at which batch 8 still fits the 2,048-token caches; 64 before, whose terms "
-                    "moved by up to 25%% between runs)")
+    ap.add_argument("--profile-tokens", type=positive_int, default=192,
+                    help="tokens `profile` decodes at each of its points (default: the most at which batch 8 still "
+                    "fits the 2,048-token caches; 64 before, whose terms moved by up to 25%% between runs)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--out", default="bench/results/engine_fidelity.json")
     ap.add_argument("--from-obs", metavar="PICKLE", help="predict again from a saved real run (its `.obs.pickle`, "
