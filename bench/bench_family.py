@@ -42,11 +42,18 @@ from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SKIP_STEPS, PolicyRun, SimConfig, policy_names, run_policy, static_grid
-from tailsieve.workloads.engine_family import ENGINE_SEEDS, engine_regime, engine_seeds, engine_workload
+from tailsieve.workloads.engine_family import (
+    ENGINE_SEEDS,
+    EngineRegime,
+    engine_regime,
+    engine_seeds,
+    engine_workload,
+)
 from tailsieve.workloads.family import Split, family_regime, family_workload, split_of, split_seeds
 
 DEFAULT_COUNT = 64  # regimes per split: at 32 the 95% share of issue 40 turns on one regime (bench/README.md)
 QUICK_POOL, QUICK_COUNT, QUICK_STEPS = 32, 12, 20
+BELIEFS = ("curve", "servers", "profile")  # what the engine half's controller is told of the truth (`belief_replica`)
 GRID_M = 8  # m values of the grid's first stage
 
 
@@ -58,7 +65,7 @@ class Task:
     controller: str  # JSON of ControllerConfig fields
     cache: str = ""  # folder of the controller-independent runs (uniform, verl-lif, static grid) per regime; "": none
     engine: bool = False  # the engine half (`workloads.engine_family`): truth apart from belief, fine-grid reference
-    belief: str = "curve"  # engine half: the controller's model file holds the curve only, or what `profile` reads
+    belief: str = "curve"  # engine half: the model file holds the curve only, + the servers' KV capacity, or `profile`
 
 
 def cost(seed: int) -> float:
@@ -156,6 +163,21 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
     return out
 
 
+def belief_replica(belief: str, eng: EngineRegime) -> ReplicaConfig:
+    """What the controller's model file holds of the regime's truth (`--belief`): `curve`, nothing but the family curve;
+    `servers`, also what a server reports of itself (KV capacity, block size), no cost term; `profile`, also what
+    `tailsieve profile` measures (the KV and prefill terms)."""
+    tm, e = eng.truth, eng.truth.engine
+    if belief == "curve":
+        return ReplicaConfig()
+    if belief == "servers":
+        return ReplicaConfig(kv_tokens=e.kv_tokens, block_size=e.block_size)
+    if belief == "profile":
+        return ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
+                             kv_tokens=e.kv_tokens, block_size=e.block_size)
+    raise ValueError(f"belief must be one of {BELIEFS}, got {belief!r}")
+
+
 def run_regime(t: Task) -> dict[str, Any]:
     """Uniform, verl-lif, the coarse static grid and the adaptive policies on one regime; one JSON-able row."""
     t0 = time.perf_counter()
@@ -174,11 +196,8 @@ def run_regime(t: Task) -> dict[str, Any]:
         replica = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
                                 kv_tokens=e.kv_tokens, block_size=e.block_size,
                                 max_num_batched_tokens=e.max_num_batched_tokens, prefix_caching=e.prefix_caching)
-        belief = ReplicaConfig()  # the family curve only
-        if t.belief == "profile":  # + what `tailsieve profile` reads from the servers: the terms and the KV capacity
-            belief = ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
-                                   kv_tokens=e.kv_tokens, block_size=e.block_size)
-        return dataclasses.replace(base, replica=replica, truth_curve=tm.curve, speed=e.speed, belief=belief)
+        return dataclasses.replace(base, replica=replica, truth_curve=tm.curve, speed=e.speed,
+                                   belief=belief_replica(t.belief, eng))
 
     refs = reference_runs(t, wl, curve, cfg())
     base, means = refs["uniform"], {tuple(map(int, k.split(","))): v for k, v in refs["means"].items()}
@@ -315,9 +334,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", action="store_true", help="the engine half (issue 48: seeds from "
                     f"{ENGINE_SEEDS}, truth apart from belief: KV capacity, prefix caching, prefill, uneven replicas, "
                     "a curve the controller does not know; fine-grid reference)")
-    ap.add_argument("--belief", choices=["curve", "profile"], default="curve", help="--engine: the controller's model "
-                    "file holds the family curve only (default), or also what `tailsieve profile` reads from the "
-                    "servers (KV and prefill terms, KV capacity and block size)")
+    ap.add_argument("--belief", choices=BELIEFS, default="curve",
+                    help="--engine: the controller's model file holds the family curve only (default); also what a "
+                    "server reports of itself (`servers`: KV capacity and block size, no cost term); or also what "
+                    "`tailsieve profile` measures (`profile`: the KV and prefill terms too)")
     return ap
 
 

@@ -77,3 +77,20 @@ def test_validation_refuses_tuning_knobs(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, str(BENCH), "--split", "validation", *argv], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "run on --split tune only" in out.stderr.strip().splitlines()[-1]
+
+
+def test_each_belief_holds_what_its_source_can_know() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    from bench_family import BELIEFS, belief_replica
+
+    eng = next(r for r in map(engine_regime, engine_seeds(Split.TUNE, 64)) if r.truth.engine.kv_tokens is not None)
+    tm, e = eng.truth, eng.truth.engine
+    curve, servers, profile = (belief_replica(b, eng) for b in BELIEFS)
+    assert curve == ReplicaConfig()  # the family curve only
+    # a server reports its KV capacity and block size, never a cost term
+    assert servers == ReplicaConfig(kv_tokens=e.kv_tokens, block_size=e.block_size)
+    assert servers.kv_ms_per_1k_tokens == 0 and servers.prefill_ms_per_token == 0 and servers.kv_tokens is not None
+    assert (profile.kv_ms_per_1k_tokens, profile.prefill_ms_per_token, profile.kv_tokens) == (
+        tm.kv_ms_per_1k, tm.prefill_ms_per_token, e.kv_tokens)
+    with pytest.raises(ValueError, match="belief must be one of"):
+        belief_replica("oracle", eng)
