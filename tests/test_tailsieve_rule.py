@@ -1,6 +1,6 @@
 """`tailsieve`'s paired decision rule (`policy/tailsieve_rule.py`, issue 40) and `tailsieve-fixed`: every option is
 priced on the same bootstrap pools, drawn by history step, and the controller moves to the option of largest
-V = horizon·(ḡ − z·s) − C when V > 0 (a plain z·s margin: no Student-t widening for short histories). Exact numbers
+V = horizon·(ḡ − t·s) − C when V > 0 (t Student's quantile at Φ(z): wider for short histories). Exact numbers
 against `paired_gain` / `value` and closed forms, on small deterministic histories (helpers: controller_fixtures.py).
 """
 
@@ -18,7 +18,7 @@ from controller_fixtures import history, obs
 from tailsieve.policy.calibration import factors
 from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
 from tailsieve.policy.decision import Decision, Reason
-from tailsieve.policy.paired import paired_gain, value
+from tailsieve.policy.paired import paired_gain, t_quantile, value
 from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig
 
 CURVE = make_curve()
@@ -65,7 +65,16 @@ def brute(cur: np.ndarray, opt: np.ndarray, steps: int, cost: float, cfg: Contro
     per = [float(np.mean(d[h::steps])) for h in range(steps)]
     g = sum(per) / steps
     se = math.sqrt(sum((x - g) ** 2 for x in per) / (steps - 1)) / math.sqrt(steps)
-    return g, se, cfg.horizon * (g - cfg.z * se) - cost
+    return g, se, cfg.horizon * (g - t_quantile(cfg.z, steps - 1) * se) - cost
+
+
+def z_at(ratio: float, dof: int) -> float:
+    """The z whose Student margin t_quantile(z, dof) is `ratio` standard errors (bisection; t rises with z)."""
+    lo, hi = 0.0, ratio
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_quantile(mid, dof) < ratio else (lo, mid)
+    return (lo + hi) / 2
 
 
 # ---- (a) a move happens exactly when V > 0 -------------------------------------------------------------------------
@@ -74,7 +83,7 @@ def brute(cur: np.ndarray, opt: np.ndarray, steps: int, cost: float, cfg: Contro
 @pytest.mark.parametrize("where", ["prior", "measured"])
 def test_a_move_happens_exactly_when_its_value_is_positive(where: str) -> None:
     """(2, 3) → (3, 4) gains ḡ ± s per step over the four history steps and costs a restart (m changes): the move is
-    taken when horizon·(ḡ − z·s) exceeds the restart seconds by 1%, refused as UNPAID when they exceed it by 1%; the
+    taken when horizon·(ḡ − t·s) exceeds the restart seconds by 1%, refused as UNPAID when they exceed it by 1%; the
     decision carries the option, ḡ, s and the cost, equal to the brute-force values (z the config's). The
     option (3, 4) is m = 4 at its best q of the grid: a redraw limit of 2, where q is searched."""
     base = make("tailsieve", max_redraws=SEARCHED)
@@ -104,18 +113,20 @@ def test_a_move_happens_exactly_when_its_value_is_positive(where: str) -> None:
 
 
 def test_a_gain_within_its_noise_stays_and_says_so() -> None:
-    """The same mean gain with a spread ten times larger: ḡ/s ≈ 3.15 (brute force), so at z = 4 ḡ − z·s < 0 and no
+    """The same mean gain with a spread ten times larger: ḡ/s ≈ 3.15 (brute force), so at a margin t of four standard
+    errors ḡ − t·s < 0 and no
     restart price is small enough (the prior here is 0): the decision is STAY (not UNPAID) and still names the
-    option and its evidence. The margin is z·s exactly: at z 1% above ḡ/s the rule stays, 1% below it it moves
-    (free), or is refused as UNPAID (beyond the noise, not the price) when the restart costs twice
-    horizon·(ḡ − z·s). (q searched at a redraw limit of 2, as above.)"""
+    option and its evidence. The margin is t·s exactly, t Student's quantile at Φ(z) with 3 degrees of freedom (four
+    history steps): at the z whose t is ḡ/s, 1% above it the rule stays, 1% below it it moves (free), or is refused
+    as UNPAID (beyond the noise, not the price) when the restart costs twice horizon·(ḡ − t·s). (q searched at a
+    redraw limit of 2, as above.)"""
 
     def rule(z: float, price: float = 0.0) -> Any:
         return fixed_forecast("tailsieve", make("tailsieve", max_redraws=SEARCHED, z=z, move_cost_s=price),
                               priced(3.0, spread=10.0))
 
     s = ControlState(q=2, m=3, history=HIST)
-    f = rule(4.0)
+    f = rule(z_at(4.0, 3))  # a margin of four standard errors
     pred = f.predictor(s)
     g, se, v = brute(f.times(s, pred, 2, 3), f.times(s, pred, 3, 4), 4, 0.0, f.config)
     assert g > 0 and 3.0 < g / se < 4.0 and v < 0  # within four standard errors, beyond three
@@ -123,22 +134,26 @@ def test_a_gain_within_its_noise_stays_and_says_so() -> None:
     assert (out.q, out.m) == (2, 3)
     assert out.decision == Decision(2, 3, Reason.STAY, (3, 4), pytest.approx(g), pytest.approx(se))  # type: ignore[arg-type]
     ratio = g / se
-    above = rule(ratio * 1.01)
+    z_star = z_at(ratio, 3)
+    assert t_quantile(z_star, 3) == pytest.approx(ratio, rel=1e-12) and z_star < ratio  # t widens z at 3 dof
+    above = rule(z_star * 1.01)
     assert brute(above.times(s, pred, 2, 3), above.times(s, pred, 3, 4), 4, 0.0, above.config)[2] < 0
     stay = above.decide(s, above.predictor(s))
     assert (stay.q, stay.m, stay.decision.reason) == (2, 3, Reason.STAY)  # type: ignore[union-attr]
-    below = rule(ratio * 0.99)
+    below = rule(z_star * 0.99)
     v_below = brute(below.times(s, pred, 2, 3), below.times(s, pred, 3, 4), 4, 0.0, below.config)[2]
-    assert v_below == pytest.approx(below.config.horizon * 0.01 * g, rel=1e-9) and v_below > 0
+    margin = t_quantile(z_star * 0.99, 3) * se
+    assert v_below == pytest.approx(below.config.horizon * (g - margin), rel=1e-9)
+    assert 0 < v_below < below.config.horizon * 0.05 * g
     move = below.decide(s, below.predictor(s))
     assert (move.q, move.m, move.decision.reason) == (3, 4, Reason.MOVE_M)  # type: ignore[union-attr]
-    pricey = rule(ratio * 0.99, price=2 * v_below)
+    pricey = rule(z_star * 0.99, price=2 * v_below)
     unpaid = pricey.decide(s, pricey.predictor(s))
     assert (unpaid.q, unpaid.m, unpaid.decision.reason) == (2, 3, Reason.UNPAID)  # type: ignore[union-attr]
 
 
 def test_a_move_of_q_at_the_same_split_costs_nothing() -> None:
-    """(2, 3) → (3, 3): no restart, so any gain beyond z·s moves q, even with a huge restart price (q searched: a
+    """(2, 3) → (3, 3): no restart, so any gain beyond t·s moves q, even with a huge restart price (q searched: a
     redraw limit of 2; q = 3 lies inside 1..E = 4, an option only the search finds)."""
     def cost(q: int, m: int) -> np.ndarray:
         return 20.0 + SWING - (1.0 + 0.1 * NOISE if (q, m) == (3, 3) else 0.0) if m == 3 else 40.0 + SWING

@@ -29,7 +29,8 @@ class ControllerConfig:
     q0: int = _knob(1, "initial isolation size q (the paper's default, §4.4)")
     m0: int | None = _knob(0, "initial tail replicas m (0: start at the uniform boundary; None: R // 2)")
     history_steps: int = _knob(16, "steps of response-work history every forecast is priced on (H)")
-    z: float = _knob(1.0, "a move's paired gain must clear its switching cost by z standard errors")
+    z: float = _knob(1.0, "a move's paired gain must clear its switching cost at the confidence of z standard errors "
+                          "(Student's t at the history's degrees of freedom)")
     horizon: int = _knob(8, "steps over which a move's gain must repay its one-time cost")
     move_cost_s: float = _knob(0.0, "prior restart seconds of a pool move, until one is measured")
     ema: float = _knob(0.3, "weight of the newest step in the model-error, restart and rate averages")

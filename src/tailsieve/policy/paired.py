@@ -7,21 +7,24 @@ groups and the same candidates for every option (common random numbers). For the
 d_h is the mean over step h's pools of T̂_a − T̂_o (seconds per step), the paired gain is ḡ = mean_h d_h and its
 standard error s = sd_h(d_h)/√H. A move to o is worth
 
-    V(o) = horizon · (ḡ − z·s) − C(a → o),
+    V(o) = horizon · (ḡ − t·s) − C(a → o),   t = `t_quantile`(z, H − 1),
 
-C the one-time seconds of the move (restarts, a return step's waiting candidates). With fewer than two history
-steps s is unknown and nothing moves. The controller moves to the option of largest V when it is positive.
+C the one-time seconds of the move (restarts, a return step's waiting candidates), t Student's quantile at the
+confidence Φ(z) of z normal standard errors: s is estimated from the same H steps, so a short history widens the
+margin (issue 48: on the engine half's tuning split, moves on two or three steps of a wrong model). With fewer than
+two history steps s is unknown and nothing moves. The controller moves to the option of largest V when it is positive.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Paired", "paired_gain", "value"]
+__all__ = ["Paired", "paired_gain", "t_quantile", "value"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +55,42 @@ def paired_gain(current: NDArray[np.float64], option: NDArray[np.float64], steps
     return float(per.mean()), float(per.std(ddof=1) / math.sqrt(steps)), steps - 1
 
 
+@functools.lru_cache(maxsize=256)
+def t_quantile(z: float, dof: int) -> float:
+    """Student's t quantile with `dof` degrees of freedom at the normal confidence Φ(z): the margin in standard errors
+    that holds z's confidence when the standard error is itself estimated from dof + 1 steps (z beyond 200)."""
+    if dof > 200 or z <= 0:
+        return z
+    target = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    lo, hi = 0.0, max(1.0, z)
+    while _t_cdf(hi, dof) < target and hi < 1e300:  # Φ(z) rounds to 1 past z ≈ 8.3: the margin is then ~1e300
+        lo, hi = hi, hi * 2.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _t_cdf(mid, dof) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _t_cdf(t: float, dof: int) -> float:
+    """P(T ≤ t) for t ≥ 0, Student's closed form for integer dof."""
+    th = math.atan(t / math.sqrt(dof))
+    c2, term, acc = math.cos(th) ** 2, 1.0, 1.0
+    if dof % 2:
+        for k in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            acc += term
+        a = 2.0 / math.pi * (th + (math.sin(th) * math.cos(th) * acc if dof > 1 else 0.0))
+    else:
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            acc += term
+        a = math.sin(th) * acc
+    return 0.5 * (1.0 + a)
+
+
 def value(gain_s: float, se_s: float, dof: int, cost_s: float, z: float, horizon: int) -> Paired:
-    """V = horizon·(ḡ − z·s) − C (module docstring) with its parts; no degree of freedom: s unknown, V = −∞."""
-    margin = math.inf if dof < 1 else z * se_s
+    """V = horizon·(ḡ − t·s) − C, t = `t_quantile`(z, dof) (module docstring), with its parts; no degree of freedom:
+    s unknown, V = −∞."""
+    margin = math.inf if dof < 1 else t_quantile(z, dof) * se_s
     v = horizon * (gain_s - margin) - cost_s if math.isfinite(margin) else -math.inf
     return Paired(gain_s, se_s, cost_s, v)

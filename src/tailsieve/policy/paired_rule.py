@@ -3,11 +3,12 @@ functions of the controller that prices the options (`Controller.times`, `best_q
 
 After each steady step the options are the uniform boundary (requests dealt, or whole groups) and every tail-pool
 size m of the controller's `m_grid` at its best q (`Controller.best_q`). Each is priced on the same bootstrap pools,
-drawn by history step (`policy.paired`), and the controller moves to the option whose value horizon·(ḡ − z·s) − C is
+drawn by history step (`policy.paired`), and the controller moves to the option whose value horizon·(ḡ − t·s) − C is
 largest, when it is positive; C is what the move costs once: the measured restart seconds when m changes, and for a
 return to the uniform boundary the excess of its first step, which runs the E waiting candidates to completion.
 There is no dwell, no confirmation and no reversal back-off: a move that was noise has, by construction, a paired
-gain within z·s. C.2's feasibility stays for moves between two splits.
+gain within t·s (t Student's quantile at the confidence of z standard errors, `paired.t_quantile`). C.2's
+feasibility stays for moves between two splits.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def move_cost(ctl: Controller, state: ControlState, pred: Predictor, option: Opt
 
 
 def decide(ctl: Controller, state: ControlState, pred: Predictor, opts: Sequence[Option], cost: Cost) -> ControlState:
-    """The option of largest value V = horizon·(ḡ − z·s) − C (ties: the smaller m, then the smaller q); a move when
+    """The option of largest value V = horizon·(ḡ − t·s) − C (ties: the smaller m, then the smaller q); a move when
     V > 0 (C.2's feasibility checked for moves between splits, in order of value)."""
     cfg = ctl.config
     cur = current(state)
