@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_curve
 from tailsieve.loop import build_loop
-from tailsieve.policy.calibration import calibrate, ema, factors
+from tailsieve.policy.calibration import calibrate, ema, factors, uniform_factor
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.executor import SimExecutor
@@ -46,12 +46,32 @@ def test_a_two_pool_step_measures_each_pool_against_the_model_on_its_own_request
 
 
 def test_a_uniform_step_measures_the_uniform_boundary_only() -> None:
-    """At m = 0 the step's bulk term is the whole step: it seeds `calib_uniform`, never the pools' errors."""
-    s = ControlState(q=0, m=0, calib_tail=1.2, calib_bulk=0.9)
+    """At m = 0 the step's bulk term is the whole step: it seeds the error of the placement it ran (`calib_uniform`
+    dealing requests, `calib_group` placing whole groups), never the pools' errors nor the other placement's."""
+    s = ControlState(q=0, m=0, calib_tail=1.2, calib_bulk=0.9, uniform_dispatch="request")
     out = calibrate(s, observation(q=0, m=0, tail_s=0.0, bulk_s=110.0), A, (0.0, 100.0))
     assert (out.calib_tail, out.calib_bulk, out.calib_uniform) == pytest.approx((1.2, 0.9, 1.1))
+    assert math.isnan(out.calib_group)
     out = calibrate(out, observation(q=0, m=0, tail_s=0.0, bulk_s=140.0), A, (0.0, 100.0))
     assert out.calib_uniform == pytest.approx(0.7 * 1.1 + 0.3 * 1.4)
+    grouped = calibrate(replace(out, uniform_dispatch="group"), observation(q=0, m=0, tail_s=0.0, bulk_s=60.0), A,
+                        (0.0, 100.0))
+    assert (grouped.calib_group, grouped.calib_uniform) == pytest.approx((0.6, 0.7 * 1.1 + 0.3 * 1.4))
+
+
+def test_each_placement_is_priced_by_its_own_error_else_the_others() -> None:
+    """`uniform_factor`: the placement's own measured error, else the other placement's, else NaN; `factors` reads
+    the uniform boundary's at the state's placement (and splits borrow it, as before)."""
+    nan = math.nan
+    both = ControlState(q=0, m=0, calib_uniform=1.5, calib_group=0.8)
+    assert (uniform_factor(both, True), uniform_factor(both, False)) == (1.5, 0.8)
+    assert factors(replace(both, uniform_dispatch="request")) == (1.5, 1.5, 1.5)
+    assert factors(replace(both, uniform_dispatch="group")) == (0.8, 0.8, 0.8)
+    dealt_only = ControlState(q=0, m=0, calib_uniform=1.5)
+    assert (uniform_factor(dealt_only, True), uniform_factor(dealt_only, False)) == (1.5, 1.5)
+    none = ControlState(q=0, m=0)
+    assert math.isnan(uniform_factor(none, True)) and math.isnan(uniform_factor(none, False))
+    assert factors(ControlState(q=0, m=0, calib_group=0.8, calib_tail=nan)) == (0.8, 0.8, 0.8)
 
 
 def test_warmup_steps_and_unmeasurable_terms_teach_nothing() -> None:

@@ -32,8 +32,10 @@ def test_decision_trace_is_the_golden_one(case: str, now: dict[str, list[list[ob
 
 
 def test_the_golden_traces_cover_the_rule() -> None:
-    # the three cases exercise a leave, a hold in the split, moves of m, and a return to the uniform boundary
+    # the three cases exercise the placement probe, a leave, a hold in the split, moves of m, and a return to the
+    # uniform boundary
     reasons = {row[3] for rows in SAVED.values() for row in rows}
-    assert {"leave", "stay", "warmup", "move-m", "return"} <= reasons
-    assert all(row[2] > 0 for row in SAVED["rare-cap/h100-llama3-8b"][3:])
-    assert SAVED["video-rl/a100x4-mixtral-8x7b"][-1][2] == 0  # back at the uniform boundary
+    assert {"probe", "leave", "stay", "warmup", "move-m", "return"} <= reasons
+    assert all(rows[1][3] == "probe" for rows in SAVED.values())  # once, after the first two history steps
+    assert all(row[2] > 0 for row in SAVED["rare-cap/h100-llama3-8b"][4:])
+    assert SAVED["video-rl/a100x4-mixtral-8x7b"][-1][3] == "return"  # back to the uniform boundary

@@ -175,7 +175,8 @@ def test_leaving_uniform_goes_straight_to_the_best_split_and_pays_a_restart() ->
     c = make("tailsieve", n=512, r=64, max_redraws=SEARCHED, move_cost_s=5.0)
     assert 24 in c.m_grid(0) and c.q_grid() == [1, 19, 37, 55, 74, 92, 110, 128]
     f = fixed_forecast("tailsieve", c, lambda q, m: 100.0 if m == 0 else 60.0 + abs(m - 24) + abs(q - 40) / 10)
-    s = ControlState(q=0, m=0, history=(history(n=512, seed=1), history(n=512, seed=2)))
+    s = ControlState(q=0, m=0, history=(history(n=512, seed=1), history(n=512, seed=2)), calib_uniform=1.0,
+                     calib_group=1.0)  # both placements measured: no probe first
     out = f.decide(s, f.predictor(s))
     # se = 0 (the same gain on every pool): V = 8·39.7 − 5
     assert out.decision == Decision(37, 24, Reason.LEAVE, (37, 24), pytest.approx(39.7), 0.0, 5.0)  # type: ignore[arg-type]
@@ -239,7 +240,8 @@ def test_the_decision_is_the_brute_force_argmax_of_the_value() -> None:
     seen = set()
     for (q, m), price in (((1, 1), 0.0), ((1, 1), 3.0), ((1, 1), 60.0), ((0, 0), 0.0), ((3, 2), 1.0)):
         c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=price)
-        s = ControlState(q=q, m=m, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="request")
+        s = ControlState(q=q, m=m, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="request",
+                         calib_uniform=1.0, calib_group=1.0)  # both placements measured: no probe
         pred = c.predictor(s)
         here = c.times(s, pred, q, m)
         best: tuple[float, int, int, str, Any] | None = None
@@ -269,6 +271,40 @@ def test_the_decision_is_the_brute_force_argmax_of_the_value() -> None:
             assert (out.q, out.m) == (q, m) and out.decision.reason is refusal
         seen.add(out.decision.reason)
     assert {Reason.MOVE_M, Reason.UNPAID, Reason.STAY} <= seen  # the cases cover a move, a refusal and a stay
+
+
+def test_the_other_placement_is_probed_once_before_any_move() -> None:
+    """At the uniform boundary, with two history steps, the placement never run is run once (PROBE, its paired
+    evidence attached), whatever its value and before any move, a split beyond noise included: the model cannot
+    price what dealing a group over replicas costs without the prefill term. Once both placements carry a measured
+    error the rule decides on them; a split never probes."""
+    hist = tuple(history(seed=k, tail=12.0) for k in range(4))
+    c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=1e6)  # every split unpaid: nothing moves
+    s = ControlState(q=0, m=0, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="request",
+                     calib_uniform=1.3)
+    pred = c.predictor(s)
+    out = c.decide(s, pred)
+    g, se, _ = paired_gain(c.times(s, pred, 0, 0), c.times(s, pred, 0, 0, "group"), 4)
+    assert out.decision is not None and out.decision.reason is Reason.PROBE and out.decision.moved
+    assert (out.q, out.m, out.uniform_dispatch, out.decision.option) == (0, 0, "group", (0, 0))
+    assert (out.decision.gain_s, out.decision.se_s) == (g, se) and g < 0  # probed though the model prices it slower
+    assert out.decision.note.startswith("probe the other placement; (0, 0): -")
+    measured = replace(s, calib_group=2.0)  # the group placement's error is known (and dear): no probe, stay
+    assert c.decide(measured, c.predictor(measured)).decision.reason in (Reason.STAY, Reason.UNPAID)  # type: ignore[union-attr]
+    cheap = replace(s, calib_group=1.1)  # measured cheaper than the model alone says: whole groups, by its error
+    moved = c.decide(cheap, c.predictor(cheap))
+    assert (moved.decision.reason, moved.uniform_dispatch) == (Reason.PLACEMENT, "group")  # type: ignore[union-attr]
+    back = replace(out, calib_group=1.1)  # after the probe, from whole groups: the dealt placement is measured
+    assert c.decide(back, c.predictor(back)).decision.reason is not Reason.PROBE  # type: ignore[union-attr]
+    free = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=0.0)
+    fast = fixed_forecast("tailsieve", free, lambda q, m: 100.0 if m == 0 else 1.0)
+    first = fast.decide(s, fast.predictor(s))
+    assert first.decision is not None and first.decision.reason is Reason.PROBE  # the probe before the split
+    then = replace(s, calib_group=1.3)
+    leave = fast.decide(then, fast.predictor(then))
+    assert leave.decision is not None and leave.decision.reason is Reason.LEAVE  # then the split beyond noise
+    split = ControlState(q=1, m=1, history=hist, tail_history=tuple(h[:4] for h in hist))
+    assert c.decide(split, c.predictor(split)).decision.reason is not Reason.PROBE  # type: ignore[union-attr]
 
 
 # ---- feasibility of split → split moves ---------------------------------------------------------------------------
@@ -315,7 +351,10 @@ def test_with_fewer_than_two_history_steps_the_rule_stays() -> None:
     first = f.update(f.initial(), obs(q=0, m=0, tail_s=0.0, bulk_s=50.0))
     assert len(first.history) == 1 and (first.q, first.m, first.decision) == (0, 0, Decision(0, 0, Reason.STAY))
     second = f.update(first, obs(q=0, m=0, tail_s=0.0, bulk_s=50.0, seed=1))
-    assert second.decision is not None and second.decision.reason is Reason.LEAVE  # two steps: the move is priced
+    assert second.decision is not None and second.decision.reason is Reason.PROBE  # two steps: the rule acts
+    assert second.uniform_dispatch == "group"  # (first the placement never run; `test_..._probed_once_...`)
+    third = f.update(second, obs(q=0, m=0, tail_s=0.0, bulk_s=50.0, seed=2))
+    assert third.decision is not None and third.decision.reason is Reason.LEAVE  # both measured: the move
     warm = f.update(f.initial(), obs(q=0, m=0, tail_s=0.0, bulk_s=50.0, warmup=True))
     assert warm.decision == Decision(0, 0, Reason.WARMUP)
 

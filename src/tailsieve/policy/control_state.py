@@ -99,7 +99,8 @@ class ControlState:
     m: int
     calib_tail: float = math.nan  # model error, measured / modelled at two-pool steps (NaN: none yet)
     calib_bulk: float = math.nan
-    calib_uniform: float = math.nan  # the same at uniform steps
+    calib_uniform: float = math.nan  # the same at uniform steps dealing requests
+    calib_group: float = math.nan  # the same at uniform steps placing whole groups
     move_cost_s: float = math.nan  # EMA of the measured restart seconds of a pool move (NaN: none seen yet)
     last_m: int = 0  # m of the last executed step (a change in m is a pool move)
     uniform_dispatch: str = "group"  # how a uniform step places requests: "group" (whole groups) or "request"
@@ -169,7 +170,7 @@ def _calibration(v: Any, flag: str) -> float:
 
 ControlState.parse = {
     "q": count, "m": count, "last_m": count, "move_cost_s": measured,
-    "calib_tail": _calibration, "calib_bulk": _calibration, "calib_uniform": _calibration,
+    "calib_tail": _calibration, "calib_bulk": _calibration, "calib_uniform": _calibration, "calib_group": _calibration,
     "uniform_dispatch": lambda v, flag: one_of(v, flag, ("group", "request")),
     "history": lambda v, flag: _history(v, flag), "tail_history": lambda v, flag: _history(v, flag),
     "decision": lambda v, flag: None if v is None else Decision.from_json(v, flag),

@@ -15,7 +15,7 @@ from typing import ClassVar, TypeVar
 import numpy as np
 
 from tailsieve.model.curves import TpotCurve
-from tailsieve.policy.calibration import calibrate, ema, factors
+from tailsieve.policy.calibration import calibrate, ema, factors, uniform_factor
 from tailsieve.policy.control_state import ControllerConfig, ControlState, StepObservation
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.fresh import fresh_sample
@@ -165,7 +165,8 @@ class Controller(ABC):
         ct, cb, cu = factors(state)
         if m == 0:
             dealt = (dispatch or state.uniform_dispatch) == "request"
-            out: FloatArray = pred.uniform_times(dealt) * cu
+            own = uniform_factor(state, dealt)
+            out: FloatArray = pred.uniform_times(dealt) * (cu if math.isnan(own) else own)
             return out
         return pred.split_times(q, m, ct, cb)
 

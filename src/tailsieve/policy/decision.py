@@ -28,9 +28,10 @@ class Reason(StrEnum):
     LEAVE = "leave"  # the uniform boundary left for a split
     RETURN = "return"  # a split left for the uniform boundary
     PLACEMENT = "placement"  # at the uniform boundary, requests dealt instead of whole groups (or back)
+    PROBE = "probe"  # the uniform boundary's other placement run once to measure its model error
 
 
-_MOVES = (Reason.MOVE_Q, Reason.MOVE_M, Reason.LEAVE, Reason.RETURN, Reason.PLACEMENT)
+_MOVES = (Reason.MOVE_Q, Reason.MOVE_M, Reason.LEAVE, Reason.RETURN, Reason.PLACEMENT, Reason.PROBE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class Decision:
         """One line for a trace or a log: what was decided and on what evidence."""
         head = {Reason.MOVE_Q: f"q -> {self.q}", Reason.MOVE_M: f"m -> {self.m} (q {self.q})",
                 Reason.LEAVE: f"leave uniform for ({self.q}, {self.m})", Reason.RETURN: "return to uniform",
-                }.get(self.reason, self.reason.value)
+                Reason.PROBE: "probe the other placement"}.get(self.reason, self.reason.value)
         if self.option is None:
             return head
         q, m = self.option

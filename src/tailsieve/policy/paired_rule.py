@@ -84,6 +84,9 @@ def decide(ctl: Controller, state: ControlState, pred: Predictor, opts: Sequence
     scored.sort(key=lambda x: (-x[0], x[1][1], x[1][0]))
     if not scored:
         return replace(state, decision=Decision(state.q, state.m, Reason.STAY))
+    probe = _probe(state, scored)
+    if probe is not None:
+        return _move(state, probe[1], probe[2], Reason.PROBE)
     deadline = float(np.mean(here))
     refused: tuple[Option, Paired] | None = None
     for v, opt, p in scored:
@@ -105,10 +108,20 @@ def decide(ctl: Controller, state: ControlState, pred: Predictor, opts: Sequence
     return replace(state, decision=_decision(state, Reason.STAY, opt, p))
 
 
-def _move(state: ControlState, opt: Option, p: Paired) -> ControlState:
+def _probe(state: ControlState, scored: Sequence[tuple[float, Option, Paired]]) -> tuple[float, Option, Paired] | None:
+    """At the uniform boundary, the other placement once while its model error was never measured (two history
+    steps at least): the model prices a group's shared prompt only as its file says, and dealing a group over
+    replicas prefills its prompt on each, which a model without the prefill term cannot see."""
+    if state.m != 0 or not math.isnan(state.calib_uniform if state.uniform_dispatch == "group" else state.calib_group):
+        return None
+    other = [s for s in scored if s[1][1] == 0 and s[1][2] != state.uniform_dispatch and math.isfinite(s[0])]
+    return other[0] if other else None
+
+
+def _move(state: ControlState, opt: Option, p: Paired, reason: Reason | None = None) -> ControlState:
     q, m, dispatch = opt
     if m == 0:
-        reason = Reason.RETURN if state.m > 0 else Reason.PLACEMENT
+        reason = reason or (Reason.RETURN if state.m > 0 else Reason.PLACEMENT)
         return replace(state, q=0, m=0, uniform_dispatch=dispatch, decision=_decision(state, reason, opt, p, (0, 0)))
     reason = Reason.LEAVE if state.m == 0 else Reason.MOVE_M if m != state.m else Reason.MOVE_Q
     return replace(state, q=q, m=m, decision=_decision(state, reason, opt, p, (q, m)))
