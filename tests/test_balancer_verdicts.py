@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -75,6 +76,21 @@ def test_a_policy_that_never_split_and_dealt_is_the_balancer_whatever_the_noise(
                              f"every steady step) and {how} (")
 
 
+def test_a_step_of_whole_groups_among_dealt_ones_is_named() -> None:
+    """The controller's probe of whole groups: one steady step not dealt among dealt ones; still the balancer's
+    routing (SAME), and the note says on how many steps it was not."""
+    run = _run("tailsieve", _policy_times(0.5, 0.25), split=False, dealt=True)
+    steps = list(run.steps)
+    steps[3] = replace(steps[3], dealt=False)
+    v = against_balancer(replace(run, steps=tuple(steps)), _run("verl-lif", _balancer(), split=False))
+    assert v.standing is Standing.SAME
+    assert ("and dealt requests over the replicas as verl-lif does on all but 1 step, which placed whole groups ("
+            in v.note)
+    steps[5] = replace(steps[5], dealt=False)
+    two = against_balancer(replace(run, steps=tuple(steps)), _run("verl-lif", _balancer(), split=False))
+    assert "on all but 2 steps, which placed whole groups (" in two.note
+
+
 @pytest.mark.parametrize(("delta", "e"), CASES)
 def test_a_policy_that_never_split_nor_dealt_is_judged_by_the_band(delta: float, e: float) -> None:
     """Whole groups at the uniform boundary are not the balancer's routing: only equal step times make it SAME."""
@@ -115,21 +131,23 @@ def test_only_two_pool_policies_are_judged_and_only_when_the_balancer_ran() -> N
     assert list(balancer_verdicts(runs, oracles=("x-or",))) == ["tailsieve"]
 
 
-# plan on the h100 curve: exact answers where the split pays, where tailsieve deals as the balancer does (before
-# issue 42 plan said "It pays here: the adaptive controller gives 1.031× uniform beyond noise." there, against a
-# balancer at the same 96.52 s), and on the default trace and fleet, where it splits but within noise of it.
+# plan on the h100 curve: exact answers where the split pays, where tailsieve deals as the balancer does but for its
+# one probe of whole groups (before issue 42 plan said "It pays here: the adaptive controller gives 1.031× uniform
+# beyond noise." there, against a balancer at the same 96.52 s), and on the default trace and fleet, where it splits
+# but within noise of it.
 SMALL = ["--replicas", "4", "--groups", "16", "--steps", "16"]
 PLANS = [
     (["--workload", "agent-search", *SMALL], "pays",
      "tailsieve pays here: 1.119× verl's balancer, responses 1.4% shorter (±5.7% at 2σ over 14 paired steps); "
-     "1.119× uniform."),
+     "1.120× uniform."),
     (["--workload", "kodcode-r1", *SMALL], "same",
      "tailsieve is the same as verl's balancer here: it never placed a tail pool (q = m = 0 every steady step) and "
-     "took verl-lif's step time at every step (96.52 s a step, verl-lif 96.52 s); 1.031× uniform. No static split "
-     "beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, 1.031× uniform)."),
+     "dealt requests over the replicas as verl-lif does on all but 1 step, which placed whole groups (96.26 s a "
+     "step, verl-lif 96.52 s); 1.034× uniform. No static split beats verl's balancer beyond noise either: keep "
+     "verl's balancer (verl-lif, 1.031× uniform)."),
     ([], "within_noise",
-     "tailsieve does not pay here: 1.006× verl's balancer, responses 0.8% shorter, within noise (±2.1% at 2σ over "
-     "112 paired steps in 4 runs); about 126 paired steps would resolve a 2.0% difference (--replications 5). No "
+     "tailsieve does not pay here: 1.004× verl's balancer, responses 0.8% shorter, within noise (±2.1% at 2σ over "
+     "112 paired steps in 4 runs); about 127 paired steps would resolve a 2.0% difference (--replications 5). No "
      "static split beats verl's balancer beyond noise either: keep verl's balancer (verl-lif, 1.056× uniform)."),
 ]
 
@@ -149,8 +167,9 @@ def test_plan_answers_against_the_balancer(args: list[str], standing: str, text:
 
 def test_simulate_says_same_as_the_balancer_where_tailsieve_deals(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *SMALL]) == 0
-    last = " ".join(capsys.readouterr().out.splitlines()[-2:])
-    assert last.endswith("(96.52 s a step, verl-lif 96.52 s); 1.031× uniform.")
+    last = " ".join(capsys.readouterr().out.splitlines()[-3:])
+    assert last.endswith("on all but 1 step, which placed whole groups (96.26 s a step, verl-lif 96.52 s); 1.034× "
+                         "uniform.")
     assert "tailsieve is the same as verl's balancer here" in last
     assert main(["simulate", *SMALL, "--json"]) == 0
     vs = json.loads(capsys.readouterr().out)["vs_balancer"]

@@ -69,7 +69,8 @@ def test_placement_follows_the_truths_cost(name: str, curve: TpotCurve, prefill_
     c = make_controller("tailsieve", RouterConfig(groups=8, group_size=4, replicas=4, rho=0.25), bulk_curve=curve,
                         prefill_s=prompt * prefill_ms / 1e3)
     other = "group" if name == "request" else "request"
-    s = ControlState(q=0, m=0, history=(lens,) * 4, uniform_dispatch=other)
+    s = ControlState(q=0, m=0, history=(lens,) * 4, uniform_dispatch=other, calib_uniform=1.0,
+                     calib_group=1.0)  # both placements measured at the model's own error: priced, not probed
     out = c.decide(s, c.predictor(s))
     assert (out.m, out.uniform_dispatch) == (0, name)
     assert out.decision is not None and out.decision.reason is Reason.PLACEMENT

@@ -88,8 +88,11 @@ def against_balancer(run: PolicyRun, balancer: PolicyRun, *, skip: int = SKIP_ST
     ratio = length_ratio(run, balancer, skip=skip)
     name, x = run.policy, f"{speedup:.3f}× verl's balancer{length_phrase(ratio)}"
     if never and (same_times or any(s.dealt for s in steady)):
+        grouped = sum(not s.dealt for s in steady)  # e.g. the controller's probe of whole groups
         how = ("took verl-lif's step time at every step" if same_times
-               else "dealt requests over the replicas as verl-lif does")
+               else "dealt requests over the replicas as verl-lif does"
+               + (f" on all but {grouped} step{'s' if grouped > 1 else ''}, which placed whole groups" if grouped
+                  else ""))
         return Verdict(name, BALANCER, Standing.SAME, speedup, band, n, (
             f"{name} is the same as verl's balancer here: it never placed a tail pool (q = m = 0 every steady "
             f"step) and {how} ({mean:.2f} s a step, verl-lif {ref:.2f} s)"), left_uniform(run), tail, ratio, runs)
