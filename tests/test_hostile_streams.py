@@ -177,3 +177,65 @@ def test_an_ignored_sigint_stays_ignored(monkeypatch: pytest.MonkeyPatch, capsys
     finally:
         signal.signal(signal.SIGINT, old)
     assert seen == [signal.SIG_IGN] and capsys.readouterr().err == ""
+
+
+class _SetNameInterrupt:
+    """A class attribute whose `__set_name__` takes a Ctrl-C, as a dataclass field's does while its module loads."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_ctrl_c_while_the_command_loads_is_an_interrupt(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Python 3.11 wraps an exception raised in `__set_name__` in RuntimeError (3.12 raises it as is): a Ctrl-C that
+    lands there while the command's modules load is still one line and status 130, never a traceback (seen in CI:
+    SIGINT 0.3 s into `simulate`, in a dataclass of `workloads.regimes`)."""
+    import tailsieve.cli as cli
+
+    def build_parser(only: str | None = None) -> object:
+        type("Loading", (), {"field": _SetNameInterrupt()})  # raises here, wrapped or not
+        raise AssertionError("unreachable: the Ctrl-C interrupts the class")
+
+    monkeypatch.setattr(cli, "build_parser", build_parser)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert main(["simulate"]) == 130
+    assert capsys.readouterr() == ("", "tailsieve simulate: interrupted\n")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_error_while_the_command_loads_without_a_ctrl_c_is_not_an_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a Ctrl-C is turned into `interrupted`: another error while modules load still surfaces."""
+    import tailsieve.cli as cli
+
+    def build_parser(only: str | None = None) -> object:
+        raise RuntimeError("a broken module")
+
+    monkeypatch.setattr(cli, "build_parser", build_parser)
+    with pytest.raises(RuntimeError, match="a broken module"):
+        main(["simulate"])
+
+
+def test_the_entry_point_says_interrupted_for_a_wrapped_ctrl_c(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m tailsieve` before the CLI's handlers exist: a KeyboardInterrupt wrapped in another error (its
+    cause or context) is one line and 130; an error with no interrupt among its causes is raised."""
+    import tailsieve.__main__ as entry
+    import tailsieve.cli as cli
+
+    def wrapped() -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__") from exc
+
+    monkeypatch.setattr(cli, "main", wrapped)
+    assert entry.run() == 130
+    assert capsys.readouterr().err == "tailsieve: interrupted\n"
+
+    def broken() -> int:
+        raise RuntimeError("a broken module")
+
+    monkeypatch.setattr(cli, "main", broken)
+    with pytest.raises(RuntimeError, match="a broken module"):
+        entry.run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -263,12 +264,19 @@ def error_paths(text: str, words: str) -> Iterator[str]:
         yield out + err
 
 
+@functools.cache
+def fixed_text() -> str:
+    """What the error paths print of their own for a harmless input ("x"): a secret that is a piece of it (the
+    generated value "tailsi" of the program's name, seen in CI) cannot be told from the message itself."""
+    return "\n".join(error_paths("x", "x"))
+
+
 @settings(max_examples=150, deadline=None, database=None)
 @given(before=FILLER, sep1=SEP, shape=secret_shapes(), sep2=SEP, after=FILLER)
 def test_no_secret_byte_survives_any_error_path(before: str, sep1: str, shape: tuple[str, str], sep2: str,
                                                 after: str) -> None:
     text, secret = shape
-    assume(secret not in before + after)
+    assume(secret not in before + after and secret not in fixed_text())
     full = before + sep1 + text + sep2 + after
     for out in error_paths(full, f"{before} {text} {after}"):
         assert secret not in out, (full, out[-400:])

@@ -15,9 +15,29 @@ def run() -> int:
 
         return main()
     except KeyboardInterrupt:
-        with contextlib.suppress(OSError, ValueError):  # stderr already closed: the exit status says it
-            print("tailsieve: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except Exception as exc:  # Python 3.11 wraps a Ctrl-C raised in a class's `__set_name__` while a module loads
+        if not _interrupt_caused(exc):  # in RuntimeError: still the interrupt
+            raise
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    with contextlib.suppress(OSError, ValueError):  # stderr already closed: the exit status says it
+        print("tailsieve: interrupted", file=sys.stderr)
+    return 130
+
+
+def _interrupt_caused(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the exception's causes and contexts."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def exit_after(rc: int) -> None:

@@ -165,11 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Ctrl-C, from the first line on, one line and 128 + the signal's number."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
+    watch = SigintSeen()
     try:
         with interrupt_signals() as watch:
             rc = _main(argv, command, watch)
     except KeyboardInterrupt as exc:  # before the command ran (its own handler below says the rest)
         return interrupted_line(command if command in SUMMARIES else "", exc)
+    except Exception:  # while the command's modules load: Python 3.11 wraps a Ctrl-C raised in a class's
+        if watch.seen:  # `__set_name__` (a dataclass field) in RuntimeError; the interrupt is the cause
+            return interrupted_line(command if command in SUMMARIES else "", KeyboardInterrupt())
+        raise
     if watch.seen and rc != 128 + signal.SIGINT:  # a Ctrl-C whose exception a library dropped: still an interrupt
         return interrupted_line(command if command in SUMMARIES else "", KeyboardInterrupt())
     return rc
