@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 import tailsieve
+from family_beliefs import BELIEFS, belief_replica
 from family_report import print_rows, summary
 from tailsieve.policy.controller import ControllerConfig
 from tailsieve.policy.router import RouterConfig
@@ -44,7 +45,6 @@ from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SKIP_STEPS, PolicyRun, SimConfig, policy_names, run_policy, static_grid
 from tailsieve.workloads.engine_family import (
     ENGINE_SEEDS,
-    EngineRegime,
     engine_regime,
     engine_seeds,
     engine_workload,
@@ -53,7 +53,6 @@ from tailsieve.workloads.family import Split, family_regime, family_workload, sp
 
 DEFAULT_COUNT = 64  # regimes per split: at 32 the 95% share of issue 40 turns on one regime (bench/README.md)
 QUICK_POOL, QUICK_COUNT, QUICK_STEPS = 32, 12, 20
-BELIEFS = ("curve", "servers", "profile")  # what the engine half's controller is told of the truth (`belief_replica`)
 GRID_M = 8  # m values of the grid's first stage
 
 
@@ -161,21 +160,6 @@ def reference_runs(t: Task, wl: Any, curve: Any, cfg: SimConfig) -> dict[str, An
         tmp.write_text(json.dumps(out))
         tmp.replace(path)
     return out
-
-
-def belief_replica(belief: str, eng: EngineRegime) -> ReplicaConfig:
-    """What the controller's model file holds of the regime's truth (`--belief`): `curve`, nothing but the family curve;
-    `servers`, also what a server reports of itself (KV capacity, block size), no cost term; `profile`, also what
-    `tailsieve profile` measures (the KV and prefill terms)."""
-    tm, e = eng.truth, eng.truth.engine
-    if belief == "curve":
-        return ReplicaConfig()
-    if belief == "servers":
-        return ReplicaConfig(kv_tokens=e.kv_tokens, block_size=e.block_size)
-    if belief == "profile":
-        return ReplicaConfig(kv_ms_per_1k_tokens=tm.kv_ms_per_1k, prefill_ms_per_token=tm.prefill_ms_per_token,
-                             kv_tokens=e.kv_tokens, block_size=e.block_size)
-    raise ValueError(f"belief must be one of {BELIEFS}, got {belief!r}")
 
 
 def run_regime(t: Task) -> dict[str, Any]:

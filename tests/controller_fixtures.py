@@ -8,7 +8,7 @@ import numpy as np
 from conftest import make_curve
 from tailsieve.policy.controller import CONTROLLERS, StepObservation
 from tailsieve.policy.controller_knobs import controller_from_mapping
-from tailsieve.policy.router import RouterConfig
+from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig
 
 CURVE = make_curve()
 
@@ -26,6 +26,10 @@ def obs(*, q: int, m: int, tail_s: float, bulk_s: float, warmup: bool = False, n
                            consumed_lengths=history(n=n, seed=seed))
 
 
-def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25, **cfg: object):  # type: ignore[no-untyped-def]
-    rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho)
+def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25,  # type: ignore[no-untyped-def]
+         max_redraws: int = DEFAULT_REDRAWS, **cfg: object):
+    """A controller by name on a small fleet, its knobs `cfg`; the router's redraw limit `max_redraws`: at the
+    default (1) the candidates not isolated run pinned and every split isolates q = E (`Controller.best_q`); from 2
+    on q is the best of `q_grid`."""
+    rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho, max_redraws=max_redraws)
     return CONTROLLERS[name](rc, CURVE, controller_from_mapping(cfg, "make"))  # type: ignore[arg-type]

@@ -81,7 +81,7 @@ def test_validation_refuses_tuning_knobs(argv: list[str]) -> None:
 
 def test_each_belief_holds_what_its_source_can_know() -> None:
     sys.path.insert(0, str(BENCH.parent))
-    from bench_family import BELIEFS, belief_replica
+    from family_beliefs import BELIEFS, belief_replica
 
     eng = next(r for r in map(engine_regime, engine_seeds(Split.TUNE, 64)) if r.truth.engine.kv_tokens is not None)
     tm, e = eng.truth, eng.truth.engine

@@ -14,23 +14,15 @@ import numpy as np
 import pytest
 
 from conftest import fixed_forecast, make_curve
-from controller_fixtures import history, obs
+from controller_fixtures import history, make, obs
 from tailsieve.policy.calibration import factors
-from tailsieve.policy.controller import CONTROLLERS, ControllerConfig, ControlState
+from tailsieve.policy.controller import ControllerConfig, ControlState
 from tailsieve.policy.decision import Decision, Reason
 from tailsieve.policy.paired import paired_gain, t_quantile, value
 from tailsieve.policy.router import DEFAULT_REDRAWS, RouterConfig
 
 CURVE = make_curve()
 SEARCHED = 2  # a redraw limit above 1: candidates left in the bulk pool are redrawn, so q is searched on `q_grid`
-
-
-def make(name: str, *, n: int = 16, r: int = 8, rho: float = 0.25, max_redraws: int = DEFAULT_REDRAWS,
-         **cfg: object) -> Any:
-    """`controller_fixtures.make` with the router's redraw limit: at the default (1) the candidates not isolated run
-    pinned and every split isolates q = E (`Controller.best_q`); from 2 on q is the best of `q_grid`."""
-    rc = RouterConfig(groups=n, group_size=4, replicas=r, rho=rho, max_redraws=max_redraws)
-    return CONTROLLERS[name](rc, CURVE, ControllerConfig(**cfg))  # type: ignore[arg-type]
 
 
 HIST = tuple(history(seed=k) for k in range(4))  # four history steps of 16 groups: K = 12 pools, 3 per step
@@ -271,40 +263,6 @@ def test_the_decision_is_the_brute_force_argmax_of_the_value() -> None:
             assert (out.q, out.m) == (q, m) and out.decision.reason is refusal
         seen.add(out.decision.reason)
     assert {Reason.MOVE_M, Reason.UNPAID, Reason.STAY} <= seen  # the cases cover a move, a refusal and a stay
-
-
-def test_the_other_placement_is_probed_once_before_any_move() -> None:
-    """At the uniform boundary, with two history steps, the placement never run is run once (PROBE, its paired
-    evidence attached), whatever its value and before any move, a split beyond noise included: the model cannot
-    price what dealing a group over replicas costs without the prefill term. Once both placements carry a measured
-    error the rule decides on them; a split never probes."""
-    hist = tuple(history(seed=k, tail=12.0) for k in range(4))
-    c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=1e6)  # every split unpaid: nothing moves
-    s = ControlState(q=0, m=0, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="request",
-                     calib_uniform=1.3)
-    pred = c.predictor(s)
-    out = c.decide(s, pred)
-    g, se, _ = paired_gain(c.times(s, pred, 0, 0), c.times(s, pred, 0, 0, "group"), 4)
-    assert out.decision is not None and out.decision.reason is Reason.PROBE and out.decision.moved
-    assert (out.q, out.m, out.uniform_dispatch, out.decision.option) == (0, 0, "group", (0, 0))
-    assert (out.decision.gain_s, out.decision.se_s) == (g, se) and g < 0  # probed though the model prices it slower
-    assert out.decision.note.startswith("probe the other placement; (0, 0): -")
-    measured = replace(s, calib_group=2.0)  # the group placement's error is known (and dear): no probe, stay
-    assert c.decide(measured, c.predictor(measured)).decision.reason in (Reason.STAY, Reason.UNPAID)  # type: ignore[union-attr]
-    cheap = replace(s, calib_group=1.1)  # measured cheaper than the model alone says: whole groups, by its error
-    moved = c.decide(cheap, c.predictor(cheap))
-    assert (moved.decision.reason, moved.uniform_dispatch) == (Reason.PLACEMENT, "group")  # type: ignore[union-attr]
-    back = replace(out, calib_group=1.1)  # after the probe, from whole groups: the dealt placement is measured
-    assert c.decide(back, c.predictor(back)).decision.reason is not Reason.PROBE  # type: ignore[union-attr]
-    free = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=0.0)
-    fast = fixed_forecast("tailsieve", free, lambda q, m: 100.0 if m == 0 else 1.0)
-    first = fast.decide(s, fast.predictor(s))
-    assert first.decision is not None and first.decision.reason is Reason.PROBE  # the probe before the split
-    then = replace(s, calib_group=1.3)
-    leave = fast.decide(then, fast.predictor(then))
-    assert leave.decision is not None and leave.decision.reason is Reason.LEAVE  # then the split beyond noise
-    split = ControlState(q=1, m=1, history=hist, tail_history=tuple(h[:4] for h in hist))
-    assert c.decide(split, c.predictor(split)).decision.reason is not Reason.PROBE  # type: ignore[union-attr]
 
 
 # ---- feasibility of split → split moves ---------------------------------------------------------------------------
