@@ -133,7 +133,7 @@ class ControlState:
         that one only): format `CONTROL_FORMAT` only (a state saved by an older version is refused, never read in
         part); q and m required, the rest default; counts are integers >= 0, estimates finite (calibrations > 0;
         null: not measured yet), histories (rows, G) tables of token counts; a ConfigError naming the field
-        otherwise."""
+        otherwise. A state saved before the per-placement errors is read as `_placement_errors` says."""
         if not isinstance(obj, dict):
             raise ConfigError(f"{where} must be a JSON object, got {type(obj).__name__}")
         if obj.get("format") != CONTROL_FORMAT:
@@ -148,10 +148,20 @@ class ControlState:
             raise ConfigError(f"{where}.state must name the controller state it holds ({valid}), got {excerpt(kind)}")
         d = json_object(obj, where, ("format", "state", "q", "m"), tuple(f.name for f in fields(own)))
         kw = {name: own.parse[name](v, f"{where}.{name}") for name, v in d.items() if name not in ("format", "state")}
-        return own(**kw)
+        return own(**_placement_errors(kw))
 
 
 _HISTORIES = ("history", "tail_history")
+
+
+def _placement_errors(kw: dict[str, Any]) -> dict[str, Any]:
+    """A restored state's uniform-boundary errors (its parsed fields). One saved before each placement had its own
+    error has no `calib_group`: its `calib_uniform` is the one error of every uniform step, measured at the
+    placement it saved (the controller stays at a placement once chosen), so at whole groups it is `calib_group` and
+    the dealt placement's is unmeasured (the placement probe then measures it); at dealt requests it stays."""
+    if "calib_group" in kw or kw.get("uniform_dispatch", "group") != "group":
+        return kw
+    return kw | {"calib_group": kw.get("calib_uniform", math.nan), "calib_uniform": math.nan}
 
 
 def count(v: Any, flag: str) -> int:
