@@ -14,7 +14,8 @@ ts/ref (tailsieve / reference), ts/fix (tailsieve / tailsieve-fixed), m0 (steady
 len (its length bias: mean consumed response length over the steady steps / uniform's, App. E) and the paired noise
 band: the std of the per-step difference (policy - reference run) over the steady steps
 (after SKIP_STEPS) / sqrt(n), as a share of the reference's mean step. Then the distribution over regimes: for each
-adaptive policy P, P / reference and P / tailsieve-fixed (median, p5, min; the share of regimes with
+adaptive policy P, P / reference, P / max(reference, uniform) (both reference policies deal requests; where whole
+groups win, uniform beats them) and P / tailsieve-fixed (median, p5, min; the share of regimes with
 P >= fixed - 1%), the minimum P / uniform, the median noise band and the length bias (median [min, max]).
 
 `--quick` (< 5 min on 2 cores): the 12 cheapest of the split's first 32 regimes, 20 steps. A full split (64

@@ -94,3 +94,23 @@ def test_each_belief_holds_what_its_source_can_know() -> None:
         tm.kv_ms_per_1k, tm.prefill_ms_per_token, e.kv_tokens)
     with pytest.raises(ValueError, match="belief must be one of"):
         belief_replica("oracle", eng)
+
+
+def test_the_summary_sets_uniform_beside_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    """`family_report.summary`: P / max(reference, uniform) is P's speedup over the better of the reference and
+    uniform (speedups are over uniform, which is 1): where uniform beats the reference (whole groups win), P is
+    held to uniform; elsewhere it equals P / reference."""
+    sys.path.insert(0, str(BENCH.parent))
+    from family_report import summary
+
+    def row(speedup: float, reference: float) -> dict:  # type: ignore[type-arg]
+        return {"reference": reference, "policies": {"tailsieve": {
+            "speedup": speedup, "ratio_ref": speedup / reference, "noise": 0.01, "length_ratio": 1.0}}}
+
+    rows = [row(0.9, 0.8), row(1.1, 1.2), row(1.3, 1.25)]  # uniform beats the first's reference: 0.9, not 1.125
+    s = summary(rows, ("tailsieve",))["tailsieve"]
+    assert (s["ratio_ref"]["median"], s["ratio_ref"]["min"]) == (pytest.approx(1.04), pytest.approx(1.1 / 1.2))
+    both = s["ratio_ref_or_uniform"]
+    assert (both["median"], both["min"], both["p5"]) == (pytest.approx(1.1 / 1.2), pytest.approx(0.9),
+                                                         pytest.approx(0.9 + 0.1 * (1.1 / 1.2 - 0.9)))
+    assert "tailsieve        / max(reference, uniform): median 0.917  p5 0.902  min 0.900" in capsys.readouterr().out
