@@ -61,24 +61,17 @@ def test_a_uniform_step_measures_the_uniform_boundary_only() -> None:
 
 def test_each_placement_is_priced_by_its_own_error_else_the_others() -> None:
     """`uniform_factor`: the placement's own measured error, else the other placement's, else NaN; `factors` reads
-    the uniform boundary's at the state's placement, and unmeasured pools borrow it at the placement the pools run
-    (dealt requests by default, as the router's dispatch), whatever the state's: whole groups measured cheap (no
-    prompt prefilled twice) say nothing of pools that deal a group's requests over replicas."""
+    the uniform boundary's at the state's placement (and splits borrow it, as before)."""
     nan = math.nan
     both = ControlState(q=0, m=0, calib_uniform=1.5, calib_group=0.8)
     assert (uniform_factor(both, True), uniform_factor(both, False)) == (1.5, 0.8)
     assert factors(replace(both, uniform_dispatch="request")) == (1.5, 1.5, 1.5)
-    assert factors(replace(both, uniform_dispatch="group")) == (1.5, 1.5, 0.8)  # the pools deal: 1.5, not 0.8
-    assert factors(replace(both, uniform_dispatch="group"), pools_dealt=False) == (0.8, 0.8, 0.8)
-    assert factors(replace(both, uniform_dispatch="request"), pools_dealt=False) == (0.8, 0.8, 1.5)
+    assert factors(replace(both, uniform_dispatch="group")) == (0.8, 0.8, 0.8)
     dealt_only = ControlState(q=0, m=0, calib_uniform=1.5)
     assert (uniform_factor(dealt_only, True), uniform_factor(dealt_only, False)) == (1.5, 1.5)
     none = ControlState(q=0, m=0)
     assert math.isnan(uniform_factor(none, True)) and math.isnan(uniform_factor(none, False))
-    assert factors(ControlState(q=0, m=0, calib_group=0.8, calib_tail=nan)) == (0.8, 0.8, 0.8)  # the other's
-    measured = ControlState(q=2, m=1, calib_tail=1.8, calib_bulk=1.4, calib_uniform=1.5, calib_group=0.8,
-                            uniform_dispatch="group")
-    assert factors(measured) == (1.8, 1.4, 0.8) == factors(measured, pools_dealt=False)  # measured pools: their own
+    assert factors(ControlState(q=0, m=0, calib_group=0.8, calib_tail=nan)) == (0.8, 0.8, 0.8)
 
 
 def test_warmup_steps_and_unmeasurable_terms_teach_nothing() -> None:

@@ -7,16 +7,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from conftest import fixed_forecast
 from controller_fixtures import history, make
 from tailsieve.errors import ConfigError
-from tailsieve.policy.controller import CONTROLLERS, ControlState
+from tailsieve.policy.controller import ControlState
 from tailsieve.policy.decision import Reason
 from tailsieve.policy.paired import paired_gain
-from tailsieve.policy.router import Dispatch
 
 SEARCHED = 2  # a redraw limit above 1: q is searched on `q_grid`
 
@@ -78,27 +76,3 @@ def test_a_state_saved_before_the_per_placement_errors_keeps_its_error_at_its_pl
     assert (back.calib_uniform, back.calib_group) == (1.7, 1.2)
     with pytest.raises(ConfigError, match=r"^control.calib_uniform must be"):  # a bad value keeps its own name
         ControlState.from_json(older | {"calib_uniform": "x"})
-
-
-def test_unmeasured_pools_borrow_the_error_of_the_placement_they_run() -> None:
-    """After the probe measured whole groups cheap (no prompt prefilled twice) and dealt requests dear, a split whose
-    pools deal requests (the router's default dispatch) is priced at the dealt error, not at whole groups': the
-    controller stays at whole groups instead of leaving for a split that deals each group over replicas (what a
-    model without the prefill term cannot see). Pools that place whole groups borrow the whole-group error."""
-    hist = tuple(history(seed=k, tail=12.0) for k in range(4))
-    s = ControlState(q=0, m=0, history=hist, tail_history=tuple(h[:4] for h in hist), uniform_dispatch="group",
-                     calib_uniform=3.0, calib_group=1.0)
-    c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=0.0, z=0.1)  # a small margin: any gain moves
-    assert c.pools_dealt
-    pred = c.predictor(s)
-    assert np.array_equal(c.times(s, pred, 1, 3), pred.split_times(1, 3, 3.0, 3.0))
-    assert np.array_equal(c.times(s, pred, 0, 0), pred.uniform_times(False) * 1.0)
-    out = c.decide(s, pred)  # at whole groups' error (1.0) the split (1, 3) gains 12 s a step and would be left for
-    assert out.decision is not None and out.decision.reason is Reason.STAY and (out.m, out.uniform_dispatch) == (
-        0, "group")
-    assert out.decision.option == (1, 3) and out.decision.gain_s < -100  # priced at the dealt error: far slower
-    grouped = CONTROLLERS["tailsieve"](replace(c.router, dispatch=Dispatch.GROUP), c.curve, c.config)
-    assert not grouped.pools_dealt
-    assert np.array_equal(grouped.times(s, pred, 1, 3), pred.split_times(1, 3, 1.0, 1.0))
-    left = grouped.decide(s, grouped.predictor(s))  # pools that place whole groups share whole groups' error
-    assert left.decision is not None and left.decision.reason is Reason.LEAVE and left.m > 0

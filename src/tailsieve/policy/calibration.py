@@ -6,9 +6,9 @@ fleet slower or faster than its profiled curve, tool calls between turns, a prom
 carries none of the luck of the draw, because the model runs on the very requests the step ran (`policy.observed`);
 in the simulator it is 1 unless the engine is scaled or the workload waits on tools. A class's first ratio seeds it;
 until a class is measured it borrows the nearest measured one (the other pool's, then the uniform boundary's at the
-placement the pools run, then 1; a placement borrows the other's): a split priced at 1 against a uniform boundary
-measured at 1.5 would look 50% faster than it is. Without a per-request record (`StepObservation.work` is None) the
-ratio is taken against the forecast at the executed split instead.
+state's placement, then 1; a placement borrows the other's): a split priced at 1 against a uniform boundary measured
+at 1.5 would look 50% faster than it is. Without a per-request record (`StepObservation.work` is None) the ratio is
+taken against the forecast at the executed split instead.
 """
 
 from __future__ import annotations
@@ -33,14 +33,11 @@ def uniform_factor(state: ControlState, dealt: bool) -> float:
     return own if not math.isnan(own) else other
 
 
-def factors(state: ControlState, pools_dealt: bool = True) -> tuple[float, float, float]:
-    """(c_tail, c_bulk, c_uniform): each class's model error, or the nearest one measured (module docstring). An
-    unmeasured pool borrows the uniform boundary's error at the placement the pools run (`pools_dealt`: the router
-    deals a split's requests one by one), since that is the error it shares: a prompt prefill the model lacks costs
-    dealt requests and not whole groups. c_uniform is the uniform boundary's at the state's placement."""
+def factors(state: ControlState) -> tuple[float, float, float]:
+    """(c_tail, c_bulk, c_uniform): each class's model error, or the nearest one measured (module docstring); the
+    uniform boundary's at the state's placement."""
     here = uniform_factor(state, state.uniform_dispatch == "request")
-    pools = uniform_factor(state, pools_dealt)
-    u = 1.0 if math.isnan(pools) else pools
+    u = 1.0 if math.isnan(here) else here
     t, b = state.calib_tail, state.calib_bulk
     ct = t if not math.isnan(t) else b if not math.isnan(b) else u
     cb = b if not math.isnan(b) else t if not math.isnan(t) else u

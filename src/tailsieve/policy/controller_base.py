@@ -138,11 +138,6 @@ class Controller(ABC):
             cost = ema(cost, obs.restart_s, self.config.ema)
         return replace(state, move_cost_s=cost, last_m=obs.m)
 
-    @property
-    def pools_dealt(self) -> bool:
-        """Whether a split's pools deal requests one by one (the router's `dispatch`), not whole groups."""
-        return self.router.dispatch.value == "request"
-
     def move_cost(self, state: ControlState) -> float:
         """Seconds a pool move costs: the measured restart EMA, else the configured prior."""
         return self.config.move_cost_s if math.isnan(state.move_cost_s) else state.move_cost_s
@@ -153,7 +148,7 @@ class Controller(ABC):
         curves and cost terms, and the state's placement at the uniform boundary."""
         return PredictorFacts(
             groups=self.router.groups, extra=self.router.extra, replicas=self.router.replicas, curve=self.curve,
-            tail_curve=self.tail_curve, by_request=self.pools_dealt,
+            tail_curve=self.tail_curve, by_request=self.router.dispatch.value == "request",
             uniform_by_request=state.uniform_dispatch == "request", pinned_candidates=self.router.pins_candidates,
             kv_s_per_token=self.kv_s_per_token, prefill_s=self.prefill_s, kv_tokens=self.kv_tokens,
             prompt_tokens=self.prompt_tokens)
@@ -167,7 +162,7 @@ class Controller(ABC):
     def times(self, state: ControlState, pred: Predictor, q: int, m: int, dispatch: str | None = None) -> FloatArray:
         """(K,) calibrated step seconds per bootstrap pool: max(c_tail·T_tail, c_bulk·T_bulk) for a split (§3.2),
         c_uniform·T_uniform at the uniform boundary with `dispatch` (default: the state's placement)."""
-        ct, cb, cu = factors(state, self.pools_dealt)
+        ct, cb, cu = factors(state)
         if m == 0:
             dealt = (dispatch or state.uniform_dispatch) == "request"
             own = uniform_factor(state, dealt)
@@ -206,7 +201,7 @@ class Controller(ABC):
         the pool gaining replicas must absorb at least the groups the losing pool can no longer finish by the
         deadline (G_tail(m) ≥ D_bulk(m), or mirrored)."""
         n, q, m = self.router.groups, state.q, state.m
-        ct, cb, _ = factors(state, self.pools_dealt)
+        ct, cb, _ = factors(state)
         if mc > m:
             qmax = min(n - 1, 4 * self.router.extra + 4)
             gained = max(0, pred.tail_capacity(deadline / ct, mc, qmax) - q)
