@@ -4,14 +4,10 @@ priced at its own measured model error."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-
-import pytest
 
 from conftest import fixed_forecast
 from controller_fixtures import history, make
-from tailsieve.errors import ConfigError
 from tailsieve.policy.controller import ControlState
 from tailsieve.policy.decision import Reason
 from tailsieve.policy.paired import paired_gain
@@ -53,26 +49,14 @@ def test_the_other_placement_is_probed_once_before_any_move() -> None:
     assert c.decide(split, c.predictor(split)).decision.reason is not Reason.PROBE  # type: ignore[union-attr]
 
 
-def test_a_state_saved_before_the_per_placement_errors_keeps_its_error_at_its_placement() -> None:
-    """A state saved before each placement had its own error (no `calib_group`) held one uniform error, measured at
-    the placement it saved: restored at whole groups, that error is the group placement's and the dealt one is
-    unmeasured, so the restored controller probes dealing (not: dealing priced at whole groups' error); at dealt
-    requests it stays the dealt one. A state saved since is read as saved."""
+def test_a_state_saved_before_the_per_placement_errors_probes_the_placement_it_never_ran() -> None:
+    """A state saved at whole groups before each placement had its own error (no `calib_group`) is restored with
+    its one error as whole groups' (tests/test_control_state.py): the dealt placement is unmeasured, so the restored
+    controller probes it, instead of pricing dealing at whole groups' error."""
     hist = tuple(history(seed=k, tail=12.0) for k in range(4))
     now = ControlState(q=0, m=0, history=hist, tail_history=tuple(h[:4] for h in hist), calib_uniform=1.7,
                        calib_group=1.2)
-    older = {k: v for k, v in now.to_json().items() if k != "calib_group"}
-    at_groups = ControlState.from_json(older)
-    assert at_groups.uniform_dispatch == "group" and at_groups.calib_group == 1.7
-    assert math.isnan(at_groups.calib_uniform)
+    restored = ControlState.from_json({k: v for k, v in now.to_json().items() if k != "calib_group"})
     c = make("tailsieve", r=4, max_redraws=SEARCHED, move_cost_s=1e6)
-    probe = c.decide(at_groups, c.predictor(at_groups)).decision
-    assert probe is not None and probe.reason is Reason.PROBE
-    dealt = ControlState.from_json(older | {"uniform_dispatch": "request"})
-    assert (dealt.calib_uniform, math.isnan(dealt.calib_group)) == (1.7, True)
-    unmeasured = ControlState.from_json({k: v for k, v in older.items() if k != "calib_uniform"})
-    assert math.isnan(unmeasured.calib_uniform) and math.isnan(unmeasured.calib_group)
-    back = ControlState.from_json(now.to_json())
-    assert (back.calib_uniform, back.calib_group) == (1.7, 1.2)
-    with pytest.raises(ConfigError, match=r"^control.calib_uniform must be"):  # a bad value keeps its own name
-        ControlState.from_json(older | {"calib_uniform": "x"})
+    probe = c.decide(restored, c.predictor(restored)).decision
+    assert probe is not None and probe.reason is Reason.PROBE and probe.option == (0, 0)
