@@ -41,6 +41,9 @@ SHAPES: dict[str, tuple[str, str]] = {
     "JSON api_key": ('{"api_key": "k-123 456", "model": "m"}', "k-123 456"),
     "--api-key flag": ("serve --api-key hunter2-flag --port 1", "hunter2-flag"),
     "--password='…' flag": ("run --password='a b c' next", "a b c"),
+    # a value quoted inside an escaped string: a repr (found by the property test below) or JSON of a command line
+    "escaped single quotes (a repr)": ("args: ' HF_TOKEN=\\'s3cr3t val\\' \"'", "s3cr3t val"),
+    "escaped double quotes (JSON)": ('{"cmd": "serve --api-key \\"k3y-v4l\\" --port 1"}', "k3y-v4l"),
     "sk-": ("key sk-abcdefghijklmnop0123 here", "sk-abcdefghijklmnop0123"),
     "sk-proj-": ("sk-proj-AbCdEfGhIjKlMnOpQrStUv", "sk-proj-AbCdEfGhIjKlMnOpQrStUv"),
     "hf_": ("model hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH"),

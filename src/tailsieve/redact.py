@@ -8,8 +8,9 @@ value (issue 49):
 - after a secret-looking name (`secret_name`: any case, `_`/`-`/`.` separators, ending in key, token, secret,
   password, passwd, credential, cookie, session, auth or bearer, or holding secret/password/passwd/credential in its
   last dotted part) or an `Authorization`/`Cookie`/`Set-Cookie` header, the whole value: a quoted string to its closing
-  quote, else a `NAME: value` to the end of the line, a `NAME=value` or `--flag value` to the end of the field
-  (whitespace, or `&` before the next `name=`);
+  quote (one quoted with an escaped quote, in a repr or JSON, to the same escaped quote or the line's end), else a
+  `NAME: value` to the end of the line, a `NAME=value` or `--flag value` to the end of the field (whitespace, or `&`
+  before the next `name=`);
 - `Bearer`/`Basic`/`Token` credentials, the userinfo of a URL up to the last `@` before the host;
 - bare token shapes: `sk-…` (`sk-proj-…`), `hf_…`, `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_…`, `github_pat_…`,
   `xoxb-`/`xoxp-…`, AWS access key ids (`AKIA…`, `ASIA…`) and JWTs (`eyJ….eyJ….…`).
@@ -53,6 +54,8 @@ _AUTHORITY = re.compile(r"[^\s/?#]{0,4096}+")  # a URL's authority: to the path,
 _UNQUOTED = re.compile(r"[^\s\"']*+")
 _NEXT_NAME = re.compile(r"&[A-Za-z_][\w.-]*=")
 _QUOTED = {'"': re.compile(r'"(?:[^"\\\n]|\\.)*+(?:"|$)', re.M), "'": re.compile(r"'(?:[^'\\\n]|\\.)*+(?:'|$)", re.M)}
+# a value quoted inside an escaped string, at any depth (a repr, JSON, or the repr of either: `HF_TOKEN=\'abc\'`)
+_ESCAPED_QUOTE = re.compile(r"\\++[\"']")
 _PLACEHOLDER = re.compile(r"(?:value|\.\.\.|…|<[A-Za-z_]*>|\{[A-Za-z_]*\})(?=[\s,;)\]]|$)")
 _ESCAPE = re.compile(r"(?:[abfnrtv0]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4})")  # what follows `\` in an escaped excerpt
 _CSI_TAIL = re.compile(r"[0-9;]*[A-Za-z]")  # the rest of a terminal sequence after `ESC[`
@@ -111,14 +114,20 @@ def _field_start(text: str, start: int) -> bool:
 
 
 def _value_end(text: str, pos: int, sep: str) -> int | None:
-    """Where the value after a separator ends (None: no value to mask): a quoted string to its closing quote; after
-    `:` the end of the line; after `=` the end of the field (a blank, a quote, `&` before the next name=); after a
+    """Where the value after a separator ends (None: no value to mask): a quoted string to its closing quote (one
+    quoted with an escaped quote, `\\'…\\'` in a repr, to the same escaped quote or the end of the line); after `:`
+    the end of the line; after `=` the end of the field (a blank, a quote, `&` before the next name=); after a
     flag's blank, the next word."""
     if pos >= len(text) or text.startswith(MASK, pos) or _PLACEHOLDER.match(text, pos):
         return None
     if text[pos] in _QUOTED:
         m = _QUOTED[text[pos]].match(text, pos)
         return m.end() if m else None
+    if text[pos] == "\\" and (q := _ESCAPED_QUOTE.match(text, pos)) is not None:
+        nl = text.find("\n", q.end())
+        stop = len(text) if nl < 0 else nl
+        close = text.find(q.group(), q.end(), stop)  # the same escaped quote closes it, else the line's end
+        return stop if close < 0 else close + len(q.group())
     if ":" in sep:
         end = text.find("\n", pos)
         return len(text) if end < 0 else end
