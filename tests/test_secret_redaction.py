@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from cli_inprocess import run
 from tailsieve.outputs import OutputLock
-from tailsieve.redact import EXCERPT_CHARS, MASK, clip, excerpt, redact
+from tailsieve.redact import EXCERPT_CHARS, MASK, clip, excerpt, redact, shown_args
 
 LINE_CHARS = 300  # the longest line the CLI may print about user content
 
@@ -154,6 +154,16 @@ class TestEveryPrintedLine:
                             f"{flag}={args}"])
         assert rc == 0 and "--max-model-len 100" in out, err
         clean(key, out, err)
+
+    def test_launch_an_argument_that_ends_in_a_secret_flag(self) -> None:
+        """A shell-escaped blank makes `0 --api-key` one argument (found by the property test below): the argument
+        after it is still the flag's value, masked in the dry run and in `shown_args` (not after `--api-key-env`)."""
+        rc, out, err = run(["launch", "--dry-run", "--model", "facebook/opt-125m", "--replicas", "1",
+                            "--server-args=0\\ --api-key s3cr3t-v4lue"])
+        assert rc == 0 and f"'0 --api-key' {MASK}" in out, err
+        clean("s3cr3t-v4lue", out, err)
+        argv = ["0 --api-key", "k3y-value", "x --hf-token", "t0ken-value", "y --api-key-env", "HF_TOKEN"]
+        assert shown_args(argv) == ["0 --api-key", MASK, "x --hf-token", MASK, "y --api-key-env", "HF_TOKEN"]
 
     @pytest.mark.parametrize("shape", ["sk-proj-", "quoted password, two words", "ghp_"])
     def test_launch_json_and_the_replica_log_header(self, shape: str, tmp_path: Path) -> None:

@@ -318,8 +318,9 @@ _LEADS = re.compile(r"(?i)bearer|basic|token|digest")
 
 def shown_args(argv: Iterable[str]) -> list[str]:
     """`shown_command` as a list (one entry per argument) for JSON files such as `launch.json`: the value after a
-    secret-looking flag (`--api-key KEY`, `--hf-token=KEY`), an authorization scheme (`Bearer KEY`) or a header name
-    (`Authorization: …`) masked, every argument redacted."""
+    secret-looking flag (`--api-key KEY`, `--hf-token=KEY`; also after an argument that ends in one, `'0 --api-key'
+    KEY`, as a shell-escaped blank makes), an authorization scheme (`Bearer KEY`) or a header name (`Authorization:
+    …`) masked, every argument redacted."""
     out: list[str] = []
     hide, prev = False, ""
     for arg in argv:
@@ -330,7 +331,9 @@ def shown_args(argv: Iterable[str]) -> list[str]:
         out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
         bare = word.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
         header = word.endswith(":") and secret_name(word[:-1].rsplit(" ", 1)[-1].strip("\"'"))
-        hide = ((flag and not eq) or bool(_LEADS.fullmatch(word)) or header
+        last = word.rsplit(None, 1)[-1].strip("\"'") if word else ""  # an argument ending in a flag: `0 --api-key`
+        ends_flag = last.startswith("-") and "=" not in last and secret_name(last)
+        hide = ((flag and not eq) or ends_flag or bool(_LEADS.fullmatch(word)) or header
                 or (bare != word.strip("\"'") and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
         prev = word.strip("\"'")
     return out
