@@ -1,6 +1,7 @@
 """Decision latency at cluster scale (issue 12, part 4): one router plan (`StepLoop.plan`) plus one controller
-update (`Controller.update`, the predictor included) at N = 4096 groups, G = 16, R = 512 replicas; target ≤ 50 ms
-(issue 48, with the KV model on, `--kv-tokens`: ≤ 200 ms there and ≤ 20 ms at N = 64).
+update (`Controller.update`, the predictor included) at N = 4096 groups, G = 16, R = 512 replicas; target: the
+slowest steady decision ≤ 50 ms (issue 12), and with the KV model on (`--kv-tokens`) the CPU median ≤ 200 ms there
+and ≤ 20 ms at N = 64 (issue 48); the last line judges the one that applies.
 
 Run: `python bench/bench_decision.py [--groups 4096] [--group-size 16] [--replicas 512] [--steps 20]
 [--policy tailsieve] [--workload kodcode-r1] [--curve h100-llama3-8b] [--no-exact] [--kv-tokens N]`. With
@@ -35,7 +36,8 @@ from tailsieve.simulation.replica import ReplicaConfig
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
-TARGET_MS = 50.0
+TARGET_MS = 50.0  # issue 12: the slowest steady decision at N = 4096 (all-admit model)
+KV_TARGETS_MS = {64: 20.0, 4096: 200.0}  # issue 48, KV model on (`--kv-tokens`): the CPU median at these N
 
 
 def timed_run(args: argparse.Namespace, exact: bool) -> tuple[list[float], list[float], Any, float, list[float]]:
@@ -98,9 +100,13 @@ def report(label: str, args: argparse.Namespace, plans: list[float], updates: li
         print(f"{k:>5}{p * 1000:>10.1f}{u * 1000:>11.1f}{(p + u) * 1000:>13.1f}{c * 1000:>9.1f}")
     steady = totals[1:] or totals
     cpu = [c * 1000 for c in cpus[1:len(totals)]] or [c * 1000 for c in cpus]
+    if args.kv_tokens and args.groups in KV_TARGETS_MS:  # issue 48's target for this shape
+        target, measured, what = KV_TARGETS_MS[args.groups], statistics.median(cpu), "issue 48, CPU median"
+    else:
+        target, measured, what = TARGET_MS, max(steady), "issue 12, slowest wall"
     print(f"decision (plan + update), steps 1..: median {statistics.median(steady):.1f} ms, max {max(steady):.1f} ms "
           f"wall; CPU median {statistics.median(cpu):.1f} ms, max {max(cpu):.1f} ms "
-          f"(target ≤ {TARGET_MS:.0f} ms: {'met' if max(steady) <= TARGET_MS else 'NOT met'})")
+          f"(target {what} ≤ {target:.0f} ms: {'met' if measured <= target else 'NOT met'})")
     return max(steady)
 
 
