@@ -124,13 +124,11 @@ def _value_end(text: str, pos: int, sep: str) -> int | None:
         m = _QUOTED[text[pos]].match(text, pos)
         return m.end() if m else None
     if text[pos] == "\\" and (q := _ESCAPED_QUOTE.match(text, pos)) is not None:
-        nl = text.find("\n", q.end())
-        stop = len(text) if nl < 0 else nl
+        stop = _line_end(text, q.end())
         close = text.find(q.group(), q.end(), stop)  # the same escaped quote closes it, else the line's end
         return stop if close < 0 else close + len(q.group())
     if ":" in sep:
-        end = text.find("\n", pos)
-        return len(text) if end < 0 else end
+        return _line_end(text, pos)
     if "=" in sep:
         end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
         amp = _NEXT_NAME.search(text, pos, end)
@@ -140,6 +138,12 @@ def _value_end(text: str, pos: int, sep: str) -> int | None:
         return None
     end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
     return end if end > pos else None
+
+
+def _line_end(text: str, pos: int) -> int:
+    """Where the line holding `pos` ends (its newline, or the end of the text)."""
+    end = text.find("\n", pos)
+    return len(text) if end < 0 else end
 
 
 def _name_before(text: str, end: int) -> int:
@@ -332,8 +336,8 @@ def shown_args(argv: Iterable[str]) -> list[str]:
         bare = word.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
         header = word.endswith(":") and secret_name(word[:-1].rsplit(" ", 1)[-1].strip("\"'"))
         last = word.rsplit(None, 1)[-1].strip("\"'") if word else ""  # an argument ending in a flag: `0 --api-key`
-        ends_flag = last.startswith("-") and "=" not in last and secret_name(last)
-        hide = ((flag and not eq) or ends_flag or bool(_LEADS.fullmatch(word)) or header
+        ends_flag = last.startswith("-") and "=" not in last and secret_name(last)  # `--api-key` itself included
+        hide = (ends_flag or bool(_LEADS.fullmatch(word)) or header
                 or (bare != word.strip("\"'") and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
         prev = word.strip("\"'")
     return out
