@@ -57,6 +57,20 @@ def test_paged_matches_token_by_token(reqs: list[tuple[int, int, int]], bs: int,
         assert [min(g, n) for g, n in zip(gen, lens, strict=False)] == list(got) or t == 0
 
 
+def test_tokens_at_a_boundary_summed_in_another_order() -> None:
+    """Found by the property above: the reference sums 37 iteration times one by one and reaches the last boundary
+    at 1.5484999999999993 s, the engine's segments at 1.5485 s. The error is relative to t (36 iterations of 43 ms),
+    not to the last 0.5 ms iteration, and an abort at the reference's time still reports that iteration's tokens."""
+    curve = TpotCurve(name="steep", batch=(1, 2), tpot_ms=(43.0, 0.5))
+    lens, prompts, keys = [12, 24, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]
+    cfg = ReplicaConfig(kv_tokens=25, block_size=1, max_num_batched_tokens=1)
+    run = run_replica(lens, curve, cfg, prompts, prefix_keys=keys)
+    t, gen = reference(lens, prompts, keys, curve, cfg)["history"][-1]
+    assert (t, gen) == (pytest.approx(1.5485), [12, 24, 1, 1]) and t < run.makespan
+    assert list(run.tokens_at(t)) == gen and run.iterations_at(t) == 37
+    assert run.iterations_at(1.5484) == 36  # a real gap is not rounding
+
+
 @settings(max_examples=120, deadline=None)
 @given(cases, st.sampled_from([1, 4]), st.integers(0, 6), st.one_of(st.none(), st.integers(2, 10)), st.booleans(),
        st.data(), curves())

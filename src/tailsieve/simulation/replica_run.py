@@ -62,7 +62,8 @@ class ReplicaRun:
         return float(self.finish_s.max()) if self.finish_s.size else 0.0
 
     def iterations_at(self, t: float) -> int:
-        """Decode iterations completed by time t."""
+        """Decode iterations completed by time t (within rounding: a boundary summed in another order counts)."""
+        t *= 1 + 1e-12  # a time summed over many iterations carries an error relative to t, not to the last one
         if self.seg_t0.size == 0 or t <= self.seg_t0[0]:
             return 0
         j = int(np.searchsorted(self.seg_t0, t, side="right")) - 1
