@@ -5,7 +5,7 @@
   t = 0 (the paper's §2.1 replica, today's `simulate --curve model.json`), all replicas at one speed: the mean of the
   step's speed factors (today's model knows one speed scalar);
 - KV-aware: the same plus what profile read from the servers (kv_tokens, block_size, max_num_batched_tokens,
-  prefix_caching): the paged replica of `simulation.paged` (`simulation.predict.replica_model`), each replica at
+  prefix_caching): the paged replica of `model.paged` (`simulation.predict.replica_model`), each replica at
   its own speed factor for the step.
 A step's speed factors come from `profile`'s speed probe run on each replica right before and right after the step
 (the mean of the two probe times, against the profiled replica's probe at profile time): the machine's speed around

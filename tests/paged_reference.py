@@ -1,4 +1,4 @@
-"""The brute-force reference of the paged replica (`simulation.paged`, docs/simulator.md) that tests/test_paged.py
+"""The brute-force reference of the paged replica (`model.paged`, docs/simulator.md) that tests/test_paged.py
 checks it against: one scheduling step per iteration, every KV block by its id in one free queue as vLLM v1's
 `BlockPool` keeps it (unhashed blocks prepended, hashed ones appended in reverse order of their request, a hit found
 by walking the chain of block hashes)."""

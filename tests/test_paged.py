@@ -1,4 +1,4 @@
-"""The paged replica (`simulation.paged`): exact against a token-by-token reference of vLLM v1's scheduling rules
+"""The paged replica (`model.paged`): exact against a token-by-token reference of vLLM v1's scheduling rules
 (docs/simulator.md), with preemption, recompute and prefix-hit counts; the all-admit closed form with it off."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine limits a model file may carry beside τ(b) and the KV / prefill terms (docs/simulator.md).
 
-`EngineTruth` holds what the paged replica (`simulation.paged`) simulates: KV capacity in tokens and its block
+`EngineTruth` holds what the paged replica (`model.paged`) simulates: KV capacity in tokens and its block
 size, chunked prefill's token budget, prefix caching, and the fleet's per-replica speeds (`FleetSpeed`). The keys
 live in the model file's `cost_model` object (`kv_tokens`, `block_size`, `max_num_batched_tokens`,
 `prefix_caching`, `speed_factors` or `speed_spread`, `speed_drift`), written by `tailsieve profile` from what the

@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from tailsieve.errors import ConfigError
 from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import as_lengths
-from tailsieve.simulation.paged import PagedLimits, PagedTrace, run_paged
+from tailsieve.model.paged import PagedLimits, PagedTrace, run_paged
 from tailsieve.simulation.replica_run import ReplicaRun, cut_boundary, empty_segments
 
 __all__ = ["ReplicaConfig", "ReplicaRun", "resume_paged", "resume_replica", "run_replica"]
@@ -36,7 +36,7 @@ class ReplicaConfig:
     kv_ms_per_1k_tokens: float = 0.0
     prefill_ms_per_token: float = 0.0
     tool_wait_s: float = 0.0  # between two turns of a multi-turn request (`run_replica(turns=)`); see _tool_loop
-    # the paged engine (`simulation.paged`, docs/simulator.md); any of these on selects it
+    # the paged engine (`model.paged`, docs/simulator.md); any of these on selects it
     kv_tokens: int | None = None  # KV capacity in tokens (None: unbounded)
     block_size: int = 16
     max_num_batched_tokens: int | None = None  # chunked prefill's token budget per iteration (None: prefill stalls)

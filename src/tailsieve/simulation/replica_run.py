@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from tailsieve.simulation.paged import PagedTrace
+from tailsieve.model.paged import PagedTrace
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -33,7 +33,7 @@ class ReplicaRun:
     seg_inc: FloatArray
     turn_iter: IntArray | None = None  # multi-turn runs: global iteration each turn starts decoding at (-1: never)
     turn_len: IntArray | None = None  # multi-turn runs: tokens of each turn (n × max turns, 0-padded)
-    paged: PagedTrace | None = None  # paged runs: decode spans and engine events (`simulation.paged`)
+    paged: PagedTrace | None = None  # paged runs: decode spans and engine events (`model.paged`)
     inputs: tuple[IntArray, IntArray | None] | None = None  # paged runs: prompt tokens and prefix keys (to resume)
 
     def counts(self, until_s: float | None = None) -> tuple[int, int, int]:

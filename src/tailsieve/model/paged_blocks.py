@@ -1,4 +1,4 @@
-"""The paged replica's bookkeeping (`simulation.paged`): its limits, its record, the prefix cache and the block
+"""The paged replica's bookkeeping (`model.paged`): its limits, its record, the prefix cache and the block
 demand of a run of iterations counted by phase (docs/simulator.md)."""
 
 from __future__ import annotations

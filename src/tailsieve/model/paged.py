@@ -36,8 +36,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.simulation.paged_blocks import PagedLimits, PagedTrace, demand, first_shortage
-from tailsieve.simulation.paged_state import BIG, DONE, PREFILL, PagedState
+from tailsieve.model.paged_blocks import PagedLimits, PagedTrace, demand, first_shortage
+from tailsieve.model.paged_state import BIG, DONE, PREFILL, PagedState
 
 __all__ = ["PagedLimits", "PagedTrace", "run_paged"]
 

@@ -1,4 +1,4 @@
-"""The paged replica's state (`simulation.paged`): requests, blocks, the prefix cache, the decoders by phase, and the
+"""The paged replica's state (`model.paged`): requests, blocks, the prefix cache, the decoders by phase, and the
 state changes the scheduling step makes (admission, decode start, leaving, preemption, finishing), with the run's
 record (docs/simulator.md). Plain lists and locals, not arrays: a step touches a handful of requests."""
 
@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
-from tailsieve.simulation.paged_blocks import BlockPool, PagedLimits, PagedTrace
+from tailsieve.model.paged_blocks import BlockPool, PagedLimits, PagedTrace
 
 IntArray = NDArray[np.int64]
 
