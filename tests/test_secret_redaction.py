@@ -165,6 +165,17 @@ class TestEveryPrintedLine:
         argv = ["0 --api-key", "k3y-value", "x --hf-token", "t0ken-value", "y --api-key-env", "HF_TOKEN"]
         assert shown_args(argv) == ["0 --api-key", MASK, "x --hf-token", MASK, "y --api-key-env", "HF_TOKEN"]
 
+    def test_launch_an_argument_that_ends_in_a_secret_name(self) -> None:
+        """The same blank before a secret name (found by the property test below): `'0 HF_TOKEN' = 000000` is the name,
+        its `=` and the value, three arguments; the value is masked, as after `HF_TOKEN =`, and after `'0 HF_TOKEN='`
+        as after `HF_TOKEN=`."""
+        rc, out, err = run(["launch", "--dry-run", "--model", "facebook/opt-125m", "--replicas", "1",
+                            '--server-args=0\\ HF_TOKEN = "000000" '])
+        assert rc == 0 and f"'0 HF_TOKEN' = {MASK}" in out, err
+        clean("000000", out, err)
+        assert shown_args(["0 HF_TOKEN", "=", "v4lue-one", "x HF_TOKEN=", "v4lue-two", "y HF_TOKEN", "shown"]) == [
+            "0 HF_TOKEN", "=", MASK, "x HF_TOKEN=", MASK, "y HF_TOKEN", "shown"]
+
     @pytest.mark.parametrize("shape", ["sk-proj-", "quoted password, two words", "ghp_"])
     def test_launch_json_and_the_replica_log_header(self, shape: str, tmp_path: Path) -> None:
         """launch.json (`describe`: the pools' args) and the header each replica log starts with (a real launch's

@@ -323,8 +323,8 @@ _LEADS = re.compile(r"(?i)bearer|basic|token|digest")
 def shown_args(argv: Iterable[str]) -> list[str]:
     """`shown_command` as a list (one entry per argument) for JSON files such as `launch.json`: the value after a
     secret-looking flag (`--api-key KEY`, `--hf-token=KEY`; also after an argument that ends in one, `'0 --api-key'
-    KEY`, as a shell-escaped blank makes), an authorization scheme (`Bearer KEY`) or a header name (`Authorization:
-    …`) masked, every argument redacted."""
+    KEY`, as a shell-escaped blank makes, or in a secret name and its `=`: `'0 HF_TOKEN' = KEY`), an authorization
+    scheme (`Bearer KEY`) or a header name (`Authorization: …`) masked, every argument redacted."""
     out: list[str] = []
     hide, prev = False, ""
     for arg in argv:
@@ -333,13 +333,14 @@ def shown_args(argv: Iterable[str]) -> list[str]:
         name, eq, _ = word.partition("=")
         flag = word.startswith("-") and secret_name(name)
         out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
-        bare = word.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
+        tail = word.rsplit(None, 1)[-1] if word else ""  # the last piece: a shell-escaped blank joins `0 HF_TOKEN`
+        bare = tail.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
         header = word.endswith(":") and secret_name(word[:-1].rsplit(" ", 1)[-1].strip("\"'"))
-        last = word.rsplit(None, 1)[-1].strip("\"'") if word else ""  # an argument ending in a flag: `0 --api-key`
+        last = tail.strip("\"'")  # an argument ending in a flag: `0 --api-key`
         ends_flag = last.startswith("-") and "=" not in last and secret_name(last)  # `--api-key` itself included
         hide = (ends_flag or bool(_LEADS.fullmatch(word)) or header
-                or (bare != word.strip("\"'") and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
-        prev = word.strip("\"'")
+                or (bare != last and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
+        prev = last
     return out
 
 
