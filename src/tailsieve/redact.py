@@ -334,12 +334,11 @@ def shown_args(argv: Iterable[str]) -> list[str]:
         flag = word.startswith("-") and secret_name(name)
         out.append(MASK if hide else f"{name}={MASK}" if flag and eq else redact(arg))
         tail = word.rsplit(None, 1)[-1] if word else ""  # the last piece: a shell-escaped blank joins `0 HF_TOKEN`
-        bare = tail.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` as a word of its own, or `=` after NAME
-        header = word.endswith(":") and secret_name(word[:-1].rsplit(" ", 1)[-1].strip("\"'"))
+        bare = tail.rstrip("=:").strip("\"'")  # `NAME=` / `NAME:` (a header name too) ending the argument
         last = tail.strip("\"'")  # an argument ending in a flag: `0 --api-key`
         ends_flag = last.startswith("-") and "=" not in last and secret_name(last)  # `--api-key` itself included
-        hide = (ends_flag or bool(_LEADS.fullmatch(word)) or header
-                or (bare != last and secret_name(bare)) or (word in ("=", ":") and secret_name(prev)))
+        hide = (ends_flag or bool(_LEADS.fullmatch(word)) or (bare != last and secret_name(bare))
+                or (word in ("=", ":") and secret_name(prev)))  # or `=` / `:` after NAME
         prev = last
     return out
 
