@@ -3,7 +3,8 @@ scaling table up to N = 1024 groups and R = 64 replicas.
 
 Run: `.venv/bin/python bench/bench_sim.py` (add `--quick` to skip the largest cells; `--engine` instead times the
 paged engine of docs/simulator.md against the all-admit one at N = 4096, R = 256, 30 steps: bench R of issue 48,
-target ≤ 2×; `--engine --quick`: N = 1024, R = 64). Every run simulates the
+target ≤ 2×; `--engine --quick`: N = 1024, R = 64; the paged engine is the compiled one when numba is installed, the
+`fast` extra, and both engines are timed after an untimed run has memoised the length draws). Every run simulates the
 bundled KodCode R1 trace (resample mode) on h100-llama3-8b. Times are wall-clock medians over `--repeats` runs in
 this process (imports and curve tables warmed first); "controller" is the time spent inside the controller's
 `update` (the predictor included), "sim" the rest: router, executor, replica simulator and workload draws.
@@ -21,6 +22,7 @@ from typing import Any
 
 from tailsieve.model.curve_names import load_curve
 from tailsieve.model.engine import FleetSpeed
+from tailsieve.model.paged import USE_KERNEL
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig
@@ -87,9 +89,11 @@ def engine(quick: bool) -> None:
     base = SimConfig(router=RouterConfig(groups=groups, group_size=8, replicas=replicas), steps=30)
     paged = replace(base, replica=PAGED, speed=FleetSpeed(spread=0.1, drift=0.05))
     print(f"Bench R: N={groups}, R={replicas}, G=8, 30 steps, kodcode-r1 on h100-llama3-8b (CPU s; target paged <= "
-          f"{ENGINE_TARGET:g}x all-admit)")
+          f"{ENGINE_TARGET:g}x all-admit); paged engine: {'compiled' if USE_KERNEL else 'Python (no numba)'}")
     print(f"{'policy':<12}{'all-admit s':>12}{'paged s':>10}{'ratio':>8}{'preemptions':>13}")
+    run_policy("uniform", workload, curve, replace(paged, steps=1))  # load the compiled engine (`fast` extra)
     for name in POLICIES:
+        run_policy(name, workload, curve, base)  # untimed: the workload's length draws are memoised by the first run
         t = time.process_time()
         run_policy(name, workload, curve, base)
         plain = time.process_time() - t

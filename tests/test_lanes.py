@@ -73,6 +73,17 @@ def test_prefill_is_paid_once_per_group_per_replica_it_reaches() -> None:
     assert lane_prefill(dealt, 4, 0.0).tolist() == [0.0] * 4
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 12), st.integers(1, 9), st.integers(0, 2**32 - 1))
+def test_prefill_counts_each_distinct_group_lane_pair(p: int, g: int, n_lanes: int, seed: int) -> None:
+    """Any placement, against counting the distinct (group, lane) pairs one by one."""
+    lanes = np.random.default_rng(seed).integers(0, n_lanes, (p, g))
+    want = [0.0] * n_lanes
+    for lane in {(i, int(x)) for i in range(p) for x in lanes[i]}:
+        want[lane[1]] += 1.0
+    assert lane_prefill(lanes, n_lanes, 0.25).tolist() == [w * 0.25 for w in want]
+
 def test_group_completions_are_each_groups_last_member_in_independent_pools() -> None:
     pools = np.array([[[10.0, 40.0], [20.0, 30.0]], [[5.0, 5.0], [50.0, 1.0]]])  # K = 2 pools of P = 2, G = 2
     got = group_completions(pools, 2, CURVE, by_request=False, prefill_s=0.25)

@@ -16,6 +16,8 @@ from tailsieve.model.curves import TpotCurve
 from tailsieve.model.makespan import finish_times
 from tailsieve.simulation.replica import ReplicaConfig, resume_replica, run_replica
 
+pytestmark = pytest.mark.usefixtures("paged_engine")  # every test on both engines (conftest.py)
+
 
 def counts_of(run) -> dict[str, int]:  # type: ignore[no-untyped-def]
     p, r, h = run.counts()

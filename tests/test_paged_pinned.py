@@ -21,6 +21,8 @@ from tailsieve.simulation.replica import ReplicaConfig, ReplicaRun, resume_repli
 from tailsieve.simulation.runs import SimConfig, run_policy
 from tailsieve.workloads import load_workload
 
+pytestmark = pytest.mark.usefixtures("paged_engine")  # every test on both engines (conftest.py)
+
 CURVE = "h100-llama3-8b"
 
 

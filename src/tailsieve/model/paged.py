@@ -31,18 +31,22 @@ block demand of a run is counted by phase: a decoder needs a new block at iterat
 from __future__ import annotations
 
 import heapq
+import warnings
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.paged_blocks import PagedLimits, PagedTrace, demand, first_shortage
-from tailsieve.model.paged_state import BIG, DONE, PREFILL, PagedState
+from tailsieve.model.paged_kernel import COMPILED, NO_PROGRESS, STALLED, run_kernel
+from tailsieve.model.paged_state import BIG, DONE, PREFILL, PagedState, check_fits
 
 __all__ = ["PagedLimits", "PagedTrace", "run_paged"]
 
 IntArray = NDArray[np.int64]
-
+USE_KERNEL = COMPILED  # the compiled event loop when numba is installed (`fast` extra); tests run both
+STALLED_MSG = "paged replica stalled: a waiting request can never be admitted"
+NO_PROGRESS_MSG = "paged replica stalled: no request can make progress"
 
 
 def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDArray[np.float64], lim: PagedLimits,
@@ -50,7 +54,24 @@ def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDA
     """Serve `lens` (decode tokens) with `prompts` on one replica under `lim`; `keys` name each request's shared
     prompt (−1: none); `tau` is τ(0..n) in seconds. With `cut` = (k, keep), the requests not kept leave at the
     boundary of iteration k (a bulk cutoff): their finish time stays inf unless they finished before."""
-    return _Paged(lens, prompts, keys, tau, lim, cut).run()
+    global USE_KERNEL
+    if not USE_KERNEL:
+        return _Paged(lens, prompts, keys, tau, lim, cut).run()
+    check_fits(lens, prompts, lim)
+    try:
+        status, trace = run_kernel(lens, prompts, keys, tau, lim, cut)
+    except Exception as exc:  # numba installed but unable to compile here: the Python engine, the same results
+        if not type(exc).__module__.startswith("numba"):
+            raise
+        USE_KERNEL = False
+        warnings.warn(f"the compiled paged engine is unavailable ({type(exc).__name__}); running the Python one",
+                      RuntimeWarning, stacklevel=2)
+        return _Paged(lens, prompts, keys, tau, lim, cut).run()
+    if status == STALLED:
+        raise ConfigError(STALLED_MSG)
+    if status == NO_PROGRESS:
+        raise ConfigError(NO_PROGRESS_MSG)
+    return trace
 
 
 class _Paged(PagedState):
@@ -165,7 +186,7 @@ class _Paged(PagedState):
                     self.t += stall
             if not self.running:
                 if self.waiting:
-                    raise ConfigError("paged replica stalled: a waiting request can never be admitted")
+                    raise ConfigError(STALLED_MSG)
                 break
             chunk, completing = self.chunks() if chunked and self.prefilling else (0, [])
             if preempted or completing or self.prefilling or not self.waiting or self.nb is None:
@@ -200,7 +221,7 @@ class _Paged(PagedState):
                     if s > (free // b) * bs + 1:
                         s = min(s, first_shortage(phase, b, k, free, bs))
                 if s >= 1 << 61:
-                    raise ConfigError("paged replica stalled: no request can make progress")
+                    raise ConfigError(NO_PROGRESS_MSG)
                 s = max(s, 1)
             base, inc = tau[b] + kv * self.ctx, kv * b
             segs.append((k, t, s, base, inc))
@@ -274,7 +295,7 @@ class _Paged(PagedState):
             if s > (free // b) * self.bs + 1:  # a shortage may come first (it cannot within whole periods)
                 s = min(s, first_shortage(self.phase, b, k, free, self.bs))
         if s >= 1 << 61:
-            raise ConfigError("paged replica stalled: no request can make progress")
+            raise ConfigError(NO_PROGRESS_MSG)
         return max(s, 1)
 
     def advance(self, s: int, chunk: int, completing: list[int]) -> None:

@@ -18,6 +18,25 @@ WAIT, PREFILL, DECODE, DONE = 0, 1, 2, 3
 BIG = 1 << 62  # "no bound": more iterations or blocks than any run has
 
 
+def check_fits(lens: IntArray, prompts: IntArray, lim: PagedLimits) -> None:
+    """Refuse a capacity that cannot hold the largest request alone (prompt + response, whole blocks)."""
+    if lim.blocks is not None and lens.size:
+        need = int((-(-(prompts + np.maximum(lens, 1)) // lim.block_size)).max())
+        if need > lim.blocks:
+            raise ConfigError(f"kv_tokens {lim.blocks * lim.block_size} cannot hold one request of "
+                              f"{need * lim.block_size} tokens (prompt + response in blocks of {lim.block_size}); "
+                              "raise kv_tokens")
+
+
+def initial_queue(lens: IntArray, lim: PagedLimits) -> tuple[NDArray[np.float64], IntArray]:
+    """Finish times before the first iteration (with chunked prefill an empty response is done at 0) and the FCFS
+    waiting queue of the rest as a stack (its head last)."""
+    finish = np.full(lens.size, np.inf)
+    if lim.max_num_batched_tokens is not None:
+        finish[lens == 0] = 0.0
+    return finish, np.flatnonzero(~np.isfinite(finish))[::-1].astype(np.int64)
+
+
 class PagedState:
     """One replica's state in one run. Decoders are kept lazily: request i decoding since iteration ks[i] with context
     c0[i] then has g0[i] + (k − ks[i]) tokens at iteration k."""
@@ -29,11 +48,7 @@ class PagedState:
         self.tau: list[float] = tau.tolist()
         self.m, self.kv, self.pre = lim.max_num_batched_tokens, lim.kv_s_per_token, lim.prefill_s_per_token
         self.cap = n if lim.max_num_seqs is None else lim.max_num_seqs
-        if self.nb is not None and n:
-            need = int((-(-(prompts + np.maximum(lens, 1)) // self.bs)).max())
-            if need > self.nb:
-                raise ConfigError(f"kv_tokens {self.nb * self.bs} cannot hold one request of {need * self.bs} tokens "
-                                  f"(prompt + response in blocks of {self.bs}); raise kv_tokens")
+        check_fits(lens, prompts, lim)
         self.L: list[int] = lens.tolist()
         self.P: list[int] = prompts.tolist()
         self.K: list[int] = [-1] * n if keys is None else keys.tolist()

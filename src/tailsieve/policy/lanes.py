@@ -61,8 +61,10 @@ def lane_prefill(lanes: IntArray, n_lanes: int, prefill_s: float) -> FloatArray:
     replicas pays it k times). Paid at admission, before decoding: it delays every finish on its lane."""
     if prefill_s <= 0 or lanes.size == 0:
         return np.zeros(n_lanes)
-    pairs = np.unique(np.arange(lanes.shape[0])[:, None] * n_lanes + lanes)
-    out: FloatArray = np.bincount(pairs % n_lanes, minlength=n_lanes).astype(np.float64) * prefill_s
+    rows = np.sort(lanes, axis=1)  # a group's distinct lanes: where its sorted row changes (G is small)
+    first = np.ones(rows.shape, dtype=bool)
+    first[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    out: FloatArray = np.bincount(rows[first], minlength=n_lanes).astype(np.float64) * prefill_s
     return out
 
 
