@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from tailsieve.model.paged_kernel_pool import (
     _pool_push,
     _pool_remove,
     _pool_take,
+    drop_stale_cache,
 )
 from tailsieve.model.paged_state import check_fits
 
@@ -97,6 +99,17 @@ def test_kernel_on_a_kv_bound_replica_with_storms() -> None:
         a, b = both(lens, prompts, keys, tau, PagedLimits(1200, 16, None, mbt, True, 1e-6, 2e-5))
         assert a.preempt_k.size > 200
         assert_same(a, b)
+
+
+def test_any_prompt_keys_name_the_same_groups() -> None:
+    """Keys far beyond the request count (renumbered before the kernel's lookup table) give the same run."""
+    lens, prompts, keys, tau, lim = case([(30, 9, 0), (40, 9, 0), (10, 3, -1), (25, 12, 2), (5, 12, 2)],
+                                         (4, 3, None, None, True, 0.0, 0.0))
+    small = both(lens, prompts, keys, tau, lim)
+    assert small[0].hits.size  # the shared prompts are hit
+    big = np.where(keys >= 0, keys * 10**12 + 7, -1)
+    for run in (*both(lens, prompts, big, tau, lim), *small):
+        assert_same(run, small[0])
 
 
 def test_full_records_grow_and_the_run_goes_on() -> None:
@@ -223,3 +236,24 @@ def test_the_fast_extra_compiles_the_kernel() -> None:
     from tailsieve.model import paged_kernel
 
     assert paged_kernel.COMPILED and isinstance(paged_kernel._run, CPUDispatcher)
+
+
+def test_a_changed_kernel_file_drops_every_cached_kernel_function(tmp_path: Path) -> None:
+    """numba would keep a cached caller's old callee when only the callee's file changed: the digest of all the
+    kernel files decides, and every cached kernel function goes when it moves; other caches stay."""
+    (tmp_path / "paged_kernel.py").write_text("a = 1\n")
+    (tmp_path / "paged_kernel_pool.py").write_text("b = 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    cached = [cache / "paged_kernel._run-90.py311.nbi", cache / "paged_kernel._run-90.py311.1.nbc",
+              cache / "paged_kernel_pool._pool_take-70.py311.nbi"]
+    other = cache / "other._f-1.py311.nbi"
+    for f in [*cached, other]:
+        f.write_text("x")
+    assert drop_stale_cache(tmp_path) and not any(f.exists() for f in cached) and other.exists()
+    for f in cached:
+        f.write_text("x")
+    assert not drop_stale_cache(tmp_path) and all(f.exists() for f in cached)  # unchanged: the cache stays
+    (tmp_path / "paged_kernel_pool.py").write_text("b = 2\n")  # only the callee's file changes
+    assert drop_stale_cache(tmp_path) and not any(f.exists() for f in cached)
+    assert [p.name for p in cache.iterdir() if p.suffix in (".tmp",)] == []

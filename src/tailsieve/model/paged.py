@@ -164,8 +164,6 @@ class _Paged(PagedState):
         elif hit:
             self.hits.append((self.k, hit * bs))
         self.running.append(i)
-        self.admitted += 1
-        self.order[i] = self.admitted
         return fill
 
     def run(self) -> PagedTrace:

@@ -40,7 +40,6 @@ from tailsieve.model.paged_kernel_pool import (
     PREFILL,
     PRIV,
     TOTAL,
-    WAIT,
     B,
     FloatArray,
     IntArray,
@@ -50,6 +49,7 @@ from tailsieve.model.paged_kernel_pool import (
     _heap_pop,
     _pool_take,
     jit,
+    jit_inline,
 )
 from tailsieve.model.paged_kernel_state import (
     LPREF,
@@ -73,7 +73,6 @@ from tailsieve.model.paged_kernel_state import (
     _preempt_for,
     _start_decode,
 )
-from tailsieve.model.paged_state import initial_queue
 
 __all__ = ["COMPILED", "NO_PROGRESS", "STALLED", "run_kernel"]
 
@@ -83,7 +82,7 @@ World = tuple[Any, ...]  # the state arrays and records (`_run`), a tuple so tha
 
 # the loop (`model.paged._Paged.run`): w = (v, q, lst, phase, pq, of_key, of_req, refs, hp, finish, spans, prek, rec,
 # hits), the state arrays and the records the state changes write
-@jit
+@jit_inline
 def _abort(w: World, keep: IntArray, bs: int, caching: bool) -> None:
     """The cut (`_Paged.abort`): the requests not kept leave, running or waiting."""
     v, q, lst, phase, pq, of_key, of_req, refs, _, _, spans = w[:11]
@@ -104,7 +103,7 @@ def _abort(w: World, keep: IntArray, bs: int, caching: bool) -> None:
     v[NWAIT] = c
 
 
-@jit
+@jit_inline
 def _allocate(w: World, bs: int, nb: int, caching: bool) -> bool:
     """Step 1 (`_Paged.allocate`): the decoders crossing a block boundary take a block each; whether it preempted."""
     v, q, lst, phase, pq, of_key, of_req, refs, _, _, spans, prek = w[:12]
@@ -121,7 +120,7 @@ def _allocate(w: World, bs: int, nb: int, caching: bool) -> bool:
     return bool(_preempt_for(v, q, lst, phase, pq, of_key, of_req, refs, spans, prek, bs, caching, v[K] % bs))
 
 
-@jit
+@jit_inline
 def _admit(w: World, f: FloatArray, comp: IntArray, bs: int, cap: int, m: int, pre: float, caching: bool) -> None:
     """Step 2 (`_Paged.admit`): FCFS admission while blocks, the seq cap and the token budget allow; the prefill
     stall (without chunked prefill) moves the clock."""
@@ -156,7 +155,7 @@ def _admit(w: World, f: FloatArray, comp: IntArray, bs: int, cap: int, m: int, p
         f[0] += pre * stall
 
 
-@jit
+@jit_inline
 def _chunks(w: World, comp: IntArray, m: int) -> tuple[int, int]:
     """This iteration's prefill tokens (the budget the decoders leave, FCFS) and how many prefills it completes
     (`_Paged.chunks`; those requests into `comp`)."""
@@ -175,7 +174,7 @@ def _chunks(w: World, comp: IntArray, m: int) -> tuple[int, int]:
     return chunk, n_comp
 
 
-@jit
+@jit_inline
 def _span(w: World, chunk: int, cut_k: int, bs: int, nb: int) -> int:
     """Iterations from here with the same batch (`_Paged.span`); −1: none can make progress."""
     v, q, lst, phase = w[:4]
@@ -197,7 +196,7 @@ def _span(w: World, chunk: int, cut_k: int, bs: int, nb: int) -> int:
     return int(max(s, 1))
 
 
-@jit
+@jit_inline
 def _advance(w: World, f: FloatArray, comp: IntArray, n_comp: int, chunk: int, s: int, tau: FloatArray, kv: float,
              pre: float, bs: int, nb: int, caching: bool, segi: IntArray, segf: FloatArray) -> None:
     """s iterations of the batch, the completing prefills joining it in a single one (`_Paged.advance`), then the
@@ -279,55 +278,92 @@ def run_kernel(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: Fl
     checked); the status and the record, as the Python engine's. `room`: the first capacities of the segment, span,
     preemption, recompute and hit records (they grow as the run needs)."""
     n = int(lens.size)
-    bs = lim.block_size
-    finish, waiting = initial_queue(lens, lim)
-    q = np.zeros((NQ, max(n, 1)), np.int64)
-    q[QL, :n], q[QP, :n], q[QK, :n] = lens, prompts, -1
-    nk = 0
-    if keys is not None and n:
-        shared = keys >= 0
-        if shared.any():  # the prompt keys renumbered 0..nk−1: the prefix references and cache owners are arrays
-            uniq, dense = np.unique(keys[shared], return_inverse=True)
-            q[QK, :n][shared] = dense
-            nk = int(uniq.size)
-        if lim.prefix_caching:
-            q[QS, :n] = np.where(shared & (prompts > 0), (prompts - 1) // bs, 0)
-    q[QSTATE, :n] = np.where(np.isfinite(finish), DONE, WAIT)
-    lst = np.zeros((3, max(n, 1)), np.int64)
-    lst[LWAIT, : waiting.size] = waiting
-    v = np.zeros(NV, np.int64)
-    v[ANON] = v[TOTAL] = BIG if lim.blocks is None else lim.blocks
-    v[NWAIT] = waiting.size
     cap = n if lim.max_num_seqs is None else lim.max_num_seqs
-    limits = np.array([-1 if lim.blocks is None else lim.blocks, bs, cap,
+    limits = np.array([-1 if lim.blocks is None else lim.blocks, lim.block_size, cap,
                        -1 if lim.max_num_batched_tokens is None else lim.max_num_batched_tokens,
                        int(lim.prefix_caching), -1 if cut is None else cut[0]], np.int64)
     keep = np.ones(max(n, 1), np.int64) if cut is None else cut[1].astype(np.int64)
-    npool = (2 * n if lim.blocks is None else max(2 * n, lim.blocks)) + 16  # compaction keeps ≤ blocks + 1
-    room = np.array([8 * n + 64, 3 * n + 16, 2 * n + 16, 2 * n + 16, 2 * n + 16], np.int64) if room is None else room
-    spans, segi, segf = np.zeros((room[1], 3), np.int64), np.zeros((2, room[0]), np.int64), np.zeros((3, room[0]))
-    prek, rec, hits = np.zeros(room[2], np.int64), np.zeros((room[3], 2), np.int64), np.zeros((room[4], 2), np.int64)
-    vv, fin, f = v.copy(), finish.copy(), np.zeros(1)
-    state = (vv, q, lst, np.zeros(bs, np.int64), np.zeros((2, npool), np.int64), np.full(max(nk, 1), -1, np.int64),
-             np.full(max(n, 1), -1, np.int64), np.zeros(max(nk, 1), np.int64), np.zeros((3, 2 * n + 16), np.int64),
-             fin)
+    if room is None:  # enough for most KV-bound runs (a few preemptions per request): growing costs a copy
+        room = np.array([16 * n + 256, 8 * n + 64, 8 * n + 64, 8 * n + 64, 2 * n + 16], np.int64)
+    keys = np.full(n, -1, np.int64) if keys is None else keys.astype(np.int64)
+    if n and keys.max() >= 4 * n + 64:  # the kernel numbers the keys with a table as long as the largest
+        keys = np.where(keys >= 0, np.unique(keys, return_inverse=True)[1], -1)
+    status, fin, spans, seg_i, seg_f, prek, rec, hits = _serve(
+        lens.astype(np.int64), prompts.astype(np.int64), keys, tau, limits, lim.kv_s_per_token,
+        lim.prefill_s_per_token, keep, room)
+    seg = (seg_i[0], seg_f[0], seg_i[1], seg_f[1], seg_f[2])
+    return int(status), PagedTrace(fin, spans, seg, prek, rec, hits)
+
+
+@jit
+def _state(lens: IntArray, prompts: IntArray, keys: IntArray, lim: IntArray) -> World:
+    """The state arrays of a run before its first pass (`PagedState.__init__`): the prompt keys renumbered 0..nk−1 in
+    order of appearance (the prefix references and the cache's owners are arrays), the FCFS queue (with chunked
+    prefill an empty response is done at 0), the free queue full."""
+    n, bs = lens.size, lim[1]
+    q = np.zeros((NQ, max(n, 1)), np.int64)
+    q[QL, :n], q[QP, :n] = lens, prompts
+    dense = np.full(keys.max() + 1 if n else 1, -1, np.int64)  # `run_kernel` keeps the keys below a few n
+    nk = 0
+    for i in range(n):
+        q[QK, i] = -1
+        if keys[i] >= 0:
+            if dense[keys[i]] < 0:
+                dense[keys[i]] = nk
+                nk += 1
+            q[QK, i] = dense[keys[i]]
+            if lim[4] and prompts[i] > 0:
+                q[QS, i] = (prompts[i] - 1) // bs
+    finish = np.full(max(n, 1), np.inf)[:n]
+    lst = np.zeros((3, max(n, 1)), np.int64)
+    v = np.zeros(NV, np.int64)
+    for i in range(n - 1, -1, -1):
+        if lim[3] >= 0 and lens[i] == 0:
+            finish[i], q[QSTATE, i] = 0.0, DONE
+        else:
+            lst[LWAIT, v[NWAIT]] = i
+            v[NWAIT] += 1
+    v[ANON] = v[TOTAL] = BIG if lim[0] < 0 else lim[0]
+    nk = max(nk, 1)
+    npool = (2 * n if lim[0] < 0 else max(2 * n, lim[0])) + 16  # compaction keeps ≤ blocks + 1 segments
+    return (v, q, lst, np.zeros(bs, np.int64), np.zeros((2, npool), np.int64), np.full(nk, -1, np.int64),
+            np.full(max(n, 1), -1, np.int64), np.zeros(nk, np.int64), np.zeros((3, 2 * n + 16), np.int64), finish)
+
+
+@jit
+def _serve(lens: IntArray, prompts: IntArray, keys: IntArray, tau: FloatArray, lim: IntArray, kv: float, pre: float,
+           keep: IntArray, room: IntArray) -> tuple[Any, ...]:
+    """`_run` from the first pass to the end, the records grown whenever they are full; the status and the records
+    trimmed (finish, spans, segments' integer and float columns, preemptions, recomputes, hits)."""
+    n = lens.size
+    state = _state(lens, prompts, keys, lim)
+    spans, segi, segf = np.empty((room[1], 3), np.int64), np.empty((2, room[0]), np.int64), np.empty((3, room[0]))
+    prek, rec, hits = np.empty(room[2], np.int64), np.empty((room[3], 2), np.int64), np.empty((room[4], 2), np.int64)
+    f = np.zeros(1)
     while True:
-        status = _run((*state, spans, prek, rec, hits), f, tau, limits, lim.kv_s_per_token, lim.prefill_s_per_token,
-                      keep, segi, segf)
+        status = _run((*state, spans, prek, rec, hits), f, tau, lim, kv, pre, keep, segi, segf)
         if status != FULL:
             break
-        segi, segf = _grown(segi, 1, n), _grown(segf, 1, n)  # the records are full: grow them and go on
-        spans, prek, rec, hits = (_grown(a, 0, n) for a in (spans, prek, rec, hits))
-    used = vv[[NSEG, NSPAN, NPRE, NREC, NHIT]]
-    ns, nsp, npr, nre, nhi = (int(x) for x in used)
-    seg = (segi[0, :ns].copy(), segf[0, :ns].copy(), segi[1, :ns].copy(), segf[1, :ns].copy(), segf[2, :ns].copy())
-    return status, PagedTrace(fin, spans[:nsp].copy(), seg, prek[:npr].copy(), rec[:nre].copy(), hits[:nhi].copy())
+        segi, segf = _grown_cols(segi, n), _grown_cols(segf, n)
+        spans, rec, hits = _grown_rows(spans, n), _grown_rows(rec, n), _grown_rows(hits, n)
+        prek = _grown_rows(prek.reshape(-1, 1), n)[:, 0].copy()
+    v = state[0]
+    ns = v[NSEG]
+    return (status, state[9], spans[: v[NSPAN]].copy(), segi[:, :ns].copy(), segf[:, :ns].copy(),
+            prek[: v[NPRE]].copy(), rec[: v[NREC]].copy(), hits[: v[NHIT]].copy())
 
 
-def _grown(a: NDArray[Any], axis: int, n: int) -> NDArray[Any]:
-    """`a` with twice (plus n) its length along `axis`, its content kept."""
-    shape = list(a.shape)
-    shape[axis] = 2 * shape[axis] + n
-    out = np.zeros(shape, a.dtype)
-    out[tuple(slice(0, s) for s in a.shape)] = a
+@jit
+def _grown_rows(a: NDArray[Any], n: int) -> NDArray[Any]:
+    """`a` (rows × columns) with twice its rows plus n, its content kept."""
+    out = np.empty((2 * a.shape[0] + n, a.shape[1]), a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@jit
+def _grown_cols(a: NDArray[Any], n: int) -> NDArray[Any]:
+    """`a` (rows × columns) with twice its columns plus n, its content kept."""
+    out = np.empty((a.shape[0], 2 * a.shape[1] + n), a.dtype)
+    out[:, : a.shape[1]] = a
     return out

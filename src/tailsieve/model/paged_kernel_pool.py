@@ -4,7 +4,10 @@ iterations. Without numba (the `fast` extra) the functions are plain Python."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,21 +20,49 @@ WAIT, PREFILL, DECODE, DONE = 0, 1, 2, 3
 BIG = 1 << 62
 NONE = -1  # a free-queue segment nobody can hit (the Python pool's `None` owner)
 # v: the integer state
-K, B, CTX, PRIV, RES, ADM, PEND, ANON, TOTAL, SH, ST, NRUN, NWAIT, NPREF, HN, NSEG, NSPAN, NPRE, NREC, NHIT = range(20)
-NV = 20
+K, B, CTX, PRIV, RES, PEND, ANON, TOTAL, SH, ST, NRUN, NWAIT, NPREF, HN, NSEG, NSPAN, NPRE, NREC, NHIT = range(19)
+NV = 19
 
 
 def _identity(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def drop_stale_cache(folder: Path) -> bool:
+    """numba checks a cached function against its own file only (numba#1833): a caller cached before a callee's file
+    changed keeps the old callee. So when any `paged_kernel*.py` in `folder` changed since the digest stored beside
+    numba's in-tree cache, every cached kernel function there goes; whether any went. A folder that cannot be
+    written (an installed package: numba caches in its user folder, and files there do not change) is left alone."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("paged_kernel*.py")))).hexdigest()
+    cache = folder / "__pycache__"
+    mark = cache / "paged_kernel.digest"
+    try:
+        if mark.read_text() == digest:
+            return False
+    except OSError:
+        pass
+    try:
+        stale = list(cache.glob("paged_kernel*.nb[ci]"))
+        for f in stale:
+            f.unlink()
+        cache.mkdir(exist_ok=True)
+        tmp = mark.with_name(f"{mark.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest)
+        os.replace(tmp, mark)
+    except OSError:
+        return False
+    return bool(stale)
+
+
 try:  # the `fast` extra; without it the functions below are plain Python
     from numba import njit as _njit
 
+    drop_stale_cache(Path(__file__).parent)
     jit: Callable[[Callable[..., Any]], Callable[..., Any]] = _njit(cache=True, nogil=True)
+    jit_inline: Callable[[Callable[..., Any]], Callable[..., Any]] = _njit(cache=True, nogil=True, inline="always")
     COMPILED = True
 except Exception:  # pragma: no cover - no numba (the bare venv), or one that cannot load
-    jit = _identity
+    jit = jit_inline = _identity
     COMPILED = False
 
 

@@ -4,10 +4,7 @@ finishing. Without numba (the `fast` extra) the functions are plain Python."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from tailsieve.model.paged_kernel_pool import (
-    ADM,
     ANON,
     CTX,
     DECODE,
@@ -42,8 +39,8 @@ from tailsieve.model.paged_kernel_pool import (
 
 # the state changes (`paged_state.PagedState`) ---------------------------------------------------------------------
 # q: the per-request integers, one row each
-QL, QP, QK, QS, QG0, QSTATE, QKS, QC0, QPEND, QUSES, QAGAIN, QVER, QORDER, QPH = range(14)
-NQ = 14
+QL, QP, QK, QS, QG0, QSTATE, QKS, QC0, QPEND, QUSES, QAGAIN, QVER, QPH = range(13)
+NQ = 13
 # lst: the running, waiting (a stack: its head last) and prefilling lists, their counts in v
 LRUN, LWAIT, LPREF = 0, 1, 2
 CNT = (NRUN, NWAIT, NPREF)
@@ -55,7 +52,7 @@ def _list_remove(v: IntArray, lst: IntArray, which: int, i: int) -> bool:
     c = CNT[which]
     n = v[c]
     row = lst[which]
-    for j in range(n):
+    for j in range(n - 1, -1, -1):  # from the end: a preemption's victim is the last
         if row[j] == i:
             for h in range(j, n - 1):
                 row[h] = row[h + 1]
@@ -160,34 +157,22 @@ def _preempt_newest(v: IntArray, q: IntArray, lst: IntArray, phase: IntArray, pq
 def _preempt_for(v: IntArray, q: IntArray, lst: IntArray, phase: IntArray, pq: IntArray, of_key: IntArray,
                  of_req: IntArray, refs: IntArray, spans: IntArray, prek: IntArray, bs: int, caching: bool,
                  ph: int) -> bool:
-    """`PagedState.preempt_for`: the decoders of phase `ph` in admission order (the running list's)."""
-    n = v[NRUN]
-    members = np.empty(n, np.int64)
-    c = 0
-    for j in range(n):
-        i = lst[LRUN, j]
-        if q[QSTATE, i] == DECODE and q[QPH, i] == ph:
-            members[c] = i
-            c += 1
-    avail, taken = v[TOTAL], 0
-    for j in range(c):
-        i = members[j]
-        if q[QSTATE, i] != DECODE:
-            continue
-        while avail < 1:
-            if taken:
-                _pool_take(v, pq[0], pq[1], of_key, of_req, taken)
-                v[PRIV] += taken
-                taken = 0
-            victim = _preempt_newest(v, q, lst, phase, pq, of_key, of_req, refs, spans, prek, bs, caching)
-            avail = v[TOTAL]
-            if victim == i:
-                return True
-        taken += 1
-        avail -= 1
-    if taken:
-        _pool_take(v, pq[0], pq[1], of_key, of_req, taken)
-        v[PRIV] += taken
+    """`PagedState.preempt_for`: while more decoders of phase `ph` wait for a block than are free, the free ones are
+    taken and the newest running request leaves (one fewer waiting if it is one of them)."""
+    left, avail = phase[ph], v[TOTAL]
+    while left > avail:
+        if avail:
+            _pool_take(v, pq[0], pq[1], of_key, of_req, avail)
+            v[PRIV] += avail
+            left -= avail
+        victim = lst[LRUN, v[NRUN] - 1]
+        if q[QSTATE, victim] == DECODE and q[QPH, victim] == ph:
+            left -= 1
+        _preempt_newest(v, q, lst, phase, pq, of_key, of_req, refs, spans, prek, bs, caching)
+        avail = v[TOTAL]
+    if left:
+        _pool_take(v, pq[0], pq[1], of_key, of_req, left)
+        v[PRIV] += left
     return True
 
 
@@ -249,6 +234,4 @@ def _admit_one(v: IntArray, q: IntArray, lst: IntArray, pq: IntArray, of_key: In
         hits[n, 0], hits[n, 1] = v[K], hit * bs
         v[NHIT] = n + 1
     _list_append(v, lst, LRUN, i)
-    v[ADM] += 1
-    q[QORDER, i] = v[ADM]
     return int(fill)

@@ -28,15 +28,6 @@ def check_fits(lens: IntArray, prompts: IntArray, lim: PagedLimits) -> None:
                               "raise kv_tokens")
 
 
-def initial_queue(lens: IntArray, lim: PagedLimits) -> tuple[NDArray[np.float64], IntArray]:
-    """Finish times before the first iteration (with chunked prefill an empty response is done at 0) and the FCFS
-    waiting queue of the rest as a stack (its head last)."""
-    finish = np.full(lens.size, np.inf)
-    if lim.max_num_batched_tokens is not None:
-        finish[lens == 0] = 0.0
-    return finish, np.flatnonzero(~np.isfinite(finish))[::-1].astype(np.int64)
-
-
 class PagedState:
     """One replica's state in one run. Decoders are kept lazily: request i decoding since iteration ks[i] with context
     c0[i] then has g0[i] + (k − ks[i]) tokens at iteration k."""
@@ -74,9 +65,7 @@ class PagedState:
         self.prefilling: list[int] = []
         self.heap: list[tuple[int, int, int]] = []  # (finish iteration, request, version)
         self.phase = [0] * self.bs  # decoders per phase (k₀ − c₀ mod B): who needs a block at iteration k
-        self.members: list[set[int]] = [set() for _ in range(self.bs)]
-        self.order = [0] * n  # admission sequence number (the running list's order)
-        self.admitted = self.b = self.ctx = self.k = 0
+        self.b = self.ctx = self.k = 0
         self.t = 0.0
         self.cut = cut
         chunked = lim.max_num_batched_tokens is not None
@@ -116,7 +105,6 @@ class PagedState:
         self.ctx += c0 + (self.k - ks)
         ph = (ks - c0) % self.bs
         self.phase[ph] += 1
-        self.members[ph].add(i)
         heapq.heappush(self.heap, (ks + self.L[i] - self.g0[i], i, self.version[i]))
 
     def leave(self, i: int, new_state: int) -> None:
@@ -156,7 +144,6 @@ class PagedState:
             self.ctx -= c0 + done
             ph = (ks - c0) % self.bs
             self.phase[ph] -= 1
-            self.members[ph].discard(i)
             self.spans.append((i, ks, self.k))
             self.g0[i] += done
             self.version[i] += 1
@@ -177,26 +164,24 @@ class PagedState:
         return victim
 
     def preempt_for(self, ph: int) -> bool:
-        """Step 1 short of blocks: the decoders of phase `ph` take one each in admission order, preempting the newest
-        running request whenever none is left (the blocks taken so far are allocated before each preemption, as
-        one at a time would). True."""
-        order, state = self.order, self.state
-        avail, taken = self.avail(), 0
-        for i in sorted(self.members[ph], key=order.__getitem__):
-            if state[i] != DECODE:
-                continue
-            while avail < 1:
-                if taken:
-                    self.take(taken)
-                    taken = 0
-                victim = self.preempt_newest()
-                avail = self.avail()
-                if victim == i:
-                    return True
-            taken += 1
-            avail -= 1
-        if taken:
-            self.take(taken)
+        """Step 1 short of blocks: the c decoders of phase `ph` take one block each in admission order, the newest
+        running request preempted whenever none is left, and the blocks taken so far allocated before each
+        preemption (as one at a time would). Served from the oldest, preempted from the newest, so no victim is one
+        already served, and each round serves exactly the blocks free: while more wait than are free, the free ones
+        are taken and the newest leaves (one fewer waiting if it is one of them; it stops the visit if it was the
+        one being served, which is then the last). True."""
+        left, avail = self.phase[ph], self.avail()
+        while left > avail:
+            if avail:
+                self.take(avail)
+                left -= avail
+            victim = self.running[-1]
+            if self.state[victim] == DECODE and (self.ks[victim] - self.c0[victim]) % self.bs == ph:
+                left -= 1
+            self.preempt_newest()
+            avail = self.avail()
+        if left:
+            self.take(left)
         return True
 
     def finish_due(self, k: int, t: float) -> int:
