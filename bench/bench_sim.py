@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+import tailsieve.model.paged as paged_module
 from tailsieve.model.curve_names import load_curve
 from tailsieve.model.engine import FleetSpeed
-from tailsieve.model.paged import USE_KERNEL
 from tailsieve.policy.controller import CONTROLLERS
 from tailsieve.policy.router import RouterConfig
 from tailsieve.simulation.replica import ReplicaConfig
@@ -80,16 +80,19 @@ ENGINE_TARGET = 2.0  # paged / all-admit CPU time (issue 48, bench R)
 PAGED = ReplicaConfig(kv_tokens=150_000, prefix_caching=True, max_num_batched_tokens=8192, prefill_ms_per_token=0.02)
 
 
-def engine(quick: bool) -> None:
+def engine(quick: bool, python_engine: bool) -> None:
     """Bench R: CPU seconds of uniform and tailsieve on the all-admit engine and on a KV-bound paged engine (150 K
-    tokens of KV per replica, prefix caching, chunked prefill, 10% uneven replicas drifting 5% a step), one run."""
+    tokens of KV per replica, prefix caching, chunked prefill, 10% uneven replicas drifting 5% a step), one run;
+    `python_engine`: the Python paged engine even when the compiled one is there."""
     groups, replicas = (1024, 64) if quick else (4096, 256)
     workload = load_workload("kodcode-r1", mode="resample")
     curve = load_curve("h100-llama3-8b")
     base = SimConfig(router=RouterConfig(groups=groups, group_size=8, replicas=replicas), steps=30)
     paged = replace(base, replica=PAGED, speed=FleetSpeed(spread=0.1, drift=0.05))
+    if python_engine:
+        paged_module.USE_KERNEL = False
     print(f"Bench R: N={groups}, R={replicas}, G=8, 30 steps, kodcode-r1 on h100-llama3-8b (CPU s; target paged <= "
-          f"{ENGINE_TARGET:g}x all-admit); paged engine: {'compiled' if USE_KERNEL else 'Python (no numba)'}")
+          f"{ENGINE_TARGET:g}x all-admit); paged engine: {'compiled' if paged_module.USE_KERNEL else 'Python'}")
     print(f"{'policy':<12}{'all-admit s':>12}{'paged s':>10}{'ratio':>8}{'preemptions':>13}")
     run_policy("uniform", workload, curve, replace(paged, steps=1))  # load the compiled engine (`fast` extra)
     for name in POLICIES:
@@ -110,9 +113,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="skip N = 1024")
     ap.add_argument("--engine", action="store_true", help="bench R: the paged engine against the all-admit one")
+    ap.add_argument("--python-engine", action="store_true", help="with --engine: time the Python paged engine")
     args = ap.parse_args()
     if args.engine:
-        engine(args.quick)
+        engine(args.quick, args.python_engine)
         return
     measure("tailsieve", 64, 8, 3, 1)  # warm imports and curve tables
     print(f"Headline: 30 steps × 64 groups × 8 on 8 replicas (target ≤ {TARGET_S} s per policy)")
