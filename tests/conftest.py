@@ -128,11 +128,13 @@ def paged_engine(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a module's tests on both paged engines: the Python one and the kernel (`model/paged_kernel.py`:
     compiled with the `fast` extra, plain Python without it); `pytestmark = pytest.mark.usefixtures(...)`."""
     import tailsieve.model.paged as paged
+    from tailsieve.model.paged_kernel import run_kernel
 
-    was = paged.USE_KERNEL
+    was = paged.USE_KERNEL, paged._kernel
     paged.USE_KERNEL = request.param == "kernel"
+    paged._kernel = lambda: run_kernel  # type: ignore[assignment]  # the kernel even where numba is missing
     yield request.param
-    paged.USE_KERNEL = was
+    paged.USE_KERNEL, paged._kernel = was  # type: ignore[assignment]
 
 
 @pytest.fixture

@@ -251,6 +251,7 @@ LAZY_MODULES = {
     ("cli/__init__.py", "tailsieve.registry"): "entry points: off the path of `--help` / `--version`",
     ("cli/_common.py", "tailsieve.policy.router"): "the router, only for commands that route (not curves, workloads)",
     ("integrations/verl/trainer.py", "tailsieve.integrations.verl.vllm_replica"): "imports vLLM: rollout.name=vllm",
+    ("model/paged.py", "tailsieve.model.paged_kernel"): "imports numba (0.2 s): only on the first paged run",
 }
 
 

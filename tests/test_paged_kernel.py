@@ -48,9 +48,7 @@ def both(lens: np.ndarray, prompts: np.ndarray, keys: np.ndarray, tau: np.ndarra
     """The same run on the Python engine and on the kernel."""
     check_fits(lens, prompts, lim)
     python = paged._Paged(lens, prompts, keys, tau, lim, cut).run()
-    status, kernel = run_kernel(lens, prompts, keys, tau, lim, cut)
-    assert status == 0
-    return python, kernel
+    return python, run_kernel(lens, prompts, keys, tau, lim, cut)
 
 
 def assert_same(a: PagedTrace, b: PagedTrace) -> None:
@@ -119,22 +117,19 @@ def test_full_records_grow_and_the_run_goes_on() -> None:
     tau = np.linspace(0.01, 0.02, 26)
     lim = PagedLimits(130, 4, None, 64, True, 0.0, 1e-5)
     check_fits(lens, prompts, lim)
-    status, tight = run_kernel(lens, prompts, keys, tau, lim, None, room=np.ones(5, np.int64))
-    assert status == 0 and tight.preempt_k.size > 1
-    assert_same(tight, run_kernel(lens, prompts, keys, tau, lim, None)[1])
+    tight = run_kernel(lens, prompts, keys, tau, lim, None, room=np.ones(5, np.int64))
+    assert tight.preempt_k.size > 1
+    assert_same(tight, run_kernel(lens, prompts, keys, tau, lim, None))
 
 
 def test_stalls_are_the_python_engines_errors() -> None:
     lens, prompts = np.array([5, 5], np.int64), np.array([0, 0], np.int64)
     lim = PagedLimits(4, 4, 0, None, False, 0.0, 0.0)  # max_num_seqs 0: nothing is ever admitted
     tau = np.full(3, 0.01)
-    for use in (False, True):
-        paged.USE_KERNEL = use
-        try:
-            with pytest.raises(ConfigError, match="a waiting request can never be admitted"):
-                paged.run_paged(lens, prompts, None, tau, lim)
-        finally:
-            paged.USE_KERNEL = paged.COMPILED
+    with pytest.raises(ConfigError, match="a waiting request can never be admitted"):
+        paged._Paged(lens, prompts, None, tau, lim, None).run()
+    with pytest.raises(ConfigError, match="a waiting request can never be admitted"):
+        run_kernel(lens, prompts, None, tau, lim, None)
 
 
 def test_free_queue_matches_the_python_pool_under_random_operations() -> None:
@@ -213,7 +208,7 @@ def test_numba_failure_falls_back_to_the_python_engine(monkeypatch: pytest.Monke
     def broken(*args: object, **kw: object) -> None:
         raise numba_error("cannot compile")
 
-    monkeypatch.setattr(paged, "run_kernel", broken)
+    monkeypatch.setattr(paged, "_kernel", lambda: broken)
     monkeypatch.setattr(paged, "USE_KERNEL", True)
     with pytest.warns(RuntimeWarning, match="compiled paged engine is unavailable"):
         assert_same(paged.run_paged(lens, prompts, keys, tau, lim), want)
@@ -222,7 +217,7 @@ def test_numba_failure_falls_back_to_the_python_engine(monkeypatch: pytest.Monke
     def bug(*args: object, **kw: object) -> None:
         raise IndexError("a bug")
 
-    monkeypatch.setattr(paged, "run_kernel", bug)
+    monkeypatch.setattr(paged, "_kernel", lambda: bug)
     monkeypatch.setattr(paged, "USE_KERNEL", True)
     with warnings.catch_warnings(), pytest.raises(IndexError):
         warnings.simplefilter("error")

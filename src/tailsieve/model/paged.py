@@ -31,22 +31,33 @@ block demand of a run is counted by phase: a decoder needs a new block at iterat
 from __future__ import annotations
 
 import heapq
+import importlib.util
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tailsieve.errors import ConfigError
 from tailsieve.model.paged_blocks import PagedLimits, PagedTrace, demand, first_shortage
-from tailsieve.model.paged_kernel import COMPILED, NO_PROGRESS, STALLED, run_kernel
-from tailsieve.model.paged_state import BIG, DONE, PREFILL, PagedState, check_fits
+from tailsieve.model.paged_state import BIG, DONE, NO_PROGRESS_MSG, PREFILL, STALLED_MSG, PagedState, check_fits
 
 __all__ = ["PagedLimits", "PagedTrace", "run_paged"]
 
 IntArray = NDArray[np.int64]
-USE_KERNEL = COMPILED  # the compiled event loop when numba is installed (`fast` extra); tests run both
-STALLED_MSG = "paged replica stalled: a waiting request can never be admitted"
-NO_PROGRESS_MSG = "paged replica stalled: no request can make progress"
+USE_KERNEL = importlib.util.find_spec("numba") is not None  # the compiled loop (`fast` extra); tests run both
+
+
+def _kernel() -> Callable[..., PagedTrace] | None:
+    """`paged_kernel.run_kernel`, imported on the first paged run (numba takes 0.2 s to import); None, and the
+    Python engine from then on, when numba is there but does not load."""
+    global USE_KERNEL
+    from tailsieve.model import paged_kernel
+
+    if not paged_kernel.COMPILED:
+        USE_KERNEL = False
+        return None
+    return paged_kernel.run_kernel
 
 
 def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDArray[np.float64], lim: PagedLimits,
@@ -55,11 +66,12 @@ def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDA
     prompt (−1: none); `tau` is τ(0..n) in seconds. With `cut` = (k, keep), the requests not kept leave at the
     boundary of iteration k (a bulk cutoff): their finish time stays inf unless they finished before."""
     global USE_KERNEL
-    if not USE_KERNEL:
+    run_kernel = _kernel() if USE_KERNEL else None
+    if run_kernel is None:
         return _Paged(lens, prompts, keys, tau, lim, cut).run()
     check_fits(lens, prompts, lim)
     try:
-        status, trace = run_kernel(lens, prompts, keys, tau, lim, cut)
+        return run_kernel(lens, prompts, keys, tau, lim, cut)
     except Exception as exc:  # numba installed but unable to compile here: the Python engine, the same results
         if not type(exc).__module__.startswith("numba"):
             raise
@@ -67,11 +79,6 @@ def run_paged(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: NDA
         warnings.warn(f"the compiled paged engine is unavailable ({type(exc).__name__}); running the Python one",
                       RuntimeWarning, stacklevel=2)
         return _Paged(lens, prompts, keys, tau, lim, cut).run()
-    if status == STALLED:
-        raise ConfigError(STALLED_MSG)
-    if status == NO_PROGRESS:
-        raise ConfigError(NO_PROGRESS_MSG)
-    return trace
 
 
 class _Paged(PagedState):

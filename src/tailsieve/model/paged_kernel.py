@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from tailsieve.errors import ConfigError
 from tailsieve.model.paged_blocks import PagedLimits, PagedTrace
 from tailsieve.model.paged_kernel_pool import (
     ANON,
@@ -73,8 +74,9 @@ from tailsieve.model.paged_kernel_state import (
     _preempt_for,
     _start_decode,
 )
+from tailsieve.model.paged_state import NO_PROGRESS_MSG, STALLED_MSG
 
-__all__ = ["COMPILED", "NO_PROGRESS", "STALLED", "run_kernel"]
+__all__ = ["COMPILED", "run_kernel"]
 
 OK, STALLED, NO_PROGRESS, FULL = 0, 1, 2, 3
 World = tuple[Any, ...]  # the state arrays and records (`_run`), a tuple so that numba passes them as one argument
@@ -273,10 +275,10 @@ def _run(w: World, f: FloatArray, tau: FloatArray, lim: IntArray, kv: float, pre
 
 
 def run_kernel(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: FloatArray, lim: PagedLimits,
-               cut: tuple[int, NDArray[np.bool_]] | None, room: IntArray | None = None) -> tuple[int, PagedTrace]:
+               cut: tuple[int, NDArray[np.bool_]] | None, room: IntArray | None = None) -> PagedTrace:
     """Serve one replica's requests with `_run` (`model.paged.run_paged`: the same arguments, the limits already
-    checked); the status and the record, as the Python engine's. `room`: the first capacities of the segment, span,
-    preemption, recompute and hit records (they grow as the run needs)."""
+    checked); the record, as the Python engine's, or its `ConfigError` when the replica stalls. `room`: the first
+    capacities of the segment, span, preemption, recompute and hit records (they grow as the run needs)."""
     n = int(lens.size)
     cap = n if lim.max_num_seqs is None else lim.max_num_seqs
     limits = np.array([-1 if lim.blocks is None else lim.blocks, lim.block_size, cap,
@@ -291,8 +293,12 @@ def run_kernel(lens: IntArray, prompts: IntArray, keys: IntArray | None, tau: Fl
     status, fin, spans, seg_i, seg_f, prek, rec, hits = _serve(
         lens.astype(np.int64), prompts.astype(np.int64), keys, tau, limits, lim.kv_s_per_token,
         lim.prefill_s_per_token, keep, room)
+    if status == STALLED:
+        raise ConfigError(STALLED_MSG)
+    if status == NO_PROGRESS:
+        raise ConfigError(NO_PROGRESS_MSG)
     seg = (seg_i[0], seg_f[0], seg_i[1], seg_f[1], seg_f[2])
-    return int(status), PagedTrace(fin, spans, seg, prek, rec, hits)
+    return PagedTrace(fin, spans, seg, prek, rec, hits)
 
 
 @jit

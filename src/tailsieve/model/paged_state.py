@@ -15,6 +15,8 @@ from tailsieve.model.paged_blocks import BlockPool, PagedLimits, PagedTrace
 IntArray = NDArray[np.int64]
 
 WAIT, PREFILL, DECODE, DONE = 0, 1, 2, 3
+STALLED_MSG = "paged replica stalled: a waiting request can never be admitted"
+NO_PROGRESS_MSG = "paged replica stalled: no request can make progress"
 BIG = 1 << 62  # "no bound": more iterations or blocks than any run has
 
 
