@@ -110,6 +110,18 @@ def test_any_prompt_keys_name_the_same_groups() -> None:
         assert_same(run, small[0])
 
 
+def test_an_empty_replica_and_empty_responses() -> None:
+    """No requests; and responses of no tokens (done once admitted, or at 0 with chunked prefill): the same."""
+    empty = np.zeros(0, np.int64)
+    for mbt in (None, 8):
+        lim = PagedLimits(10, 4, None, mbt, True, 0.0, 1e-3)
+        a, b = both(empty, empty, empty, np.full(2, 0.01), lim)
+        assert_same(a, b)
+        assert a.finish_s.size == 0 and a.seg[0].size == 0
+        lens, prompts = np.array([0, 0, 4], np.int64), np.array([3, 0, 5], np.int64)
+        assert_same(*both(lens, prompts, np.array([0, 0, 1], np.int64), np.full(5, 0.01), lim))
+
+
 def test_full_records_grow_and_the_run_goes_on() -> None:
     rng = np.random.default_rng(3)
     lens, prompts = rng.integers(20, 400, 24).astype(np.int64), rng.integers(5, 60, 24).astype(np.int64)

@@ -26,6 +26,9 @@ evicts them, from the queue's head.
 Event to event: between two events (a finish, a preemption, a prefill completion, an admission, the cut) every
 iteration has the same batch, so a run of them is one segment of the arithmetic series `ReplicaRun` stores. The
 block demand of a run is counted by phase: a decoder needs a new block at iteration k iff k ≡ k₀ − c₀ (mod B).
+
+Two engines: `_Paged` below (Python), and, with numba installed (the `fast` extra), the same loop compiled
+(`model.paged_kernel`), which `run_paged` prefers; their records are bit-identical (tests/test_paged_kernel.py).
 """
 
 from __future__ import annotations
