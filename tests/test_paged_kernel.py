@@ -263,4 +263,8 @@ def test_a_changed_kernel_file_drops_every_cached_kernel_function(tmp_path: Path
     assert not drop_stale_cache(tmp_path) and all(f.exists() for f in cached)  # unchanged: the cache stays
     (tmp_path / "paged_kernel_pool.py").write_text("b = 2\n")  # only the callee's file changes
     assert drop_stale_cache(tmp_path) and not any(f.exists() for f in cached)
+    for f in cached:
+        f.write_text("x")
+    (tmp_path / "paged_state.py").write_text("WAIT = 0\n")  # the constants the kernel imports count too
+    assert drop_stale_cache(tmp_path) and not any(f.exists() for f in cached)
     assert [p.name for p in cache.iterdir() if p.suffix in (".tmp",)] == []

@@ -23,10 +23,8 @@ from tailsieve.errors import ConfigError
 from tailsieve.model.paged_blocks import PagedLimits, PagedTrace
 from tailsieve.model.paged_kernel_pool import (
     ANON,
-    BIG,
     COMPILED,
     CTX,
-    DONE,
     HN,
     NHIT,
     NPRE,
@@ -38,7 +36,6 @@ from tailsieve.model.paged_kernel_pool import (
     NV,
     NWAIT,
     PEND,
-    PREFILL,
     PRIV,
     TOTAL,
     B,
@@ -74,7 +71,7 @@ from tailsieve.model.paged_kernel_state import (
     _preempt_for,
     _start_decode,
 )
-from tailsieve.model.paged_state import NO_PROGRESS_MSG, STALLED_MSG
+from tailsieve.model.paged_state import BIG, DONE, NO_PROGRESS_MSG, PREFILL, STALLED_MSG
 
 __all__ = ["COMPILED", "run_kernel"]
 

@@ -16,8 +16,6 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 
-WAIT, PREFILL, DECODE, DONE = 0, 1, 2, 3
-BIG = 1 << 62
 NONE = -1  # a free-queue segment nobody can hit (the Python pool's `None` owner)
 # v: the integer state
 K, B, CTX, PRIV, RES, PEND, ANON, TOTAL, SH, ST, NRUN, NWAIT, NPREF, HN, NSEG, NSPAN, NPRE, NREC, NHIT = range(19)
@@ -28,12 +26,17 @@ def _identity(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+KERNEL_SOURCES = ("paged_kernel*.py", "paged_state.py")  # the files whose code or constants the kernel compiles
+
+
 def drop_stale_cache(folder: Path) -> bool:
     """numba checks a cached function against its own file only (numba#1833): a caller cached before a callee's file
-    changed keeps the old callee. So when any `paged_kernel*.py` in `folder` changed since the digest stored beside
-    numba's in-tree cache, every cached kernel function there goes; whether any went. A folder that cannot be
-    written (an installed package: numba caches in its user folder, and files there do not change) is left alone."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.glob("paged_kernel*.py")))).hexdigest()
+    changed keeps the old callee, and a global imported from another file keeps its old value. So when any of the
+    `KERNEL_SOURCES` in `folder` changed since the digest stored beside numba's in-tree cache, every cached kernel
+    function there goes; whether any went. A folder that cannot be written (an installed package: numba caches in
+    its user folder, and files there do not change) is left alone."""
+    files = sorted({p for pattern in KERNEL_SOURCES for p in folder.glob(pattern)})
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
     cache = folder / "__pycache__"
     mark = cache / "paged_kernel.digest"
     try:

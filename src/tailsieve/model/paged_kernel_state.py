@@ -7,8 +7,6 @@ from __future__ import annotations
 from tailsieve.model.paged_kernel_pool import (
     ANON,
     CTX,
-    DECODE,
-    DONE,
     HN,
     NHIT,
     NONE,
@@ -19,11 +17,9 @@ from tailsieve.model.paged_kernel_pool import (
     NSPAN,
     NWAIT,
     PEND,
-    PREFILL,
     PRIV,
     RES,
     TOTAL,
-    WAIT,
     B,
     FloatArray,
     IntArray,
@@ -36,6 +32,7 @@ from tailsieve.model.paged_kernel_pool import (
     _pool_take,
     jit,
 )
+from tailsieve.model.paged_state import DECODE, DONE, PREFILL, WAIT
 
 # the state changes (`paged_state.PagedState`) ---------------------------------------------------------------------
 # q: the per-request integers, one row each
